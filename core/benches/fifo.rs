@@ -1,0 +1,233 @@
+//! FIFO benchmark: two threads of one process exchanging through btl-core's
+//! real `Fifo` over a plain memory region.
+//!
+//! - ping-pong: one value bounces between two rings (A→B, B→A); the figure is
+//!   the one-way latency (half the round trip), beside a bare cache-line
+//!   ping-pong measured in the same run (the floor any shared-memory ring
+//!   pays: two cache-line transfers per round trip);
+//! - streaming: one (or two) writer threads push as fast as they can, one
+//!   reader pops; the figure is messages per second.
+//!
+//! Threads are pinned to cores 0 and 1 when the machine allows it (say so
+//! otherwise). Run: `cargo bench -p btl-core --bench fifo [-- --quick]`.
+//! Speed is measured here, never asserted in tests.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::hint::black_box;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use btl_core::fifo::{Fifo, PushError};
+use btl_core::shm::Region;
+use btl_core::sync::{AtomicU64, CachePadded, Ordering};
+
+/// Seed defaults (`fifo_size`, `fifo_lazy_free`).
+const FIFO_SIZE: u32 = 4096;
+const LAZY_FREE: u32 = 120;
+
+struct Memory {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl Memory {
+    fn new(bytes: usize) -> Self {
+        let layout = Layout::from_size_align(bytes, 4096).expect("layout");
+        // SAFETY: non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).expect("alloc");
+        Self { ptr, layout }
+    }
+    fn region(&self) -> Region<'_> {
+        // SAFETY: the allocation lives as long as `self`, and is only
+        // accessed through btl-core's atomics.
+        unsafe { Region::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+fn pin(cpu: usize) -> bool {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set).is_ok()
+}
+
+fn push_spin(p: &mut btl_core::fifo::Producer<'_>, v: u64) {
+    let mut v = v;
+    loop {
+        match p.push(v) {
+            Ok(()) => return,
+            Err(PushError::Full(back)) => {
+                v = back;
+                std::hint::spin_loop();
+            }
+            Err(e) => panic!("push: {e}"),
+        }
+    }
+}
+
+/// Half round trip through two FIFOs, in nanoseconds.
+fn fifo_pingpong(iters: u64) -> f64 {
+    let ring = Fifo::memory_size(FIFO_SIZE).unwrap() as u64;
+    let mem = Memory::new(2 * ring as usize);
+    let region = mem.region();
+    // SAFETY: fresh memory, nothing else accesses it yet.
+    let ab = unsafe { Fifo::init(&region, 0, FIFO_SIZE, LAZY_FREE) }.unwrap();
+    // SAFETY: as above, the second half.
+    let ba = unsafe { Fifo::init(&region, ring, FIFO_SIZE, LAZY_FREE) }.unwrap();
+    let mut elapsed = Duration::ZERO;
+    std::thread::scope(|s| {
+        let mut to_a = ba.producer();
+        let mut from_a = ab.claim_consumer().unwrap();
+        s.spawn(move || {
+            pin(1);
+            for _ in 0..iters {
+                let v = loop {
+                    if let Some(v) = from_a.pop() {
+                        break v;
+                    }
+                    std::hint::spin_loop();
+                };
+                push_spin(&mut to_a, v + 1);
+            }
+        });
+        pin(0);
+        let mut to_b = ab.producer();
+        let mut from_b = ba.claim_consumer().unwrap();
+        let start = Instant::now();
+        for i in 0..iters {
+            push_spin(&mut to_b, i);
+            let v = loop {
+                if let Some(v) = from_b.pop() {
+                    break v;
+                }
+                std::hint::spin_loop();
+            };
+            assert_eq!(v, i + 1);
+        }
+        elapsed = start.elapsed();
+    });
+    elapsed.as_nanos() as f64 / iters as f64 / 2.0
+}
+
+/// Half round trip of a bare cache line flipped between two threads, in ns.
+fn cacheline_pingpong(iters: u64) -> f64 {
+    let line = CachePadded(AtomicU64::new(0));
+    let mut elapsed = Duration::ZERO;
+    std::thread::scope(|s| {
+        let line = &line;
+        s.spawn(move || {
+            pin(1);
+            for i in 0..iters {
+                while line.load(Ordering::Acquire) != 2 * i + 1 {
+                    std::hint::spin_loop();
+                }
+                line.store(2 * i + 2, Ordering::Release);
+            }
+        });
+        pin(0);
+        let start = Instant::now();
+        for i in 0..iters {
+            line.store(2 * i + 1, Ordering::Release);
+            while line.load(Ordering::Acquire) != 2 * i + 2 {
+                std::hint::spin_loop();
+            }
+        }
+        elapsed = start.elapsed();
+    });
+    elapsed.as_nanos() as f64 / iters as f64 / 2.0
+}
+
+/// Messages per second from `writers` threads to one reader.
+fn streaming(writers: u64, per_writer: u64) -> f64 {
+    let mem = Memory::new(Fifo::memory_size(FIFO_SIZE).unwrap());
+    let region = mem.region();
+    // SAFETY: fresh memory.
+    let fifo = unsafe { Fifo::init(&region, 0, FIFO_SIZE, LAZY_FREE) }.unwrap();
+    let total = writers * per_writer;
+    let mut elapsed = Duration::ZERO;
+    std::thread::scope(|s| {
+        for w in 0..writers {
+            let mut p = fifo.producer();
+            s.spawn(move || {
+                pin(1); // 2 cores here: the writers share core 1
+                for i in 0..per_writer {
+                    push_spin(&mut p, (w << 40) | i);
+                }
+            });
+        }
+        pin(0);
+        let mut c = fifo.claim_consumer().unwrap();
+        let mut next = vec![0u64; writers as usize];
+        let start = Instant::now();
+        let mut got = 0;
+        while got < total {
+            if let Some(v) = c.pop() {
+                let w = (v >> 40) as usize;
+                assert_eq!(v & ((1 << 40) - 1), next[w]);
+                next[w] += 1;
+                got += 1;
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        elapsed = start.elapsed();
+        black_box(&next);
+    });
+    total as f64 / elapsed.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    // `cargo bench` passes `--bench`; ignore it and anything else.
+    let (iters, msgs, reps) = if quick {
+        (20_000, 200_000, 3)
+    } else {
+        (200_000, 5_000_000, 5)
+    };
+    let pinned = pin(0);
+    println!(
+        "btl-core FIFO benchmark: fifo_size {FIFO_SIZE}, lazy_free {LAZY_FREE}, {reps} runs each, median; threads {}",
+        if pinned { "pinned to cores 0 and 1" } else { "NOT pinned (sched_setaffinity refused)" }
+    );
+    // Interleave the rows so drift on a shared machine hits both alike.
+    let mut line = Vec::new();
+    let mut fifo = Vec::new();
+    let mut one = Vec::new();
+    let mut two = Vec::new();
+    for _ in 0..reps {
+        line.push(cacheline_pingpong(iters));
+        fifo.push(fifo_pingpong(iters));
+        one.push(streaming(1, msgs));
+        two.push(streaming(2, msgs / 2));
+    }
+    let (line, fifo) = (median(line), median(fifo));
+    println!("{:<40} {:>12}", "measure", "value");
+    println!("{:<40} {:>9.1} ns", "cache-line ping-pong, one way", line);
+    println!(
+        "{:<40} {:>9.1} ns  ({:.2}x the cache line)",
+        "FIFO ping-pong, one way",
+        fifo,
+        fifo / line
+    );
+    println!(
+        "{:<40} {:>9.2} M/s",
+        "FIFO streaming, 1 writer -> 1 reader",
+        median(one) / 1e6
+    );
+    println!(
+        "{:<40} {:>9.2} M/s",
+        "FIFO streaming, 2 writers -> 1 reader",
+        median(two) / 1e6
+    );
+}

@@ -1,0 +1,522 @@
+//! Shared-segment sizing with overflow detection.
+//!
+//! One segment per node holds everything the `sm` transport shares:
+//!
+//! ```text
+//! offset 0            control header: CONTROL_HEADER bytes, then one
+//!                     CACHE_LINE record per rank (pid, state, part offset);
+//!                     padded to PART_ALIGN
+//! control_bytes       part of rank 0
+//! + part_bytes        part of rank 1
+//! ...                 ... one equally sized part per rank, max_procs parts
+//! ```
+//!
+//! A rank's part holds, in this order:
+//!
+//! 1. its receive rings: [`fifo_map_num`]`(num_fifos, max_procs)` of them,
+//!    each [`Fifo::memory_size`]`(fifo_size)` bytes rounded up to
+//!    [`CACHE_LINE`];
+//! 2. its eager fragments: `2 * max_procs + free_list_inc` of them, each
+//!    `FRAG_HEADER + eager_limit` bytes rounded up to [`CACHE_LINE`];
+//! 3. its max-size fragments: `free_list_num` of them, each `FRAG_HEADER +
+//!    max_send_size` bytes rounded up to [`CACHE_LINE`];
+//!
+//! and is padded to [`PART_ALIGN`] (a page), so every part starts on a page
+//! and every ring and fragment on a cache line. `FRAG_HEADER` is the size of
+//! [`FragHeader`].
+//!
+//! This mirrors the seed's `get_mpool_res_size` heuristic, but is exact for
+//! this layout. All arithmetic is checked in `usize`: a segment that would
+//! exceed `isize::MAX` bytes (on 32-bit targets, 2 GiB) is
+//! [`SizeError::Overflow`] (the seed's `OMPI_ERR_VALUE_OUT_OF_BOUNDS`), never
+//! a wrapped size.
+
+use core::fmt;
+
+use crate::fifo::Fifo;
+use crate::frag::FragHeader;
+use crate::params::{fifo_map_num, SmParams, MAX_FIFO_SIZE, MIN_EAGER_LIMIT};
+use crate::sync::CACHE_LINE;
+
+/// Alignment (and granularity) of each rank's part: a page.
+pub const PART_ALIGN: usize = 4096;
+
+/// Bytes of the fixed control header at offset 0 of the segment.
+pub const CONTROL_HEADER: usize = CACHE_LINE;
+
+/// Bytes of the per-rank control record (pid, state, part offset).
+pub const CONTROL_RECORD: usize = CACHE_LINE;
+
+/// Bytes of a fragment header.
+pub const FRAG_HEADER: usize = core::mem::size_of::<FragHeader>();
+
+/// Why a segment could not be sized or an offset computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum SizeError {
+    /// The size of `what` would exceed `isize::MAX` bytes.
+    Overflow {
+        /// The quantity that overflowed ("segment", "eager fragments", ...).
+        what: &'static str,
+    },
+    /// An index is out of range.
+    IndexOutOfRange {
+        /// What is indexed ("rank", "ring", ...).
+        what: &'static str,
+        /// The index given.
+        index: u32,
+        /// The number of valid indices.
+        limit: u32,
+    },
+    /// The parameters were not verified ([`SmParams::verify`]) or
+    /// `max_procs` is 0.
+    InvalidParams {
+        /// The rule that does not hold.
+        what: &'static str,
+    },
+}
+
+impl fmt::Display for SizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            SizeError::Overflow { what } => write!(
+                f,
+                "shared segment too large: the size of the {what} exceeds the address space"
+            ),
+            SizeError::IndexOutOfRange { what, index, limit } => {
+                write!(f, "{what} {index} out of range (there are {limit})")
+            }
+            SizeError::InvalidParams { what } => {
+                write!(f, "sm parameters not verified: {what}")
+            }
+        }
+    }
+}
+
+impl core::error::Error for SizeError {}
+
+/// The sizes and offsets of one node's shared segment (see the module
+/// documentation for the layout). All byte quantities fit in `isize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentLayout {
+    /// Number of parts (ranks the segment is sized for).
+    pub max_procs: u32,
+    /// Receive rings per part.
+    pub rings_per_rank: u32,
+    /// Stride of the rings: the ring's memory size rounded up to a cache line.
+    pub ring_bytes: usize,
+    /// Eager fragments per part.
+    pub eager_frags: u32,
+    /// Stride of the eager fragments (header + eager limit, cache-line
+    /// rounded).
+    pub eager_frag_bytes: usize,
+    /// Max-size fragments per part.
+    pub max_frags: u32,
+    /// Stride of the max-size fragments (header + max send size, cache-line
+    /// rounded).
+    pub max_frag_bytes: usize,
+    /// Bytes before the first part: [`control_segment_size`] rounded up to
+    /// [`PART_ALIGN`].
+    pub control_bytes: usize,
+    /// Bytes of each part (a multiple of [`PART_ALIGN`]).
+    pub part_bytes: usize,
+    /// Bytes of the whole segment: `control_bytes + max_procs * part_bytes`.
+    pub total_bytes: usize,
+}
+
+const fn overflow(what: &'static str) -> SizeError {
+    SizeError::Overflow { what }
+}
+
+/// `a * b`, or `Overflow { what }`.
+fn mul(a: usize, b: u32, what: &'static str) -> Result<usize, SizeError> {
+    usize::try_from(b)
+        .ok()
+        .and_then(|b| a.checked_mul(b))
+        .ok_or(overflow(what))
+}
+
+/// `a + b`, or `Overflow { what }`.
+fn add(a: usize, b: usize, what: &'static str) -> Result<usize, SizeError> {
+    a.checked_add(b).ok_or(overflow(what))
+}
+
+/// `v` rounded up to a multiple of `align` (a power of two), or
+/// `Overflow { what }`.
+fn round_up(v: usize, align: usize, what: &'static str) -> Result<usize, SizeError> {
+    debug_assert!(align.is_power_of_two());
+    v.checked_add(align - 1)
+        .map(|v| v & !(align - 1))
+        .ok_or(overflow(what))
+}
+
+/// Fails unless `v <= isize::MAX`.
+fn fits_isize(v: usize, what: &'static str) -> Result<usize, SizeError> {
+    if isize::try_from(v).is_ok() {
+        Ok(v)
+    } else {
+        Err(overflow(what))
+    }
+}
+
+fn check_index(what: &'static str, index: u32, limit: u32) -> Result<usize, SizeError> {
+    if index < limit {
+        usize::try_from(index).map_err(|_| overflow(what))
+    } else {
+        Err(SizeError::IndexOutOfRange { what, index, limit })
+    }
+}
+
+/// Size of the control header for `max_procs` ranks: [`CONTROL_HEADER`] plus
+/// one [`CONTROL_RECORD`] per rank, rounded up to [`CACHE_LINE`].
+pub fn control_segment_size(max_procs: u32) -> Result<usize, SizeError> {
+    const WHAT: &str = "control header";
+    let records = mul(CONTROL_RECORD, max_procs, WHAT)?;
+    let size = round_up(add(CONTROL_HEADER, records, WHAT)?, CACHE_LINE, WHAT)?;
+    fits_isize(size, WHAT)
+}
+
+/// Bytes of one fragment carrying up to `limit` bytes: header plus `limit`,
+/// rounded up to a cache line.
+fn frag_bytes(limit: u32, what: &'static str) -> Result<usize, SizeError> {
+    let limit = usize::try_from(limit).map_err(|_| overflow(what))?;
+    round_up(add(FRAG_HEADER, limit, what)?, CACHE_LINE, what)
+}
+
+/// Computes the layout of a segment for `max_procs` ranks (the result of
+/// [`crate::params::calc_sm_max_procs`]) from verified parameters.
+pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout, SizeError> {
+    let invalid = |what| Err(SizeError::InvalidParams { what });
+    if max_procs == 0 {
+        return invalid("max_procs must be >= 1");
+    }
+    if !params.fifo_size.is_power_of_two() || !(2..=MAX_FIFO_SIZE).contains(&params.fifo_size) {
+        return invalid("fifo_size must be a power of two between 2 and 2^30");
+    }
+    let num_fifos = match u32::try_from(params.num_fifos) {
+        Ok(n) if n.is_power_of_two() => n,
+        _ => return invalid("num_fifos must be a power of two >= 1"),
+    };
+    if params.eager_limit < MIN_EAGER_LIMIT {
+        return invalid("eager_limit must be >= MIN_EAGER_LIMIT");
+    }
+    if params.max_send_size < params.eager_limit {
+        return invalid("max_send_size must be >= eager_limit");
+    }
+    let Ok(max_frags) = u32::try_from(params.free_list_num) else {
+        return invalid("free_list_num must be >= 0");
+    };
+    let free_list_inc = match u32::try_from(params.free_list_inc) {
+        Ok(n) if n >= 1 => n,
+        _ => return invalid("free_list_inc must be >= 1"),
+    };
+
+    // Rings.
+    let rings_per_rank = fifo_map_num(num_fifos, max_procs);
+    let ring_bytes = Fifo::memory_size(params.fifo_size).ok_or(overflow("ring"))?;
+    let ring_bytes = round_up(ring_bytes, CACHE_LINE, "ring")?;
+    let rings = mul(ring_bytes, rings_per_rank, "rings")?;
+
+    // Eager fragments: two per peer plus one growth increment, as the seed.
+    let eager_frags = max_procs
+        .checked_mul(2)
+        .and_then(|n| n.checked_add(free_list_inc))
+        .ok_or(overflow("eager fragment count"))?;
+    let eager_frag_bytes = frag_bytes(params.eager_limit, "eager fragment")?;
+    let eager = mul(eager_frag_bytes, eager_frags, "eager fragments")?;
+
+    // Max-size fragments.
+    let max_frag_bytes = frag_bytes(params.max_send_size, "max-size fragment")?;
+    let max = mul(max_frag_bytes, max_frags, "max-size fragments")?;
+
+    let part = add(add(rings, eager, "part")?, max, "part")?;
+    let part_bytes = fits_isize(round_up(part, PART_ALIGN, "part")?, "part")?;
+
+    let control = control_segment_size(max_procs)?;
+    let control_bytes = round_up(control, PART_ALIGN, "control header")?;
+
+    let parts = mul(part_bytes, max_procs, "segment")?;
+    let total_bytes = fits_isize(add(control_bytes, parts, "segment")?, "segment")?;
+
+    Ok(SegmentLayout {
+        max_procs,
+        rings_per_rank,
+        ring_bytes,
+        eager_frags,
+        eager_frag_bytes,
+        max_frags,
+        max_frag_bytes,
+        control_bytes,
+        part_bytes,
+        total_bytes,
+    })
+}
+
+impl SegmentLayout {
+    /// Offset of `rank`'s part.
+    pub fn part_offset(&self, rank: u32) -> Result<usize, SizeError> {
+        let rank = check_index("rank", rank, self.max_procs)?;
+        self.part_bytes
+            .checked_mul(rank)
+            .and_then(|o| o.checked_add(self.control_bytes))
+            .ok_or(overflow("segment"))
+    }
+
+    /// Offset of receive ring `ring` of `rank`.
+    pub fn ring_offset(&self, rank: u32, ring: u32) -> Result<usize, SizeError> {
+        let part = self.part_offset(rank)?;
+        let ring = check_index("ring", ring, self.rings_per_rank)?;
+        self.ring_bytes
+            .checked_mul(ring)
+            .and_then(|o| o.checked_add(part))
+            .ok_or(overflow("segment"))
+    }
+
+    /// Offset of eager fragment `i` of `rank`.
+    pub fn eager_frag_offset(&self, rank: u32, i: u32) -> Result<usize, SizeError> {
+        let start = self.eager_start(rank)?;
+        let i = check_index("eager fragment", i, self.eager_frags)?;
+        self.eager_frag_bytes
+            .checked_mul(i)
+            .and_then(|o| o.checked_add(start))
+            .ok_or(overflow("segment"))
+    }
+
+    /// Offset of max-size fragment `i` of `rank`.
+    pub fn max_frag_offset(&self, rank: u32, i: u32) -> Result<usize, SizeError> {
+        let eager_start = self.eager_start(rank)?;
+        let eager = usize::try_from(self.eager_frags).map_err(|_| overflow("segment"))?;
+        let start = self
+            .eager_frag_bytes
+            .checked_mul(eager)
+            .and_then(|o| o.checked_add(eager_start))
+            .ok_or(overflow("segment"))?;
+        let i = check_index("max-size fragment", i, self.max_frags)?;
+        self.max_frag_bytes
+            .checked_mul(i)
+            .and_then(|o| o.checked_add(start))
+            .ok_or(overflow("segment"))
+    }
+
+    /// Offset of the first eager fragment of `rank` (just after its rings).
+    fn eager_start(&self, rank: u32) -> Result<usize, SizeError> {
+        let part = self.part_offset(rank)?;
+        let rings = usize::try_from(self.rings_per_rank).map_err(|_| overflow("segment"))?;
+        self.ring_bytes
+            .checked_mul(rings)
+            .and_then(|o| o.checked_add(part))
+            .ok_or(overflow("segment"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::calc_sm_max_procs;
+
+    fn verified(f: impl FnOnce(&mut SmParams)) -> SmParams {
+        let mut p = SmParams::new();
+        f(&mut p);
+        p.verify().unwrap();
+        p
+    }
+
+    #[test]
+    fn default_layout_is_consistent() {
+        let p = verified(|_| {});
+        let n = calc_sm_max_procs(&p, 4).unwrap();
+        let l = segment_layout(&p, n).unwrap();
+        assert_eq!(l.max_procs, 4);
+        assert_eq!(l.rings_per_rank, 1);
+        assert_eq!(l.eager_frags, 2 * 4 + 64);
+        assert_eq!(l.max_frags, 8);
+        assert!(l.ring_bytes >= Fifo::memory_size(4096).unwrap());
+        assert!(l.eager_frag_bytes >= FRAG_HEADER + 4096);
+        assert!(l.max_frag_bytes >= FRAG_HEADER + 32768);
+        for b in [l.ring_bytes, l.eager_frag_bytes, l.max_frag_bytes] {
+            assert_eq!(b % CACHE_LINE, 0);
+        }
+        assert!(l.control_bytes >= control_segment_size(4).unwrap());
+        assert_eq!(l.control_bytes % PART_ALIGN, 0);
+        assert_eq!(l.part_bytes % PART_ALIGN, 0);
+        assert_eq!(l.total_bytes, l.control_bytes + 4 * l.part_bytes);
+        let used = l.ring_bytes + 72 * l.eager_frag_bytes + 8 * l.max_frag_bytes;
+        assert!(used <= l.part_bytes && l.part_bytes < used + PART_ALIGN);
+    }
+
+    #[test]
+    fn offsets_are_disjoint_and_increasing() {
+        let p = verified(|p| {
+            p.num_fifos = 2;
+            p.free_list_num = 2;
+            p.free_list_inc = 1;
+            p.fifo_size = 64;
+        });
+        let l = segment_layout(&p, 3).unwrap();
+        assert_eq!(l.rings_per_rank, 2);
+        let mut end = 0;
+        for rank in 0..3 {
+            let part = l.part_offset(rank).unwrap();
+            assert_eq!(part % PART_ALIGN, 0);
+            assert!(part >= end, "parts do not overlap");
+            let mut regions = std::vec::Vec::new();
+            for r in 0..l.rings_per_rank {
+                regions.push((l.ring_offset(rank, r).unwrap(), l.ring_bytes));
+            }
+            for i in 0..l.eager_frags {
+                regions.push((l.eager_frag_offset(rank, i).unwrap(), l.eager_frag_bytes));
+            }
+            for i in 0..l.max_frags {
+                regions.push((l.max_frag_offset(rank, i).unwrap(), l.max_frag_bytes));
+            }
+            assert_eq!(regions[0].0, part);
+            for w in regions.windows(2) {
+                assert_eq!(w[0].0 + w[0].1, w[1].0, "regions are contiguous");
+            }
+            for (off, _) in &regions {
+                assert_eq!(off % CACHE_LINE, 0);
+            }
+            let (last, len) = regions[regions.len() - 1];
+            end = part + l.part_bytes;
+            assert!(last + len <= end, "regions stay in the part");
+        }
+        assert_eq!(end, l.total_bytes);
+    }
+
+    #[test]
+    fn indices_are_range_checked() {
+        let p = verified(|_| {});
+        let l = segment_layout(&p, 2).unwrap();
+        assert_eq!(
+            l.part_offset(2),
+            Err(SizeError::IndexOutOfRange {
+                what: "rank",
+                index: 2,
+                limit: 2
+            })
+        );
+        assert!(matches!(
+            l.ring_offset(0, 1),
+            Err(SizeError::IndexOutOfRange { what: "ring", .. })
+        ));
+        assert!(matches!(
+            l.ring_offset(5, 0),
+            Err(SizeError::IndexOutOfRange { what: "rank", .. })
+        ));
+        assert!(l.eager_frag_offset(1, l.eager_frags).is_err());
+        assert!(matches!(
+            l.max_frag_offset(9, 0),
+            Err(SizeError::IndexOutOfRange { what: "rank", .. })
+        ));
+        assert!(l.max_frag_offset(1, l.max_frags).is_err());
+        assert!(l.max_frag_offset(1, l.max_frags - 1).is_ok());
+    }
+
+    #[test]
+    fn nonsense_layout_fields_do_not_panic() {
+        let l = SegmentLayout {
+            max_procs: u32::MAX,
+            rings_per_rank: u32::MAX,
+            ring_bytes: usize::MAX,
+            eager_frags: u32::MAX,
+            eager_frag_bytes: usize::MAX,
+            max_frags: u32::MAX,
+            max_frag_bytes: usize::MAX,
+            control_bytes: usize::MAX,
+            part_bytes: usize::MAX,
+            total_bytes: usize::MAX,
+        };
+        assert!(l.part_offset(1).is_err());
+        assert!(l.ring_offset(0, 1).is_err());
+        assert!(l.eager_frag_offset(0, 1).is_err());
+        assert!(l.max_frag_offset(0, 1).is_err());
+    }
+
+    #[test]
+    fn huge_parameters_overflow() {
+        let big = verified(|p| p.fifo_size = 1 << 30);
+        assert!(matches!(
+            segment_layout(&big, u32::MAX),
+            Err(SizeError::Overflow { .. })
+        ));
+        let p = verified(|_| {});
+        assert_eq!(
+            segment_layout(&p, u32::MAX),
+            Err(SizeError::Overflow {
+                what: "eager fragment count"
+            })
+        );
+        let p = verified(|p| {
+            p.eager_limit = u32::MAX - 1;
+            p.max_send_size = u32::MAX;
+            p.free_list_num = i32::MAX;
+        });
+        assert!(matches!(
+            segment_layout(&p, 1 << 20),
+            Err(SizeError::Overflow { .. })
+        ));
+        // Large but possible on 64-bit, impossible on 32-bit: either a
+        // consistent layout or Overflow, never a wrapped size.
+        let p = verified(|p| {
+            p.eager_limit = u32::MAX - 1;
+            p.max_send_size = u32::MAX;
+        });
+        match segment_layout(&p, 16) {
+            Ok(l) => {
+                // 16 parts of > 4 GiB each: only a 64-bit target gets here.
+                assert!(l.part_bytes as u64 > u64::from(u32::MAX));
+                assert_eq!(l.total_bytes, l.control_bytes + 16 * l.part_bytes);
+                assert!(isize::try_from(l.total_bytes).is_ok());
+            }
+            Err(e) => assert!(matches!(e, SizeError::Overflow { .. }), "{e}"),
+        }
+        assert!(control_segment_size(u32::MAX).is_ok() || usize::BITS <= 32);
+    }
+
+    #[test]
+    fn unverified_params_are_rejected() {
+        let mut p = SmParams::new();
+        p.fifo_size = 100;
+        assert!(matches!(
+            segment_layout(&p, 4),
+            Err(SizeError::InvalidParams { .. })
+        ));
+        let mut p = SmParams::new();
+        p.num_fifos = 3;
+        assert!(matches!(
+            segment_layout(&p, 4),
+            Err(SizeError::InvalidParams { .. })
+        ));
+        let mut p = SmParams::new();
+        p.free_list_inc = 0;
+        assert!(matches!(
+            segment_layout(&p, 4),
+            Err(SizeError::InvalidParams { .. })
+        ));
+        assert!(matches!(
+            segment_layout(&SmParams::new(), 0),
+            Err(SizeError::InvalidParams { .. })
+        ));
+    }
+
+    #[test]
+    fn limits_agree_with_fifo_and_frag() {
+        // Verified parameters always pass the ring's own geometry check.
+        assert_eq!(
+            (crate::fifo::MIN_SIZE, crate::fifo::MAX_SIZE),
+            (2, MAX_FIFO_SIZE)
+        );
+        assert_eq!(FRAG_HEADER, crate::frag::FRAG_HEADER_SIZE);
+        // An eager fragment at the minimum limit still carries payload.
+        assert!(FRAG_HEADER < MIN_EAGER_LIMIT as usize);
+    }
+
+    #[test]
+    fn control_size() {
+        assert_eq!(control_segment_size(0), Ok(CONTROL_HEADER));
+        assert_eq!(
+            control_segment_size(3),
+            Ok(CONTROL_HEADER + 3 * CONTROL_RECORD)
+        );
+    }
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh machine with only rustup-managed
+# Rust: the no_std targets and the nightly toolchain with miri. Idempotent;
+# safe to run on every test run.
+set -euo pipefail
+
+log() { printf '[setup] %s\n' "$*"; }
+
+command -v rustup >/dev/null || { echo "rustup not found: install Rust with rustup first" >&2; exit 1; }
+
+# no_std targets: one with 32-bit atomics only (Cortex-M4F), one without
+# compare-and-swap at all (Cortex-M0).
+NOSTD_TARGETS=(thumbv7em-none-eabihf thumbv6m-none-eabi)
+installed=$(rustup target list --installed)
+for t in "${NOSTD_TARGETS[@]}"; do
+  if ! grep -qx "$t" <<<"$installed"; then
+    log "adding target $t"
+    rustup target add "$t"
+  fi
+done
+
+# nightly + miri (+ rust-src, which miri needs to build its sysroot).
+if ! rustup toolchain list | grep -q '^nightly'; then
+  log "installing the nightly toolchain"
+  rustup toolchain install nightly --profile minimal
+fi
+nightly_components=$(rustup +nightly component list --installed)
+for c in miri rust-src; do
+  if ! grep -q "^$c" <<<"$nightly_components"; then
+    log "adding nightly component $c"
+    rustup +nightly component add "$c"
+  fi
+done
+# Build miri's sysroot once, quietly (the first miri run would do it anyway).
+cargo +nightly miri setup >/dev/null 2>&1 || cargo +nightly miri setup
+log "ready"

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The README's test command: sets up a fresh machine (scripts/setup.sh),
+# then runs every check: formatting, clippy, the workspace tests, the loom
+# models, miri on the core, and the no_std builds. Exits non-zero on the
+# first failure.
+#
+#   bash scripts/test.sh            # everything
+#   BTL_SKIP=miri,loom bash scripts/test.sh   # skip steps while iterating
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+passed=0
+steps_run=()
+skip=",${BTL_SKIP:-},"
+
+step() {
+  local name=$1; shift
+  if [[ $skip == *",$name,"* ]]; then
+    printf '\n==> %s: skipped (BTL_SKIP)\n' "$name"
+    return
+  fi
+  printf '\n==> %s: %s\n' "$name" "$*"
+  local t0=$SECONDS
+  if ! "$@"; then
+    printf '\n==> %s FAILED after %ss\n' "$name" $((SECONDS - t0))
+    printf 'steps: %d passed, 1 failed\n' "$passed"
+    exit 1
+  fi
+  passed=$((passed + 1))
+  steps_run+=("$name $((SECONDS - t0))s")
+}
+
+step setup bash scripts/setup.sh
+step fmt cargo fmt --all -- --check
+step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
+step test cargo test --workspace --locked
+
+# loom: every crate built with --cfg loom, in its own target dir so the
+# normal build is not invalidated. Preemption bound 3, as the models are
+# small rings (2–4 slots) with 1–2 writers.
+loom() {
+  RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom \
+    cargo test -p btl-loom-tests --release --locked
+}
+step loom loom
+
+# miri on the core's unit tests, with strict provenance.
+miri() {
+  MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test -p btl-core --locked
+}
+step miri miri
+
+# no_std: Cortex-M4F (32-bit atomics, 64-bit ones through portable-atomic's
+# fallback) and Cortex-M0 (no compare-and-swap: critical-section feature).
+nostd() {
+  cargo build -p btl-core -p btl-baremetal --locked --target thumbv7em-none-eabihf
+  cargo build -p btl-core --locked --target thumbv6m-none-eabi --features critical-section
+}
+step no_std nostd
+
+# The fuzz targets (their own workspace) must keep building; running them
+# for a bounded time is part of the fuzzing work (see README).
+step fuzz-build cargo check --manifest-path fuzz/Cargo.toml --locked
+
+# The benchmark must keep building (it is run by hand, not here).
+step bench-build cargo bench -p btl-core --bench fifo --locked --no-run
+
+printf '\n==> summary\n'
+printf '  %s\n' "${steps_run[@]}"
+printf 'steps: %d passed, 0 failed\n' "$passed"
