@@ -30,6 +30,8 @@ extern crate std;
 #[macro_use]
 mod fmt;
 
+pub mod control;
+pub mod engine;
 pub mod fifo;
 pub mod frag;
 pub mod params;

@@ -1,0 +1,1000 @@
+//! The shared-memory progress engine (the seed's
+//! `mca_btl_sm_component_progress` and `btl_sm_process_pending_sends`).
+//!
+//! One engine per local rank. It owns, in caller-provided storage (no
+//! allocation here; the Linux adapter passes `Vec`s sized once at start-up):
+//!
+//! - the reader handles of this rank's receive rings;
+//! - a writer handle on each peer's ring `fifo_map(me)`;
+//! - a descriptor per fragment of this rank's part (eager and max-size),
+//!   with two process-local free lists (fragments always come home by ACK,
+//!   so nothing else needs them);
+//! - a bounded pending queue per peer, holding slot values (SENDs of our
+//!   fragments, ACKs of theirs) that found the peer's ring full.
+//!
+//! # Protocol
+//!
+//! [`SmEngine::send`] copies the payload into a free fragment, fills its
+//! header and pushes a SEND slot into the peer's ring, or appends it to the
+//! peer's pending queue if the ring is full or the queue is not empty (so
+//! per-peer order is kept). [`SmEngine::progress`] first retries pending
+//! sends, then polls each receive ring and dispatches:
+//!
+//! - SEND: the fragment is validated ([`crate::frag::read_frag`]) and handed
+//!   to [`Dispatch::recv`]; then the same fragment goes back to its owner as
+//!   an ACK, with the status bit set if the handler or the validation failed;
+//! - ACK: the descriptor is found from the offset (it must be one of ours,
+//!   and in flight), [`Dispatch::complete`] runs, the fragment is recycled
+//!   and that peer's pending queue is retried;
+//! - anything else: [`Dispatch::error`], and the engine goes on.
+//!
+//! It returns the number of events, never blocks and never allocates.
+//!
+//! # Bounds
+//!
+//! A pending queue holds at most one entry per fragment that can be
+//! involved with that peer: ours (all could be queued to one peer) and the
+//! peer's (each may need an ACK), so its capacity is
+//! [`SmEngine::pending_capacity`] = 2 × fragments per rank. Only a peer that
+//! sends the same fragment twice can overflow it; that is reported as an
+//! error of that peer and the extra ACK is dropped.
+//!
+//! # Failure
+//!
+//! [`SmEngine::fail_peer`] (called by the adapter when its liveness check
+//! finds a peer dead) completes every fragment in flight to that peer with an
+//! error, recycles them, drops its pending queue and ignores its slots from
+//! then on.
+//!
+//! `unsafe` here: only [`init_part`], the in-place initialisation of this
+//! rank's part before it is published.
+#![allow(unsafe_code)]
+
+use core::fmt;
+
+use crate::fifo::{Consumer, Fifo, FifoError, Producer, PushError};
+use crate::frag::{read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError};
+use crate::params::{fifo_map, SmParams};
+use crate::shm::{Region, ResolveError, SegmentTable, ShmOffset};
+use crate::sizing::{SegmentLayout, SizeError};
+
+/// Most local ranks one engine can address (size of its segment table).
+pub const MAX_LOCAL_RANKS: usize = 1024;
+/// Slots read from one ring per [`SmEngine::progress`] call at most, so one
+/// busy sender cannot starve the other rings.
+pub const POLL_BATCH: usize = 64;
+
+const NONE: u32 = u32::MAX;
+
+/// What the engine knows of a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum PeerState {
+    /// This rank itself (no ring to write).
+    Me,
+    /// Connected: its ring is attached.
+    Connected,
+    /// Declared failed: nothing is sent to it or accepted from it.
+    Failed,
+}
+
+/// Per-peer state, in caller-provided storage (one per local rank).
+#[derive(Debug)]
+pub struct PeerSlot<'a> {
+    producer: Option<Producer<'a>>,
+    pending_head: u32,
+    pending_len: u32,
+    in_flight: u32,
+    state: PeerState,
+}
+
+impl PeerSlot<'_> {
+    /// An empty slot, filled by [`SmEngine::attach`].
+    pub const fn new() -> Self {
+        Self {
+            producer: None,
+            pending_head: 0,
+            pending_len: 0,
+            in_flight: 0,
+            state: PeerState::Failed,
+        }
+    }
+}
+
+impl Default for PeerSlot<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// State of one of our fragments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DescState {
+    Free,
+    /// Pushed or pending to `peer`, waiting for its ACK.
+    InFlight,
+}
+
+/// Process-local descriptor of one of our fragments (caller-provided
+/// storage, one per fragment of the part).
+#[derive(Clone, Copy, Debug)]
+pub struct FragDesc {
+    offset: u64,
+    capacity: u32,
+    next: u32,
+    state: DescState,
+    peer: u32,
+    cookie: u64,
+}
+
+impl FragDesc {
+    /// An unused descriptor, filled by [`SmEngine::attach`].
+    pub const fn new() -> Self {
+        Self {
+            offset: 0,
+            capacity: 0,
+            next: NONE,
+            state: DescState::Free,
+            peer: 0,
+            cookie: 0,
+        }
+    }
+}
+
+impl Default for FragDesc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What the engine calls back from [`SmEngine::progress`].
+pub trait Dispatch {
+    /// A SEND from `peer` with `tag` arrived; `frag.payload` holds exactly
+    /// `frag.info.len` validated bytes. Return `false` to make the ACK carry
+    /// the error status (no handler for the tag, handler failed).
+    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool;
+    /// A fragment we sent to `peer` with `cookie` came back; `ok` is false if
+    /// the receiver reported an error or the peer failed.
+    fn complete(&mut self, peer: u32, cookie: u64, ok: bool);
+    /// A peer wrote something invalid; the engine ignored it and goes on.
+    fn error(&mut self, error: PeerError);
+}
+
+/// Something a peer wrote into our rings or its fragments was invalid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum PeerError {
+    /// A slot value could not be decoded.
+    BadSlot {
+        /// Our ring it was read from.
+        ring: u32,
+        /// Why.
+        error: SlotError,
+    },
+    /// A SEND named an owner that cannot write to this ring.
+    BadSender {
+        /// Our ring.
+        ring: u32,
+        /// The owner the slot named.
+        owner: u32,
+    },
+    /// A SEND's fragment failed validation (an error ACK went back).
+    BadFragment {
+        /// The sender.
+        peer: u32,
+        /// Why.
+        error: FragError,
+    },
+    /// An ACK named a fragment that is not ours or not a fragment start.
+    UnknownAck {
+        /// The offset it named.
+        frag: ShmOffset,
+    },
+    /// An ACK for a fragment that was not in flight (duplicate or forged).
+    UnexpectedAck {
+        /// The offset it named.
+        frag: ShmOffset,
+    },
+    /// A peer's pending queue overflowed: it sent a fragment twice.
+    PendingOverflow {
+        /// The peer.
+        peer: u32,
+    },
+    /// A peer's ring is corrupted (a reserved slot was not free): the peer
+    /// should be failed.
+    RingCorrupted {
+        /// The peer whose ring it is.
+        peer: u32,
+    },
+}
+
+impl fmt::Display for PeerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::BadSlot { ring, error } => write!(f, "ring {ring}: {error}"),
+            Self::BadSender { ring, owner } => {
+                write!(
+                    f,
+                    "ring {ring}: SEND names owner {owner}, who cannot write here"
+                )
+            }
+            Self::BadFragment { peer, error } => write!(f, "fragment from rank {peer}: {error}"),
+            Self::UnknownAck { frag } => write!(f, "ACK for {frag:?}, which is not our fragment"),
+            Self::UnexpectedAck { frag } => {
+                write!(f, "ACK for {frag:?}, which was not in flight")
+            }
+            Self::PendingOverflow { peer } => {
+                write!(
+                    f,
+                    "pending queue to rank {peer} overflowed (duplicate fragments)"
+                )
+            }
+            Self::RingCorrupted { peer } => write!(f, "the ring of rank {peer} is corrupted"),
+        }
+    }
+}
+
+impl core::error::Error for PeerError {}
+
+/// Setting up the engine failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum SetupError {
+    /// The layout could not be computed or indexed.
+    Size(SizeError),
+    /// A ring could not be initialised or attached.
+    Fifo {
+        /// Whose ring.
+        rank: u32,
+        /// Which of its rings.
+        ring: u32,
+        /// Why.
+        error: FifoError,
+    },
+    /// A part or fragment is outside the segment.
+    Resolve(ResolveError),
+    /// `me`, `nprocs` or the storage sizes do not fit the layout.
+    Mismatch {
+        /// What does not fit.
+        what: &'static str,
+    },
+}
+
+impl From<SizeError> for SetupError {
+    fn from(e: SizeError) -> Self {
+        Self::Size(e)
+    }
+}
+
+impl From<ResolveError> for SetupError {
+    fn from(e: ResolveError) -> Self {
+        Self::Resolve(e)
+    }
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Size(e) => write!(f, "segment layout: {e}"),
+            Self::Fifo { rank, ring, error } => write!(f, "ring {ring} of rank {rank}: {error}"),
+            Self::Resolve(e) => write!(f, "segment: {e}"),
+            Self::Mismatch { what } => write!(f, "engine set-up: {what}"),
+        }
+    }
+}
+
+impl core::error::Error for SetupError {}
+
+/// A send could not be started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum SendError {
+    /// No such peer (or it is this rank).
+    InvalidPeer {
+        /// The peer asked for.
+        peer: u32,
+    },
+    /// The peer was declared failed.
+    PeerFailed {
+        /// The peer.
+        peer: u32,
+    },
+    /// The payload is larger than a max-size fragment.
+    TooLarge {
+        /// Payload length.
+        len: usize,
+        /// Largest payload of one fragment.
+        max: u32,
+    },
+    /// Every fragment is in flight: call `progress` and retry.
+    NoFragment,
+    /// The peer's pending queue is full (it stopped reading): progress,
+    /// check its liveness, retry.
+    Backlog {
+        /// The peer.
+        peer: u32,
+    },
+    /// The peer's ring is corrupted: nothing was sent; fail the peer
+    /// ([`SmEngine::fail_peer`]).
+    RingCorrupted {
+        /// The peer.
+        peer: u32,
+    },
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::InvalidPeer { peer } => write!(f, "no local peer {peer}"),
+            Self::PeerFailed { peer } => write!(f, "local peer {peer} has failed"),
+            Self::TooLarge { len, max } => {
+                write!(
+                    f,
+                    "payload of {len} bytes exceeds the fragment limit of {max}"
+                )
+            }
+            Self::NoFragment => write!(f, "no free fragment (all in flight)"),
+            Self::Backlog { peer } => write!(f, "pending queue to local peer {peer} is full"),
+            Self::RingCorrupted { peer } => write!(f, "the ring of local peer {peer} is corrupted"),
+        }
+    }
+}
+
+impl core::error::Error for SendError {}
+
+/// Geometry of our own part, for the offset → descriptor lookup.
+#[derive(Clone, Copy, Debug)]
+struct PartGeometry {
+    eager_start: u64,
+    eager_bytes: u64,
+    eager_count: u32,
+    max_start: u64,
+    max_bytes: u64,
+    max_count: u32,
+}
+
+impl PartGeometry {
+    fn index_of(&self, offset: u64) -> Option<u32> {
+        let lookup = |start: u64, bytes: u64, count: u32| -> Option<u32> {
+            let rel = offset.checked_sub(start)?;
+            if bytes == 0 || rel % bytes != 0 {
+                return None;
+            }
+            let i = rel / bytes;
+            (i < u64::from(count)).then_some(i as u32)
+        };
+        lookup(self.eager_start, self.eager_bytes, self.eager_count).or_else(|| {
+            lookup(self.max_start, self.max_bytes, self.max_count).map(|i| i + self.eager_count)
+        })
+    }
+}
+
+/// Initialises rank `me`'s part of the segment: its receive rings, all
+/// FREE, and the headers of its fragments.
+///
+/// # Safety
+///
+/// No other process or thread may access `me`'s part while this runs: it
+/// is called before `me` marks itself ready in the control area, and peers
+/// touch a part only after seeing that mark.
+pub unsafe fn init_part(
+    segment: &Region<'_>,
+    layout: &SegmentLayout,
+    params: &SmParams,
+    me: u32,
+) -> Result<(), SetupError> {
+    let part_at = layout.part_offset(me)?;
+    let part = segment.subregion(part_at as u64, layout.part_bytes)?;
+    let owner = u16::try_from(me).map_err(|_| SetupError::Mismatch { what: "rank" })?;
+    for ring in 0..layout.rings_per_rank {
+        let at = (layout.ring_offset(me, ring)? - part_at) as u64;
+        // SAFETY: exclusive access to our part (this function's contract).
+        unsafe { Fifo::init(&part, at, params.fifo_size, params.fifo_lazy_free) }.map_err(
+            |error| SetupError::Fifo {
+                rank: me,
+                ring,
+                error,
+            },
+        )?;
+    }
+    for i in 0..layout.eager_frags {
+        let at = (layout.eager_frag_offset(me, i)? - part_at) as u64;
+        // SAFETY: as above.
+        unsafe { FragHeader::init(&part, at, owner, params.eager_limit) }?;
+    }
+    for i in 0..layout.max_frags {
+        let at = (layout.max_frag_offset(me, i)? - part_at) as u64;
+        // SAFETY: as above.
+        unsafe { FragHeader::init(&part, at, owner, params.max_send_size) }?;
+    }
+    Ok(())
+}
+
+/// The shared-memory engine of one local rank. `P`, `C`, `D`, `Q` are the
+/// caller's storage (`Vec`s on Linux, arrays elsewhere), sized with
+/// [`SmEngine::storage_sizes`].
+pub struct SmEngine<'a, P, C, D, Q>
+where
+    P: AsMut<[PeerSlot<'a>]>,
+    C: AsMut<[Option<Consumer<'a>>]>,
+    D: AsMut<[FragDesc]>,
+    Q: AsMut<[u64]>,
+{
+    me: u32,
+    nprocs: u32,
+    num_fifos: u32,
+    fifo_size: u32,
+    table: SegmentTable<'a, MAX_LOCAL_RANKS>,
+    my_part: Region<'a>,
+    geometry: PartGeometry,
+    eager_capacity: u32,
+    max_capacity: u32,
+    peers: P,
+    consumers: C,
+    descs: D,
+    pending: Q,
+    pending_cap: u32,
+    free_eager: u32,
+    free_max: u32,
+    outstanding: u32,
+    pending_total: u32,
+}
+
+impl<'a, P, C, D, Q> fmt::Debug for SmEngine<'a, P, C, D, Q>
+where
+    P: AsMut<[PeerSlot<'a>]>,
+    C: AsMut<[Option<Consumer<'a>>]>,
+    D: AsMut<[FragDesc]>,
+    Q: AsMut<[u64]>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SmEngine")
+            .field("me", &self.me)
+            .field("nprocs", &self.nprocs)
+            .field("outstanding", &self.outstanding)
+            .field("pending", &self.pending_total)
+            .finish()
+    }
+}
+
+/// Lengths the storage slices passed to [`SmEngine::attach`] must have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StorageSizes {
+    /// `PeerSlot`s: one per local rank.
+    pub peers: usize,
+    /// Consumers: one per receive ring.
+    pub consumers: usize,
+    /// Descriptors: one per fragment of a part.
+    pub descs: usize,
+    /// Pending slots: `peers × pending capacity`.
+    pub pending: usize,
+}
+
+impl<'a, P, C, D, Q> SmEngine<'a, P, C, D, Q>
+where
+    P: AsMut<[PeerSlot<'a>]>,
+    C: AsMut<[Option<Consumer<'a>>]>,
+    D: AsMut<[FragDesc]>,
+    Q: AsMut<[u64]>,
+{
+    /// Storage lengths for `nprocs` ranks on `layout`.
+    pub fn storage_sizes(layout: &SegmentLayout, nprocs: u32) -> Option<StorageSizes> {
+        let descs = layout.eager_frags.checked_add(layout.max_frags)? as usize;
+        let per_peer = Self::pending_capacity(layout)? as usize;
+        Some(StorageSizes {
+            peers: nprocs as usize,
+            consumers: layout.rings_per_rank as usize,
+            descs,
+            pending: per_peer.checked_mul(nprocs as usize)?,
+        })
+    }
+
+    /// Capacity of one peer's pending queue (see the module docs).
+    pub fn pending_capacity(layout: &SegmentLayout) -> Option<u32> {
+        layout
+            .eager_frags
+            .checked_add(layout.max_frags)?
+            .checked_mul(2)
+    }
+
+    /// Builds the engine of rank `me` once every rank's part is initialised
+    /// ([`init_part`]) and marked ready: claims our rings, attaches a writer
+    /// to ring `fifo_map(me)` of every peer, and lays out our descriptors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attach(
+        segment: &Region<'a>,
+        layout: &SegmentLayout,
+        params: &SmParams,
+        me: u32,
+        nprocs: u32,
+        mut peers: P,
+        mut consumers: C,
+        mut descs: D,
+        mut pending: Q,
+    ) -> Result<Self, SetupError> {
+        let sizes = Self::storage_sizes(layout, nprocs).ok_or(SetupError::Mismatch {
+            what: "storage size overflows",
+        })?;
+        if nprocs == 0 || me >= nprocs || nprocs > layout.max_procs {
+            return Err(SetupError::Mismatch {
+                what: "rank or job size outside the layout",
+            });
+        }
+        if nprocs as usize > MAX_LOCAL_RANKS {
+            return Err(SetupError::Mismatch {
+                what: "more local ranks than MAX_LOCAL_RANKS",
+            });
+        }
+        if peers.as_mut().len() != sizes.peers
+            || consumers.as_mut().len() != sizes.consumers
+            || descs.as_mut().len() != sizes.descs
+            || pending.as_mut().len() != sizes.pending
+        {
+            return Err(SetupError::Mismatch {
+                what: "storage lengths differ from storage_sizes()",
+            });
+        }
+        let num_fifos = u32::try_from(params.num_fifos)
+            .ok()
+            .filter(|n| n.is_power_of_two())
+            .ok_or(SetupError::Mismatch { what: "num_fifos" })?;
+
+        let mut table = SegmentTable::new();
+        for rank in 0..nprocs {
+            let at = layout.part_offset(rank)?;
+            let part = segment.subregion(at as u64, layout.part_bytes)?;
+            table.insert(rank as u16, part)?;
+        }
+        let my_part = *table.region(me as u16)?;
+        let part_at = layout.part_offset(me)? as u64;
+
+        // Our rings.
+        for (ring, slot) in consumers.as_mut().iter_mut().enumerate() {
+            let ring = ring as u32;
+            let at = layout.ring_offset(me, ring)? as u64 - part_at;
+            let fifo = Fifo::attach(&my_part, at).map_err(|error| SetupError::Fifo {
+                rank: me,
+                ring,
+                error,
+            })?;
+            *slot = Some(fifo.claim_consumer().map_err(|error| SetupError::Fifo {
+                rank: me,
+                ring,
+                error,
+            })?);
+        }
+        // A writer on each peer's ring for us.
+        let my_ring = fifo_map(me, num_fifos);
+        for (rank, slot) in peers.as_mut().iter_mut().enumerate() {
+            let rank = rank as u32;
+            *slot = PeerSlot::new();
+            if rank == me {
+                slot.state = PeerState::Me;
+                continue;
+            }
+            let part = table.region(rank as u16)?;
+            let at = (layout.ring_offset(rank, my_ring)? - layout.part_offset(rank)?) as u64;
+            let fifo = Fifo::attach(part, at).map_err(|error| SetupError::Fifo {
+                rank,
+                ring: my_ring,
+                error,
+            })?;
+            slot.producer = Some(fifo.producer());
+            slot.state = PeerState::Connected;
+        }
+        // Our fragments: eager ones first, then max-size ones.
+        let geometry = PartGeometry {
+            eager_start: layout
+                .eager_frag_offset(me, 0)
+                .map_or(0, |o| o as u64 - part_at),
+            eager_bytes: layout.eager_frag_bytes as u64,
+            eager_count: layout.eager_frags,
+            max_start: layout
+                .max_frag_offset(me, 0)
+                .map_or(0, |o| o as u64 - part_at),
+            max_bytes: layout.max_frag_bytes as u64,
+            max_count: layout.max_frags,
+        };
+        let (mut free_eager, mut free_max) = (NONE, NONE);
+        for (i, d) in descs.as_mut().iter_mut().enumerate().rev() {
+            let i = i as u32;
+            let (offset, capacity, head) = if i < layout.eager_frags {
+                let o = geometry.eager_start + u64::from(i) * geometry.eager_bytes;
+                (o, params.eager_limit, &mut free_eager)
+            } else {
+                let j = i - layout.eager_frags;
+                let o = geometry.max_start + u64::from(j) * geometry.max_bytes;
+                (o, params.max_send_size, &mut free_max)
+            };
+            *d = FragDesc {
+                offset,
+                capacity,
+                next: *head,
+                state: DescState::Free,
+                peer: 0,
+                cookie: 0,
+            };
+            *head = i;
+        }
+        Ok(Self {
+            me,
+            nprocs,
+            num_fifos,
+            fifo_size: params.fifo_size,
+            table,
+            my_part,
+            geometry,
+            eager_capacity: params.eager_limit,
+            max_capacity: params.max_send_size,
+            peers,
+            consumers,
+            descs,
+            pending,
+            pending_cap: sizes.pending as u32 / nprocs,
+            free_eager,
+            free_max,
+            outstanding: 0,
+            pending_total: 0,
+        })
+    }
+
+    /// This rank.
+    pub fn me(&self) -> u32 {
+        self.me
+    }
+
+    /// Number of local ranks.
+    pub fn nprocs(&self) -> u32 {
+        self.nprocs
+    }
+
+    /// Largest payload of an eager fragment.
+    pub fn eager_payload(&self) -> u32 {
+        self.eager_capacity
+    }
+
+    /// Largest payload of one fragment.
+    pub fn max_payload(&self) -> u32 {
+        self.max_capacity
+    }
+
+    /// Fragments of ours waiting for an ACK (in rings or pending).
+    pub fn outstanding(&self) -> u32 {
+        self.outstanding
+    }
+
+    /// Slot values waiting in pending queues.
+    pub fn pending(&self) -> u32 {
+        self.pending_total
+    }
+
+    /// The seed's flow-control test: more than half a ring's worth of our
+    /// fragments is outstanding, so progress before sending more.
+    pub fn congested(&self) -> bool {
+        self.outstanding.saturating_mul(2) > self.fifo_size
+    }
+
+    /// A peer's state (`None` for an index out of range).
+    pub fn peer_state(&mut self, peer: u32) -> Option<PeerState> {
+        self.peers.as_mut().get(peer as usize).map(|p| p.state)
+    }
+
+    /// Fragments of ours in flight to `peer`.
+    pub fn in_flight_to(&mut self, peer: u32) -> u32 {
+        self.peers
+            .as_mut()
+            .get(peer as usize)
+            .map_or(0, |p| p.in_flight)
+    }
+
+    /// True if one of our rings has a slot reserved by a writer but not yet
+    /// published (a writer that dies inside its push leaves this state).
+    pub fn reservation_stalled(&mut self) -> bool {
+        self.consumers
+            .as_mut()
+            .iter()
+            .flatten()
+            .any(Consumer::reservation_pending)
+    }
+
+    /// Sends the concatenation of `parts` (one fragment: at most
+    /// [`Self::max_payload`] bytes) to `peer` with `tag`. `cookie` comes back
+    /// in [`Dispatch::complete`] when the peer has handled it.
+    pub fn send(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        parts: &[&[u8]],
+        cookie: u64,
+    ) -> Result<(), SendError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let state = self
+            .peer_state(peer)
+            .ok_or(SendError::InvalidPeer { peer })?;
+        match state {
+            PeerState::Me => return Err(SendError::InvalidPeer { peer }),
+            PeerState::Failed => return Err(SendError::PeerFailed { peer }),
+            PeerState::Connected => {}
+        }
+        if len > self.max_capacity as usize {
+            return Err(SendError::TooLarge {
+                len,
+                max: self.max_capacity,
+            });
+        }
+        // Our own queue to this peer must have room for the SEND.
+        let pslot = &self.peers.as_mut()[peer as usize];
+        if pslot.pending_len >= self.pending_cap {
+            return Err(SendError::Backlog { peer });
+        }
+        let idx = self.alloc(len).ok_or(SendError::NoFragment)?;
+        let desc = self.descs.as_mut()[idx as usize];
+        let payload_at = desc.offset + crate::frag::FRAG_HEADER_SIZE as u64;
+        let mut pos = payload_at;
+        for part in parts {
+            // In bounds: len <= capacity, checked by `alloc`; a failure here
+            // would mean our own part is broken, reported as NoFragment.
+            if self.my_part.write_bytes(pos, part).is_err() {
+                self.free(idx);
+                return Err(SendError::NoFragment);
+            }
+            pos += part.len() as u64;
+        }
+        let Ok(header) = self.my_part.resolve::<FragHeader>(desc.offset) else {
+            self.free(idx);
+            return Err(SendError::NoFragment);
+        };
+        header.set_message(tag, len as u32, u64::from(idx), 0);
+        // `me < MAX_LOCAL_RANKS` and offsets inside a part: always encodable.
+        let Ok(frag) = ShmOffset::new(self.me as u16, desc.offset) else {
+            self.free(idx);
+            return Err(SendError::NoFragment);
+        };
+        let value = Slot {
+            kind: FragType::Send,
+            error: false,
+            frag,
+        }
+        .encode();
+        let d = &mut self.descs.as_mut()[idx as usize];
+        d.state = DescState::InFlight;
+        d.peer = peer;
+        d.cookie = cookie;
+        self.outstanding += 1;
+        self.peers.as_mut()[peer as usize].in_flight += 1;
+        // The queue had room (checked above), so the only failure left is a
+        // corrupted ring: undo, and let the caller fail the peer.
+        if self.push_or_queue(peer, value).is_err() {
+            self.free(idx);
+            self.outstanding -= 1;
+            let p = &mut self.peers.as_mut()[peer as usize];
+            p.in_flight = p.in_flight.saturating_sub(1);
+            return Err(SendError::RingCorrupted { peer });
+        }
+        Ok(())
+    }
+
+    /// Pops a free fragment big enough for `len` payload bytes (eager if it
+    /// fits, else max-size).
+    fn alloc(&mut self, len: usize) -> Option<u32> {
+        let use_eager = len <= self.eager_capacity as usize;
+        let head = if use_eager && self.free_eager != NONE {
+            &mut self.free_eager
+        } else if self.free_max != NONE {
+            &mut self.free_max
+        } else {
+            return None;
+        };
+        let idx = *head;
+        let d = self.descs.as_mut().get(idx as usize)?;
+        if (d.capacity as usize) < len {
+            return None;
+        }
+        *head = d.next;
+        Some(idx)
+    }
+
+    fn free(&mut self, idx: u32) {
+        let eager_count = self.geometry.eager_count;
+        let head = if idx < eager_count {
+            &mut self.free_eager
+        } else {
+            &mut self.free_max
+        };
+        if let Some(d) = self.descs.as_mut().get_mut(idx as usize) {
+            d.state = DescState::Free;
+            d.next = *head;
+            *head = idx;
+        }
+    }
+
+    /// Pushes `value` to `peer`'s ring, or queues it behind earlier pending
+    /// values. Err only if the queue is full.
+    fn push_or_queue(&mut self, peer: u32, value: u64) -> Result<(), PeerError> {
+        let cap = self.pending_cap;
+        let p = &mut self.peers.as_mut()[peer as usize];
+        if p.pending_len == 0 {
+            if let Some(producer) = p.producer.as_mut() {
+                match producer.push(value) {
+                    Ok(()) => return Ok(()),
+                    Err(PushError::Full(_)) => {}
+                    Err(PushError::Corrupted { .. } | PushError::InvalidValue(_)) => {
+                        return Err(PeerError::RingCorrupted { peer });
+                    }
+                }
+            }
+        }
+        if p.pending_len >= cap {
+            return Err(PeerError::PendingOverflow { peer });
+        }
+        let at = (peer * cap + (p.pending_head + p.pending_len) % cap) as usize;
+        p.pending_len += 1;
+        self.pending.as_mut()[at] = value;
+        self.pending_total += 1;
+        Ok(())
+    }
+
+    /// Retries `peer`'s pending values in order until its ring is full.
+    /// Returns how many went out.
+    fn flush_pending(&mut self, peer: u32) -> Result<usize, PeerError> {
+        let cap = self.pending_cap;
+        let base = (peer * cap) as usize;
+        let p = &mut self.peers.as_mut()[peer as usize];
+        let Some(producer) = p.producer.as_mut() else {
+            return Ok(0);
+        };
+        let queue = &mut self.pending.as_mut()[base..base + cap as usize];
+        let mut sent = 0;
+        while p.pending_len > 0 {
+            let value = queue[p.pending_head as usize];
+            match producer.push(value) {
+                Ok(()) => {
+                    p.pending_head = (p.pending_head + 1) % cap;
+                    p.pending_len -= 1;
+                    sent += 1;
+                }
+                Err(PushError::Full(_)) => break,
+                Err(_) => {
+                    self.pending_total -= sent as u32;
+                    return Err(PeerError::RingCorrupted { peer });
+                }
+            }
+        }
+        self.pending_total -= sent as u32;
+        Ok(sent)
+    }
+
+    /// One pass of the progress engine (see the module docs). Returns the
+    /// number of events (slots handled and pending values sent).
+    pub fn progress<H: Dispatch>(&mut self, d: &mut H) -> usize {
+        let mut events = 0;
+        if self.pending_total > 0 {
+            for peer in 0..self.nprocs {
+                if self.peers.as_mut()[peer as usize].pending_len > 0 {
+                    match self.flush_pending(peer) {
+                        Ok(n) => events += n,
+                        Err(e) => d.error(e),
+                    }
+                }
+            }
+        }
+        let rings = self.consumers.as_mut().len();
+        for ring in 0..rings {
+            for _ in 0..POLL_BATCH {
+                let Some(value) = self.consumers.as_mut()[ring]
+                    .as_mut()
+                    .and_then(Consumer::pop)
+                else {
+                    break;
+                };
+                events += 1;
+                self.dispatch(ring as u32, value, d);
+            }
+        }
+        events
+    }
+
+    /// Returns every consumed slot of our rings to the writers now (call
+    /// when idle: see `Consumer::release_consumed`).
+    pub fn release_consumed(&mut self) {
+        for c in self.consumers.as_mut().iter_mut().flatten() {
+            c.release_consumed();
+        }
+    }
+
+    fn dispatch<H: Dispatch>(&mut self, ring: u32, value: u64, d: &mut H) {
+        let slot = match Slot::decode(value) {
+            Ok(s) => s,
+            Err(error) => return d.error(PeerError::BadSlot { ring, error }),
+        };
+        match slot.kind {
+            FragType::Send => self.on_send(ring, slot, d),
+            FragType::Ack => self.on_ack(slot, d),
+            // decode() refuses PUT/GET.
+            FragType::Put | FragType::Get => d.error(PeerError::BadSlot {
+                ring,
+                error: SlotError::UnsupportedType {
+                    kind: slot.kind,
+                    raw: value,
+                },
+            }),
+        }
+    }
+
+    fn on_send<H: Dispatch>(&mut self, ring: u32, slot: Slot, d: &mut H) {
+        let owner = u32::from(slot.frag.owner());
+        if owner >= self.nprocs || owner == self.me || fifo_map(owner, self.num_fifos) != ring {
+            return d.error(PeerError::BadSender { ring, owner });
+        }
+        if self.peers.as_mut()[owner as usize].state == PeerState::Failed {
+            return;
+        }
+        let ok = match read_frag(&self.table, slot.frag, self.max_capacity) {
+            Ok(view) => d.recv(owner, view.info.tag, &view),
+            Err(error) => {
+                d.error(PeerError::BadFragment { peer: owner, error });
+                false
+            }
+        };
+        if let Err(e) = self.push_or_queue(owner, slot.into_ack(!ok).encode()) {
+            d.error(e);
+        }
+    }
+
+    fn on_ack<H: Dispatch>(&mut self, slot: Slot, d: &mut H) {
+        let frag = slot.frag;
+        if u32::from(frag.owner()) != self.me {
+            return d.error(PeerError::UnknownAck { frag });
+        }
+        let Some(idx) = self.geometry.index_of(frag.offset()) else {
+            return d.error(PeerError::UnknownAck { frag });
+        };
+        let desc = self.descs.as_mut()[idx as usize];
+        if desc.state != DescState::InFlight {
+            return d.error(PeerError::UnexpectedAck { frag });
+        }
+        self.free(idx);
+        self.outstanding -= 1;
+        let peer = desc.peer;
+        let p = &mut self.peers.as_mut()[peer as usize];
+        p.in_flight = p.in_flight.saturating_sub(1);
+        d.complete(peer, desc.cookie, !slot.error);
+        if self.peers.as_mut()[peer as usize].pending_len > 0 {
+            if let Err(e) = self.flush_pending(peer) {
+                d.error(e);
+            }
+        }
+    }
+
+    /// Declares `peer` failed: completes every fragment in flight to it with
+    /// an error (and recycles it), drops its pending queue, and ignores it
+    /// from now on. Returns the number of fragments completed.
+    pub fn fail_peer<H: Dispatch>(&mut self, peer: u32, d: &mut H) -> usize {
+        let Some(p) = self.peers.as_mut().get_mut(peer as usize) else {
+            return 0;
+        };
+        if p.state != PeerState::Connected {
+            return 0;
+        }
+        p.state = PeerState::Failed;
+        p.producer = None;
+        self.pending_total -= p.pending_len;
+        p.pending_len = 0;
+        p.pending_head = 0;
+        p.in_flight = 0;
+        let mut completed = 0;
+        for idx in 0..self.descs.as_mut().len() as u32 {
+            let desc = self.descs.as_mut()[idx as usize];
+            if desc.state == DescState::InFlight && desc.peer == peer {
+                self.free(idx);
+                self.outstanding -= 1;
+                d.complete(peer, desc.cookie, false);
+                completed += 1;
+            }
+        }
+        completed
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,375 @@
+//! Engine tests: several engines in one process over one in-memory
+//! segment, driven step by step.
+
+use super::*;
+use crate::params::SmParams;
+use crate::sizing::segment_layout;
+use crate::sync::{CachePadded, CACHE_LINE};
+use std::vec;
+use std::vec::Vec;
+
+type Eng<'a> = SmEngine<'a, Vec<PeerSlot<'a>>, Vec<Option<Consumer<'a>>>, Vec<FragDesc>, Vec<u64>>;
+
+fn small_params(fifo_size: u32) -> SmParams {
+    let mut p = SmParams::default();
+    p.fifo_size = fifo_size;
+    p.fifo_lazy_free = (fifo_size / 4).max(1);
+    p.eager_limit = 64;
+    p.rndv_eager_limit = 64;
+    p.max_send_size = 256;
+    p.free_list_num = 2;
+    p.free_list_inc = 4;
+    p
+}
+
+#[derive(Clone, Copy)]
+struct JobShape {
+    layout: SegmentLayout,
+    params: SmParams,
+    nprocs: u32,
+}
+
+struct Job {
+    mem: Vec<CachePadded<[u8; CACHE_LINE]>>,
+    shape: JobShape,
+}
+
+impl Job {
+    fn new(nprocs: u32, fifo_size: u32) -> Self {
+        let params = small_params(fifo_size);
+        let layout = segment_layout(&params, nprocs).unwrap();
+        let lines = layout.total_bytes.div_ceil(CACHE_LINE);
+        let mut mem = Vec::with_capacity(lines);
+        mem.resize_with(lines, || CachePadded([0u8; CACHE_LINE]));
+        Self {
+            mem,
+            shape: JobShape {
+                layout,
+                params,
+                nprocs,
+            },
+        }
+    }
+
+    fn region(&mut self) -> Region<'_> {
+        // CachePadded<[u8; N]> is N bytes with alignment N: contiguous.
+        let len = self.mem.len() * CACHE_LINE;
+        // SAFETY: the buffer is exclusively borrowed for the region's
+        // lifetime and only accessed through it.
+        let bytes =
+            unsafe { core::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast::<u8>(), len) };
+        Region::from_mut_slice(bytes)
+    }
+}
+
+fn engines(region: &Region<'static>, job: &JobShape) -> Vec<Eng<'static>> {
+    let sizes = Eng::storage_sizes(&job.layout, job.nprocs).unwrap();
+    for r in 0..job.nprocs {
+        // SAFETY: single-threaded test; nothing else touches the parts.
+        unsafe { init_part(region, &job.layout, &job.params, r) }.unwrap();
+    }
+    (0..job.nprocs)
+        .map(|me| {
+            Eng::attach(
+                region,
+                &job.layout,
+                &job.params,
+                me,
+                job.nprocs,
+                (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
+                (0..sizes.consumers).map(|_| None).collect(),
+                vec![FragDesc::new(); sizes.descs],
+                vec![0; sizes.pending],
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+/// Records everything the engine reports.
+#[derive(Default)]
+struct Rec {
+    got: Vec<(u32, u8, Vec<u8>)>,
+    done: Vec<(u32, u64, bool)>,
+    errors: Vec<PeerError>,
+    refuse_tag: Option<u8>,
+}
+
+impl Dispatch for Rec {
+    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
+        if Some(tag) == self.refuse_tag {
+            return false;
+        }
+        let mut buf = vec![0; frag.info.len as usize];
+        frag.copy_payload(&mut buf).unwrap();
+        self.got.push((peer, tag, buf));
+        true
+    }
+    fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
+        self.done.push((peer, cookie, ok));
+    }
+    fn error(&mut self, error: PeerError) {
+        self.errors.push(error);
+    }
+}
+
+/// Runs the job: leaks the segment for the 'static lifetime the engines
+/// borrow it for (tests only; a few KiB each).
+fn with_job(nprocs: u32, fifo_size: u32, f: impl FnOnce(&mut [Eng<'static>], &Region<'static>)) {
+    let job: &'static mut Job =
+        std::boxed::Box::leak(std::boxed::Box::new(Job::new(nprocs, fifo_size)));
+    let shape = job.shape;
+    let region = job.region();
+    let mut e = engines(&region, &shape);
+    f(&mut e, &region);
+}
+
+#[test]
+fn send_recv_ack_roundtrip() {
+    with_job(2, 16, |e, _| {
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        e[0].send(1, 7, &[b"hello ", b"world"], 42).unwrap();
+        assert_eq!(e[0].outstanding(), 1);
+        assert_eq!(e[1].progress(&mut r1), 1);
+        assert_eq!(r1.got, vec![(0, 7, b"hello world".to_vec())]);
+        assert_eq!(e[0].progress(&mut r0), 1);
+        assert_eq!(r0.done, vec![(1, 42, true)]);
+        assert_eq!(e[0].outstanding(), 0);
+        // Max-size fragment (above the eager limit) and an empty one.
+        let big = vec![0xab; 256];
+        e[1].send(0, 1, &[&big], 1).unwrap();
+        e[1].send(0, 2, &[], 2).unwrap();
+        assert!(matches!(
+            e[1].send(0, 3, &[&[0; 257]], 3),
+            Err(SendError::TooLarge { .. })
+        ));
+        e[0].progress(&mut r0);
+        e[1].progress(&mut r1);
+        assert_eq!(r0.got, vec![(1, 1, big), (1, 2, vec![])]);
+        assert_eq!(r1.done, vec![(0, 1, true), (0, 2, true)]);
+        assert!(r0.errors.is_empty() && r1.errors.is_empty());
+    });
+}
+
+#[test]
+fn invalid_peers_are_refused() {
+    with_job(2, 16, |e, _| {
+        assert_eq!(
+            e[0].send(0, 1, &[], 0),
+            Err(SendError::InvalidPeer { peer: 0 })
+        );
+        assert_eq!(
+            e[0].send(5, 1, &[], 0),
+            Err(SendError::InvalidPeer { peer: 5 })
+        );
+    });
+}
+
+#[test]
+fn refused_handler_acks_with_error() {
+    with_job(2, 16, |e, _| {
+        let (mut r0, mut r1) = (
+            Rec::default(),
+            Rec {
+                refuse_tag: Some(9),
+                ..Rec::default()
+            },
+        );
+        e[0].send(1, 9, &[b"x"], 5).unwrap();
+        e[1].progress(&mut r1);
+        e[0].progress(&mut r0);
+        assert_eq!(r0.done, vec![(1, 5, false)]);
+    });
+}
+
+#[test]
+#[allow(clippy::needless_range_loop)]
+fn flood_through_a_small_ring_keeps_order() {
+    // Ring of 4 slots; 3 ranks all flooding rank 0 and each other.
+    with_job(3, 4, |e, _| {
+        let mut recs: Vec<Rec> = (0..3).map(|_| Rec::default()).collect();
+        let per_pair = 200u32;
+        let mut next_send = [[0u32; 3]; 3];
+        let mut total_done = 0;
+        let want = 3 * 2 * per_pair as usize;
+        let mut rounds = 0;
+        while total_done < want {
+            rounds += 1;
+            assert!(rounds < 100_000, "no progress");
+            for s in 0..3usize {
+                for d in 0..3usize {
+                    if s == d || next_send[s][d] == per_pair {
+                        continue;
+                    }
+                    let seq = next_send[s][d];
+                    let payload = seq.to_le_bytes();
+                    match e[s].send(d as u32, d as u8, &[&payload], u64::from(seq)) {
+                        Ok(()) => next_send[s][d] += 1,
+                        Err(SendError::NoFragment | SendError::Backlog { .. }) => {}
+                        Err(err) => panic!("{err}"),
+                    }
+                }
+            }
+            for (r, rec) in recs.iter_mut().enumerate() {
+                e[r].progress(rec);
+            }
+            total_done = recs.iter().map(|r| r.done.len()).sum();
+        }
+        for (r, rec) in recs.iter().enumerate() {
+            assert!(rec.errors.is_empty(), "{:?}", rec.errors);
+            for s in 0..3u32 {
+                let seqs: Vec<u32> = rec
+                    .got
+                    .iter()
+                    .filter(|(p, _, _)| *p == s)
+                    .map(|(_, tag, b)| {
+                        assert_eq!(*tag as usize, r);
+                        u32::from_le_bytes(b[..4].try_into().unwrap())
+                    })
+                    .collect();
+                if s as usize == r {
+                    assert!(seqs.is_empty());
+                } else {
+                    assert_eq!(
+                        seqs,
+                        (0..per_pair).collect::<Vec<_>>(),
+                        "{s} -> {r} out of order"
+                    );
+                }
+            }
+            assert!(rec.done.iter().all(|&(_, _, ok)| ok));
+        }
+        assert!(e.iter().all(|x| x.outstanding() == 0 && x.pending() == 0));
+    });
+}
+
+#[test]
+fn fragments_run_out_then_come_back() {
+    with_job(2, 64, |e, _| {
+        let mut n = 0;
+        while e[0].send(1, 0, &[b"x"], n).is_ok() {
+            n += 1;
+        }
+        // Eager (2*2 + 4) and max-size (2) fragments all in flight.
+        assert_eq!(n, 10);
+        assert_eq!(e[0].send(1, 0, &[b"x"], 99), Err(SendError::NoFragment));
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        e[1].progress(&mut r1);
+        e[0].progress(&mut r0);
+        assert_eq!(r0.done.len(), 10);
+        e[0].send(1, 0, &[b"x"], 99).unwrap();
+    });
+}
+
+#[test]
+fn failed_peer_completes_in_flight_with_error() {
+    with_job(3, 16, |e, _| {
+        let mut r0 = Rec::default();
+        e[0].send(1, 0, &[b"a"], 1).unwrap();
+        e[0].send(1, 0, &[b"b"], 2).unwrap();
+        e[0].send(2, 0, &[b"c"], 3).unwrap();
+        assert_eq!(e[0].fail_peer(1, &mut r0), 2);
+        assert_eq!(r0.done, vec![(1, 1, false), (1, 2, false)]);
+        assert_eq!(e[0].outstanding(), 1);
+        assert_eq!(
+            e[0].send(1, 0, &[b"d"], 4),
+            Err(SendError::PeerFailed { peer: 1 })
+        );
+        assert_eq!(e[0].fail_peer(1, &mut r0), 0);
+        // Rank 1's late SEND to 0 is ignored.
+        e[1].send(0, 0, &[b"late"], 7).unwrap();
+        e[0].progress(&mut r0);
+        assert!(r0.got.is_empty());
+    });
+}
+
+#[test]
+fn hostile_slots_and_headers_are_errors() {
+    with_job(2, 16, |e, region| {
+        let job_layout = segment_layout(&small_params(16), 2).unwrap();
+        // Rank 1 writes garbage straight into rank 0's ring.
+        let part0 = region
+            .subregion(
+                job_layout.part_offset(0).unwrap() as u64,
+                job_layout.part_bytes,
+            )
+            .unwrap();
+        let ring_at =
+            (job_layout.ring_offset(0, 0).unwrap() - job_layout.part_offset(0).unwrap()) as u64;
+        let mut evil = Fifo::attach(&part0, ring_at).unwrap().producer();
+        let mut r0 = Rec::default();
+        // Reserved bit, PUT type, foreign owner, ACK for nothing, bad offset.
+        evil.push(1 << 63).unwrap();
+        evil.push(ShmOffset::new(1, 64).unwrap().raw() | 2).unwrap();
+        evil.push(ShmOffset::new(7, 64).unwrap().raw()).unwrap();
+        evil.push(ShmOffset::new(0, 8).unwrap().raw() | 1).unwrap();
+        evil.push(ShmOffset::new(1, 1 << 40).unwrap().raw())
+            .unwrap();
+        assert_eq!(e[0].progress(&mut r0), 5);
+        assert_eq!(r0.errors.len(), 5, "{:?}", r0.errors);
+        assert!(matches!(r0.errors[0], PeerError::BadSlot { .. }));
+        assert!(matches!(r0.errors[1], PeerError::BadSlot { .. }));
+        assert!(matches!(
+            r0.errors[2],
+            PeerError::BadSender { owner: 7, .. }
+        ));
+        assert!(matches!(r0.errors[3], PeerError::UnknownAck { .. }));
+        assert!(matches!(
+            r0.errors[4],
+            PeerError::BadFragment { peer: 1, .. }
+        ));
+        assert!(r0.got.is_empty());
+
+        // A real fragment whose header rank 1 then corrupts: error ACK back.
+        e[1].send(0, 3, &[b"ok"], 11).unwrap();
+        let part1_at = job_layout.part_offset(1).unwrap();
+        let frag_at = (job_layout.eager_frag_offset(1, 0).unwrap() - part1_at) as u64;
+        let part1 = region
+            .subregion(part1_at as u64, job_layout.part_bytes)
+            .unwrap();
+        let hdr: &FragHeader = part1.resolve(frag_at).unwrap();
+        hdr.set_message(3, 100_000, 0, 0);
+        r0.errors.clear();
+        e[0].progress(&mut r0);
+        assert!(matches!(
+            r0.errors[..],
+            [PeerError::BadFragment {
+                peer: 1,
+                error: FragError::LengthExceedsCapacity { .. }
+            }]
+        ));
+        let mut r1 = Rec::default();
+        e[1].progress(&mut r1);
+        assert_eq!(r1.done, vec![(0, 11, false)]);
+        // Rank 0 also returned the forged SEND naming rank 1's offset 2^40
+        // (an error ACK to its named owner), which rank 1 refuses.
+        assert!(
+            matches!(r1.errors[..], [PeerError::UnknownAck { .. }]),
+            "{:?}",
+            r1.errors
+        );
+        r1.errors.clear();
+        // A duplicate ACK of that fragment is refused.
+        let mut evil1 = {
+            let part1 = region
+                .subregion(part1_at as u64, job_layout.part_bytes)
+                .unwrap();
+            let at = (job_layout.ring_offset(1, 0).unwrap() - part1_at) as u64;
+            Fifo::attach(&part1, at).unwrap().producer()
+        };
+        evil1
+            .push(ShmOffset::new(1, frag_at).unwrap().raw() | 1)
+            .unwrap();
+        e[1].progress(&mut r1);
+        assert!(
+            matches!(r1.errors[..], [PeerError::UnexpectedAck { .. }]),
+            "{:?}",
+            r1.errors
+        );
+        // Everything still works afterwards.
+        e[1].send(0, 3, &[b"fine"], 12).unwrap();
+        r0.got.clear();
+        e[0].progress(&mut r0);
+        assert_eq!(r0.got, vec![(1, 3, b"fine".to_vec())]);
+    });
+}
