@@ -1185,7 +1185,9 @@ impl SmParams {
                 ParamId::Flags,
                 i64::from(flags),
                 "put is not supported; get follows use_cma",
-                &[ParamId::UseCma],
+                // Derived from use_cma: worth a warning only if the user set
+                // flags themselves.
+                &[],
             )?;
         }
         // Seed open: the number of rings is a power of two.

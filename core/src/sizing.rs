@@ -18,8 +18,10 @@
 //!    [`CACHE_LINE`];
 //! 2. its eager fragments: `2 * max_procs + free_list_inc` of them, each
 //!    `FRAG_HEADER + eager_limit` bytes rounded up to [`CACHE_LINE`];
-//! 3. its max-size fragments: `free_list_num` of them, each `FRAG_HEADER +
-//!    max_send_size` bytes rounded up to [`CACHE_LINE`];
+//! 3. its max-size fragments: `free_list_num + free_list_inc` of them (the
+//!    seed's free list after one growth step), at most `free_list_max` when
+//!    that is not -1, each `FRAG_HEADER + max_send_size` bytes rounded up to
+//!    [`CACHE_LINE`];
 //!
 //! and is padded to [`PART_ALIGN`] (a page), so every part starts on a page
 //! and every ring and fragment on a cache line. `FRAG_HEADER` is the size of
@@ -203,7 +205,7 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     if params.max_send_size < params.eager_limit {
         return invalid("max_send_size must be >= eager_limit");
     }
-    let Ok(max_frags) = u32::try_from(params.free_list_num) else {
+    let Ok(free_list_num) = u32::try_from(params.free_list_num) else {
         return invalid("free_list_num must be >= 0");
     };
     let free_list_inc = match u32::try_from(params.free_list_inc) {
@@ -225,7 +227,17 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     let eager_frag_bytes = frag_bytes(params.eager_limit, "eager fragment")?;
     let eager = mul(eager_frag_bytes, eager_frags, "eager fragments")?;
 
-    // Max-size fragments.
+    // Max-size fragments: the seed's free list starts with free_list_num and
+    // grows by free_list_inc up to free_list_max (-1: no limit) inside its
+    // memory pool. Fragments here are carved once, so carve the first growth
+    // step too, capped by free_list_max: the large-message pipeline needs
+    // the depth (measured: 8 fragments of 32 KiB give a third of the
+    // bandwidth of 72 at 1–4 MiB).
+    let grown = free_list_num.saturating_add(free_list_inc);
+    let max_frags = match u32::try_from(params.free_list_max) {
+        Ok(cap) => grown.min(cap.max(free_list_num)),
+        Err(_) => grown,
+    };
     let max_frag_bytes = frag_bytes(params.max_send_size, "max-size fragment")?;
     let max = mul(max_frag_bytes, max_frags, "max-size fragments")?;
 
@@ -329,7 +341,7 @@ mod tests {
         assert_eq!(l.max_procs, 4);
         assert_eq!(l.rings_per_rank, 1);
         assert_eq!(l.eager_frags, 2 * 4 + 64);
-        assert_eq!(l.max_frags, 8);
+        assert_eq!(l.max_frags, 8 + 64);
         assert!(l.ring_bytes >= Fifo::memory_size(4096).unwrap());
         assert!(l.eager_frag_bytes >= FRAG_HEADER + 4096);
         assert!(l.max_frag_bytes >= FRAG_HEADER + 32768);
@@ -340,8 +352,19 @@ mod tests {
         assert_eq!(l.control_bytes % PART_ALIGN, 0);
         assert_eq!(l.part_bytes % PART_ALIGN, 0);
         assert_eq!(l.total_bytes, l.control_bytes + 4 * l.part_bytes);
-        let used = l.ring_bytes + 72 * l.eager_frag_bytes + 8 * l.max_frag_bytes;
+        let used = l.ring_bytes + 72 * l.eager_frag_bytes + 72 * l.max_frag_bytes;
         assert!(used <= l.part_bytes && l.part_bytes < used + PART_ALIGN);
+    }
+
+    #[test]
+    fn max_fragments_follow_free_list_max() {
+        let mut p = SmParams::default();
+        p.free_list_max = 10;
+        assert_eq!(segment_layout(&p, 2).unwrap().max_frags, 10);
+        p.free_list_max = 4; // below free_list_num: the initial list stays
+        assert_eq!(segment_layout(&p, 2).unwrap().max_frags, 8);
+        p.free_list_max = -1;
+        assert_eq!(segment_layout(&p, 2).unwrap().max_frags, 72);
     }
 
     #[test]

@@ -1,17 +1,16 @@
-//! `btl-linux`: the std adapter of btl for Linux HPC processes.
-//!
-//! What this crate will hold (see the project README for what works today):
-//! shared segments mapped with memmap2 in `/dev/shm` (named by uid, job and
-//! node, mode 0600, unlinked once every local rank attached), single-copy
-//! transfers with `process_vm_readv`/`process_vm_writev`, kernel TCP with
-//! socket2 and rustix epoll, wire-up, and the `btl` command (launcher,
-//! `info`, `bench`, `stress`).
-//!
-//! Today it re-exports the core so that applications depend on one crate,
-//! and checks the one platform property the shared-memory structures need.
+//! `btl-linux`: btl on Linux HPC processes.
 #![deny(unsafe_code)]
 
 pub use btl_core as core;
+
+pub mod bench;
+pub mod cma;
+pub mod info;
+pub mod job;
+pub mod launcher;
+pub mod segment;
+pub mod sm;
+pub mod stress;
 
 /// True when this build can share btl-core's rings between processes: the
 /// shared-memory structures need lock-free 64-bit atomics (see

@@ -250,13 +250,13 @@ fn fragments_run_out_then_come_back() {
         while e[0].send(1, 0, &[b"x"], n).is_ok() {
             n += 1;
         }
-        // Eager (2*2 + 4) and max-size (2) fragments all in flight.
-        assert_eq!(n, 10);
+        // Eager (2*2 + 4) and max-size (2 + 4) fragments all in flight.
+        assert_eq!(n, 14);
         assert_eq!(e[0].send(1, 0, &[b"x"], 99), Err(SendError::NoFragment));
         let (mut r0, mut r1) = (Rec::default(), Rec::default());
         e[1].progress(&mut r1);
         e[0].progress(&mut r0);
-        assert_eq!(r0.done.len(), 10);
+        assert_eq!(r0.done.len(), 14);
         e[0].send(1, 0, &[b"x"], 99).unwrap();
     });
 }

@@ -1,0 +1,510 @@
+//! The `btl` command: `btl run` (the single-machine launcher), `btl info`
+//! (the parameters), `btl bench`, `btl stress`, `btl help`, `btl --version`.
+//!
+//! `main` matches the subcommand name and calls one `cmd_*` function per
+//! subcommand, which parses its own arguments with [`args::Args`] and
+//! returns the process's exit status. A usage error prints a message and the
+//! usage on stderr and exits with status 2.
+
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use btl_linux::info::{self, InfoError};
+use btl_linux::job;
+use btl_linux::launcher::{self, LaunchError, LaunchSpec, MAX_NPROCS};
+
+use args::{Args, UsageError};
+
+/// Exit status of a usage error.
+const USAGE_STATUS: i32 = 2;
+
+const USAGE: &str = "\
+btl: a byte-transfer layer for HPC
+
+Usage:
+  btl run -n N [--bind-to core|none] [--timeout SECS] [--] PROGRAM [ARGS...]
+  btl info [--json]
+  btl bench [--transport sm] [--sizes 8,64,...] [--json | --format osu]
+  btl stress [-n N] [--messages M] [--max-size BYTES]
+  btl help | --help | -h
+  btl --version
+
+Subcommands:
+  run      start N ranks of PROGRAM on this machine as one job
+  info     list every parameter with its value, default and source
+  bench    shared-memory latency and bandwidth between 2 pinned ranks
+  stress   every rank sends M checked messages to every other rank
+  help     show this text
+
+`btl run --help` describes the launcher. Log level: BTL_LOG=error|warn|info|
+debug|trace (default warn).
+";
+
+const RUN_USAGE: &str = "\
+Usage: btl run -n N [--bind-to core|none] [--timeout SECS] [--] PROGRAM [ARGS...]
+
+Starts N ranks (1 to 1024) of PROGRAM on this machine as one job and waits
+for them. Each rank gets BTL_JOB, BTL_RANK, BTL_SIZE, BTL_LOCAL_RANK,
+BTL_LOCAL_SIZE, BTL_SESSION_DIR and BTL_NODE; its output lines are printed
+prefixed with `[RANK] `. The first rank that fails stops the job, whose exit
+status is that rank's (128 + N for signal N); 0 when all succeed.
+
+Options:
+  -n, --np N           number of ranks, 1 to 1024 (required)
+  --bind-to core|none  bind rank r to the (r mod ncpus)-th CPU (default: none)
+  --timeout SECS       stop the job after SECS seconds (exit status 124)
+  -h, --help           show this text
+";
+
+const INFO_USAGE: &str = "\
+Usage: btl info [--json]
+
+Lists every parameter with its value, default, source and environment
+variable (BTL_SM_FIFO_SIZE=8192 or OMPI_MCA_btl_sm_fifo_size=8192 set one).
+
+Options:
+  --json      one JSON object per parameter and line
+  -h, --help  show this text
+";
+
+fn main() -> ExitCode {
+    job::init_logging();
+    let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let (name, rest) = match argv.split_first() {
+        Some((name, rest)) => (name.to_string_lossy(), rest),
+        None => {
+            return exit(usage_error(
+                "btl",
+                &UsageError::new("missing subcommand"),
+                USAGE,
+            ))
+        }
+    };
+    let status = match &*name {
+        "run" => cmd_run(rest),
+        "info" => {
+            rank_setup();
+            cmd_info(rest)
+        }
+        "bench" => {
+            rank_setup();
+            btl_linux::bench::cmd(rest)
+        }
+        "stress" => {
+            rank_setup();
+            btl_linux::stress::cmd(rest)
+        }
+        "help" | "--help" | "-h" => cmd_help(rest),
+        "--version" | "-V" | "version" => cmd_version(rest),
+        other => usage_error(
+            "btl",
+            &UsageError::new(format!("unknown subcommand `{other}`")),
+            USAGE,
+        ),
+    };
+    exit(status)
+}
+
+fn exit(status: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(status).unwrap_or(1))
+}
+
+/// What a `btl` process that may be a rank does first: apply the launcher's
+/// CPU binding (`BTL_BIND_CPU`). A binding that fails is reported and the
+/// process runs unbound.
+fn rank_setup() {
+    match launcher::apply_binding_from_env() {
+        Ok(Some(cpu)) => log::debug!("bound to CPU {cpu}"),
+        Ok(None) => {}
+        Err(e) => log::warn!("{e}; running unbound"),
+    }
+}
+
+/// Prints `<cmd>: <error>` and `usage` on stderr; returns the usage status.
+fn usage_error(cmd: &str, err: &UsageError, usage: &str) -> i32 {
+    let _ = write!(io::stderr().lock(), "{cmd}: {err}\n\n{usage}");
+    USAGE_STATUS
+}
+
+/// Prints `text` on stdout; status 0, or 1 if it cannot be written.
+fn print(text: &str) -> i32 {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("btl: cannot write to stdout: {e}");
+            1
+        }
+    }
+}
+
+/// `btl help`.
+fn cmd_help(args: &[OsString]) -> i32 {
+    match args.first().map(|a| a.to_string_lossy()).as_deref() {
+        None => print(USAGE),
+        Some("run") => print(RUN_USAGE),
+        Some("info") => print(INFO_USAGE),
+        Some(other) => usage_error(
+            "btl help",
+            &UsageError::new(format!("unknown subcommand `{other}`")),
+            USAGE,
+        ),
+    }
+}
+
+/// `btl --version`.
+fn cmd_version(args: &[OsString]) -> i32 {
+    if let Err(e) = Args::new(args).finish() {
+        return usage_error("btl --version", &e, USAGE);
+    }
+    print(concat!("btl ", env!("CARGO_PKG_VERSION"), "\n"))
+}
+
+/// `btl info [--json]`.
+fn cmd_info(args: &[OsString]) -> i32 {
+    let mut a = Args::new(args);
+    let mut json = false;
+    while !a.is_empty() {
+        if a.flag(&["-h", "--help"]) {
+            return print(INFO_USAGE);
+        } else if a.flag(&["--json"]) {
+            json = true;
+        } else {
+            return usage_error("btl info", &a.unexpected(), INFO_USAGE);
+        }
+    }
+    let mut out = io::stdout().lock();
+    match info::run_info(json, &mut out) {
+        Ok(()) => 0,
+        Err(InfoError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            drop(out);
+            eprintln!("btl info: {e}");
+            1
+        }
+    }
+}
+
+/// What `btl run`'s arguments ask for.
+enum RunRequest {
+    Help,
+    Launch(LaunchSpec),
+}
+
+/// Parses `btl run`'s arguments.
+fn parse_run(args: &[OsString]) -> Result<RunRequest, UsageError> {
+    let mut a = Args::new(args);
+    let mut nprocs = None;
+    let mut bind_cores = false;
+    let mut timeout = None;
+    loop {
+        if a.flag(&["-h", "--help"]) {
+            return Ok(RunRequest::Help);
+        }
+        if a.flag(&["--"]) {
+            break;
+        }
+        let accepts_n = format!("an integer between 1 and {MAX_NPROCS}");
+        if let Some(n) = a.value_with(&["-n", "--np"], &accepts_n, |s| {
+            s.parse::<u32>()
+                .ok()
+                .filter(|n| (1..=MAX_NPROCS).contains(n))
+        })? {
+            nprocs = Some(n);
+            continue;
+        }
+        if let Some(b) = a.value_with(&["--bind-to"], "core or none", |s| match s {
+            "core" => Some(true),
+            "none" => Some(false),
+            _ => None,
+        })? {
+            bind_cores = b;
+            continue;
+        }
+        if let Some(t) =
+            a.value_with(&["--timeout"], "a number of seconds greater than 0", |s| {
+                s.parse::<f64>()
+                    .ok()
+                    .filter(|t| *t > 0.0)
+                    .and_then(|t| Duration::try_from_secs_f64(t).ok())
+            })?
+        {
+            timeout = Some(t);
+            continue;
+        }
+        if a.at_option() {
+            return Err(a.unexpected());
+        }
+        break;
+    }
+    let nprocs = nprocs.ok_or_else(|| UsageError::new("missing -n N (the number of ranks)"))?;
+    let (program, rest) = a
+        .rest()
+        .split_first()
+        .ok_or_else(|| UsageError::new("missing PROGRAM"))?;
+    Ok(RunRequest::Launch(LaunchSpec {
+        nprocs,
+        program: program.clone(),
+        args: rest.to_vec(),
+        bind_cores,
+        extra_env: Vec::new(),
+        timeout,
+        tag_output: true,
+    }))
+}
+
+/// `btl run -n N [--bind-to core|none] [--timeout SECS] [--] PROGRAM [ARGS...]`.
+fn cmd_run(args: &[OsString]) -> i32 {
+    let spec = match parse_run(args) {
+        Ok(RunRequest::Help) => return print(RUN_USAGE),
+        Ok(RunRequest::Launch(spec)) => spec,
+        Err(e) => return usage_error("btl run", &e, RUN_USAGE),
+    };
+    match launcher::launch(&spec) {
+        Ok(report) => report.status,
+        Err(e) => {
+            eprintln!("btl run: {e}");
+            match &e {
+                LaunchError::Spawn { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+                    127
+                }
+                LaunchError::Spawn { source, .. }
+                    if source.kind() == io::ErrorKind::PermissionDenied =>
+                {
+                    126
+                }
+                _ => 1,
+            }
+        }
+    }
+}
+
+/// Hand-rolled command-line parsing shared by the subcommands.
+///
+/// ```text
+/// let mut a = Args::new(args);
+/// loop {
+///     if a.flag(&["--json"]) { json = true; continue; }
+///     if let Some(n) = a.value::<u32>(&["-n", "--np"], "an integer")? { ...; continue; }
+///     if a.at_option() { return Err(a.unexpected()); }
+///     break;
+/// }
+/// let positional = a.rest();
+/// ```
+pub mod args {
+    use std::ffi::{OsStr, OsString};
+    use std::fmt;
+    use std::str::FromStr;
+
+    /// What is wrong with a command line; printed before the usage text.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct UsageError(pub String);
+
+    impl UsageError {
+        /// An error with this message.
+        pub fn new(msg: impl Into<String>) -> Self {
+            UsageError(msg.into())
+        }
+    }
+
+    impl fmt::Display for UsageError {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl std::error::Error for UsageError {}
+
+    /// A cursor over a subcommand's arguments. Options are recognised at the
+    /// cursor only, in any order, until the first positional argument or
+    /// `--`.
+    #[derive(Debug, Clone)]
+    pub struct Args<'a> {
+        items: &'a [OsString],
+        pos: usize,
+    }
+
+    impl<'a> Args<'a> {
+        /// A cursor at the first of `items`.
+        pub fn new(items: &'a [OsString]) -> Self {
+            Args { items, pos: 0 }
+        }
+
+        /// Whether every argument has been consumed.
+        pub fn is_empty(&self) -> bool {
+            self.pos >= self.items.len()
+        }
+
+        /// The argument at the cursor, not consumed.
+        pub fn peek(&self) -> Option<&'a OsStr> {
+            self.items.get(self.pos).map(OsString::as_os_str)
+        }
+
+        /// Consumes and returns the argument at the cursor.
+        pub fn next_arg(&mut self) -> Option<&'a OsStr> {
+            let arg = self.peek()?;
+            self.pos += 1;
+            Some(arg)
+        }
+
+        /// Whether the argument at the cursor looks like an option (starts
+        /// with `-` and is not `-` alone).
+        pub fn at_option(&self) -> bool {
+            self.peek()
+                .is_some_and(|a| a.len() > 1 && a.as_encoded_bytes().first() == Some(&b'-'))
+        }
+
+        /// Consumes the argument at the cursor if it is one of `names`.
+        pub fn flag(&mut self, names: &[&str]) -> bool {
+            let hit = self
+                .peek()
+                .and_then(OsStr::to_str)
+                .is_some_and(|a| names.contains(&a));
+            if hit {
+                self.pos += 1;
+            }
+            hit
+        }
+
+        /// If the argument at the cursor is option `names` with a value
+        /// (`-n 4`, `-n4` for a one-letter name, `--np 4` or `--np=4`),
+        /// consumes both and parses the value with `FromStr`; the error
+        /// names the option and says what it `accepts`.
+        pub fn value<T: FromStr>(
+            &mut self,
+            names: &[&str],
+            accepts: &str,
+        ) -> Result<Option<T>, UsageError> {
+            self.value_with(names, accepts, |s| s.parse().ok())
+        }
+
+        /// [`Args::value`] with the value parsed (and range-checked) by
+        /// `parse`, which returns `None` for a value it does not accept.
+        pub fn value_with<T>(
+            &mut self,
+            names: &[&str],
+            accepts: &str,
+            parse: impl FnOnce(&str) -> Option<T>,
+        ) -> Result<Option<T>, UsageError> {
+            let Some(arg) = self.peek().and_then(OsStr::to_str) else {
+                return Ok(None);
+            };
+            let mut found = None;
+            for &name in names {
+                if arg == name {
+                    found = Some((name, None));
+                } else if let Some(rest) = arg.strip_prefix(name) {
+                    let short = name.len() == 2 && !name.starts_with("--");
+                    if let Some(v) = rest.strip_prefix('=').filter(|_| !short) {
+                        found = Some((name, Some(v)));
+                    } else if short {
+                        found = Some((name, Some(rest)));
+                    }
+                }
+                if found.is_some() {
+                    break;
+                }
+            }
+            let Some((name, attached)) = found else {
+                return Ok(None);
+            };
+            self.pos += 1;
+            let value = match attached {
+                Some(v) => v,
+                None => {
+                    let v = self.next_arg().ok_or_else(|| {
+                        UsageError::new(format!("option {name} needs a value: {accepts}"))
+                    })?;
+                    v.to_str().ok_or_else(|| {
+                        UsageError::new(format!(
+                            "option {name}: the value {v:?} is not valid UTF-8; it accepts \
+                             {accepts}"
+                        ))
+                    })?
+                }
+            };
+            parse(value).map(Some).ok_or_else(|| {
+                UsageError::new(format!(
+                    "option {name}: invalid value {value:?}; it accepts {accepts}"
+                ))
+            })
+        }
+
+        /// The error for the argument at the cursor: an unknown option or an
+        /// unexpected argument.
+        pub fn unexpected(&self) -> UsageError {
+            match self.peek() {
+                Some(a) if self.at_option() => UsageError::new(format!("unknown option {a:?}")),
+                Some(a) => UsageError::new(format!("unexpected argument {a:?}")),
+                None => UsageError::new("missing argument"),
+            }
+        }
+
+        /// Consumes and returns every remaining argument.
+        pub fn rest(&mut self) -> &'a [OsString] {
+            let rest = self.items.get(self.pos..).unwrap_or(&[]);
+            self.pos = self.items.len();
+            rest
+        }
+
+        /// An error unless every argument has been consumed.
+        pub fn finish(&self) -> Result<(), UsageError> {
+            if self.is_empty() {
+                Ok(())
+            } else {
+                Err(self.unexpected())
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn os(v: &[&str]) -> Vec<OsString> {
+            v.iter().map(OsString::from).collect()
+        }
+
+        #[test]
+        fn values_and_flags() {
+            let v = os(&[
+                "-n4", "--np=5", "--np", "6", "-n", "7", "--json", "prog", "-x",
+            ]);
+            let mut a = Args::new(&v);
+            for want in [4, 5, 6, 7] {
+                assert_eq!(a.value::<u32>(&["-n", "--np"], "n"), Ok(Some(want)));
+            }
+            assert_eq!(a.value::<u32>(&["-n", "--np"], "n"), Ok(None));
+            assert!(!a.flag(&["--js"]));
+            assert!(a.flag(&["--json"]));
+            assert!(!a.at_option());
+            assert_eq!(a.rest(), &os(&["prog", "-x"])[..]);
+            assert!(a.finish().is_ok());
+        }
+
+        #[test]
+        fn errors_name_the_option() {
+            let v = os(&["-n", "x"]);
+            let e = Args::new(&v)
+                .value::<u32>(&["-n"], "an integer")
+                .unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "option -n: invalid value \"x\"; it accepts an integer"
+            );
+            let v = os(&["--timeout"]);
+            let e = Args::new(&v)
+                .value::<u32>(&["--timeout"], "seconds")
+                .unwrap_err();
+            assert_eq!(e.to_string(), "option --timeout needs a value: seconds");
+            let v = os(&["--timeoutx"]);
+            let mut a = Args::new(&v);
+            assert_eq!(a.value::<u32>(&["--timeout"], "s"), Ok(None));
+            assert!(a.at_option());
+            assert_eq!(a.unexpected().to_string(), "unknown option \"--timeoutx\"");
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! Single copy between processes: Cross Memory Attach.
+//!
+//! rustix has no `process_vm_readv` / `process_vm_writev`, so this module
+//! wraps the two `libc` calls, one thin safe wrapper each, and builds
+//! [`read_remote`] / [`write_remote`] on them: empty buffers are a no-op,
+//! transfers are split into iovecs of at most [`MAX_IOV_LEN`] bytes, partial
+//! transfers continue where the kernel stopped, `EINTR` is retried, and every
+//! failure is a typed [`CmaError`].
+//!
+//! The kernel lets process A access process B's memory only if A may
+//! `ptrace` B (`PTRACE_MODE_ATTACH_REALCREDS`): same uid and B dumpable, or
+//! `CAP_SYS_PTRACE`; and, under the Yama LSM, `ptrace_scope` permits it
+//! (scope 1 requires B to have named A, or anyone, with `PR_SET_PTRACER`:
+//! see [`allow_ptrace_from_any`]). Containers often forbid it with seccomp.
+//! When the kernel refuses, the BTL falls back to copies through shared
+//! memory; [`deny_cma_for_testing`] makes the kernel refuse for real, so the
+//! fallback can be tested.
+//!
+//! The kernel checks the remote range only against the peer's mappings: the
+//! caller checks remote addresses against the regions the peer registered.
+//!
+//! # Safety
+//!
+//! The only `unsafe` code is the two system calls. Their contract: the local
+//! iovec describes memory valid for writes (`readv`) or reads (`writev`) for
+//! its whole length during the call — it is built from a Rust slice borrowed
+//! for the call — and the remote iovec is only an address range in another
+//! address space, which the kernel validates (an invalid range is `EFAULT`,
+//! never undefined behaviour in this process).
+//!
+//! Writing into *this* process with [`write_remote`] and our own pid is, like
+//! writing `/proc/self/mem`, outside what Rust's type system can check: the
+//! caller names the destination, as with any peer.
+#![allow(unsafe_code)]
+
+use std::fmt;
+use std::io;
+
+use log::debug;
+use rustix::io::Errno;
+
+/// Largest iovec handed to one system call (1 GiB). The kernel caps one
+/// transfer at a little under 2 GiB (`MAX_RW_COUNT`); larger requests are
+/// split.
+pub const MAX_IOV_LEN: usize = 1 << 30;
+
+/// Why a cross-memory-attach transfer failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmaError {
+    /// `EPERM` / `EACCES`: the kernel refused access to the peer (ptrace
+    /// access rules: Yama `ptrace_scope`, a non-dumpable peer, a container's
+    /// seccomp policy, no `CAP_SYS_PTRACE`).
+    Refused {
+        /// The peer.
+        pid: u32,
+        /// The errno (`EPERM` or `EACCES`).
+        errno: i32,
+    },
+    /// `ESRCH`: no process with this pid (the peer exited).
+    PeerGone {
+        /// The peer.
+        pid: u32,
+    },
+    /// `EFAULT`, or the kernel transferred nothing: the remote range is not
+    /// mapped in the peer (or not accessible as asked).
+    BadAddress {
+        /// The peer.
+        pid: u32,
+        /// Start of the part of the remote range that was not transferred.
+        addr: usize,
+        /// Length of that part.
+        len: usize,
+    },
+    /// `ENOSYS`: the kernel has no cross memory attach (or a seccomp filter
+    /// pretends so).
+    Unsupported,
+    /// Any other errno.
+    Other {
+        /// The peer.
+        pid: u32,
+        /// The errno.
+        errno: i32,
+    },
+}
+
+impl CmaError {
+    fn from_errno(pid: u32, addr: usize, len: usize, errno: i32) -> Self {
+        match errno {
+            libc::EPERM | libc::EACCES => Self::Refused { pid, errno },
+            libc::ESRCH => Self::PeerGone { pid },
+            libc::EFAULT => Self::BadAddress { pid, addr, len },
+            libc::ENOSYS => Self::Unsupported,
+            _ => Self::Other { pid, errno },
+        }
+    }
+}
+
+impl fmt::Display for CmaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Refused { pid, errno } => write!(
+                f,
+                "the kernel refused cross-memory attach to pid {pid} ({}): ptrace access \
+                 rules forbid it — check /proc/sys/kernel/yama/ptrace_scope (1 needs \
+                 PR_SET_PTRACER from the peer, 2 needs CAP_SYS_PTRACE, 3 forbids it), a \
+                 container's seccomp profile or missing CAP_SYS_PTRACE, or a non-dumpable peer",
+                io::Error::from_raw_os_error(errno)
+            ),
+            Self::PeerGone { pid } => {
+                write!(
+                    f,
+                    "cross-memory attach: process {pid} does not exist (exited?)"
+                )
+            }
+            Self::BadAddress { pid, addr, len } => write!(
+                f,
+                "cross-memory attach: {len} bytes at {addr:#x} are not mapped (or not \
+                 accessible) in process {pid}"
+            ),
+            Self::Unsupported => write!(
+                f,
+                "cross-memory attach is not supported: process_vm_readv/process_vm_writev \
+                 return ENOSYS (old kernel, CONFIG_CROSS_MEMORY_ATTACH off, or seccomp)"
+            ),
+            Self::Other { pid, errno } => write!(
+                f,
+                "cross-memory attach with process {pid} failed: {}",
+                io::Error::from_raw_os_error(errno)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CmaError {}
+
+fn last_errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// `readv_once(pid, local, remote_addr)` — one `process_vm_readv` call with
+/// one iovec on each side: copies up to `local.len()` bytes from
+/// `remote_addr` in process `pid` into `local`. Returns the number of bytes
+/// copied (possibly fewer than asked), or the errno.
+///
+/// # References
+///  - [process_vm_readv(2)](https://man7.org/linux/man-pages/man2/process_vm_readv.2.html)
+fn readv_once(pid: libc::pid_t, local: &mut [u8], remote_addr: usize) -> Result<usize, i32> {
+    let local_iov = libc::iovec {
+        iov_base: local.as_mut_ptr().cast(),
+        iov_len: local.len(),
+    };
+    let remote_iov = libc::iovec {
+        iov_base: remote_addr as *mut libc::c_void,
+        iov_len: local.len(),
+    };
+    // SAFETY: `local_iov` covers exactly `local`, exclusively borrowed and
+    // valid for writes for the whole call; the remote iovec is an address in
+    // process `pid`, validated by the kernel (EFAULT), never dereferenced
+    // here. Both iovec arrays have length 1 and live across the call.
+    let n = unsafe { libc::process_vm_readv(pid, &local_iov, 1, &remote_iov, 1, 0) };
+    usize::try_from(n).map_err(|_| last_errno())
+}
+
+/// `writev_once(pid, local, remote_addr)` — one `process_vm_writev` call with
+/// one iovec on each side: copies up to `local.len()` bytes from `local` to
+/// `remote_addr` in process `pid`. Returns the number of bytes copied
+/// (possibly fewer than asked), or the errno.
+///
+/// # References
+///  - [process_vm_writev(2)](https://man7.org/linux/man-pages/man2/process_vm_writev.2.html)
+fn writev_once(pid: libc::pid_t, local: &[u8], remote_addr: usize) -> Result<usize, i32> {
+    let local_iov = libc::iovec {
+        // The kernel only reads through the local iovec of a writev.
+        iov_base: local.as_ptr().cast_mut().cast(),
+        iov_len: local.len(),
+    };
+    let remote_iov = libc::iovec {
+        iov_base: remote_addr as *mut libc::c_void,
+        iov_len: local.len(),
+    };
+    // SAFETY: `local_iov` covers exactly `local`, borrowed and valid for
+    // reads for the whole call (process_vm_writev only reads local memory);
+    // the remote iovec is an address in process `pid`, validated by the
+    // kernel (EFAULT). Both iovec arrays have length 1 and live across the
+    // call.
+    let n = unsafe { libc::process_vm_writev(pid, &local_iov, 1, &remote_iov, 1, 0) };
+    usize::try_from(n).map_err(|_| last_errno())
+}
+
+/// Drives a transfer of `len` bytes at `remote_addr`: `op(done, chunk)`
+/// moves bytes `done..done + chunk` (chunk at most [`MAX_IOV_LEN`]) and
+/// returns how many it moved, or an errno.
+fn transfer(
+    pid: u32,
+    remote_addr: usize,
+    len: usize,
+    mut op: impl FnMut(usize, usize) -> Result<usize, i32>,
+) -> Result<(), CmaError> {
+    if len == 0 {
+        return Ok(());
+    }
+    if remote_addr.checked_add(len).is_none() {
+        return Err(CmaError::BadAddress {
+            pid,
+            addr: remote_addr,
+            len,
+        });
+    }
+    let mut done = 0;
+    while done < len {
+        let chunk = (len - done).min(MAX_IOV_LEN);
+        match op(done, chunk) {
+            Ok(0) => {
+                return Err(CmaError::BadAddress {
+                    pid,
+                    addr: remote_addr + done,
+                    len: len - done,
+                })
+            }
+            Ok(n) => done += n.min(chunk),
+            Err(libc::EINTR) => {}
+            Err(errno) => {
+                return Err(CmaError::from_errno(
+                    pid,
+                    remote_addr + done,
+                    len - done,
+                    errno,
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `read_remote(pid, remote_addr, dst)` — copies `dst.len()` bytes at
+/// `remote_addr` in process `pid` into `dst` (`process_vm_readv`).
+///
+/// Loops until everything is copied: partial transfers continue where they
+/// stopped (a transfer of 0 bytes is [`CmaError::BadAddress`]), `EINTR` is
+/// retried, and buffers are split into iovecs of at most [`MAX_IOV_LEN`].
+/// An empty `dst` is `Ok` without a system call. On error, `dst` may be
+/// partly written.
+///
+/// The kernel only checks that the range is mapped in the peer: the caller
+/// checks it against the regions the peer registered.
+///
+/// # References
+///  - [process_vm_readv(2)](https://man7.org/linux/man-pages/man2/process_vm_readv.2.html)
+pub fn read_remote(pid: u32, remote_addr: usize, dst: &mut [u8]) -> Result<(), CmaError> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let Ok(raw) = libc::pid_t::try_from(pid) else {
+        return Err(CmaError::PeerGone { pid });
+    };
+    transfer(pid, remote_addr, dst.len(), |done, chunk| {
+        readv_once(raw, &mut dst[done..done + chunk], remote_addr + done)
+    })
+}
+
+/// `write_remote(pid, remote_addr, src)` — copies `src` to `remote_addr` in
+/// process `pid` (`process_vm_writev`).
+///
+/// Same looping, splitting and error rules as [`read_remote`]; on error the
+/// remote range may be partly written.
+///
+/// # References
+///  - [process_vm_writev(2)](https://man7.org/linux/man-pages/man2/process_vm_writev.2.html)
+pub fn write_remote(pid: u32, remote_addr: usize, src: &[u8]) -> Result<(), CmaError> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let Ok(raw) = libc::pid_t::try_from(pid) else {
+        return Err(CmaError::PeerGone { pid });
+    };
+    transfer(pid, remote_addr, src.len(), |done, chunk| {
+        writev_once(raw, &src[done..done + chunk], remote_addr + done)
+    })
+}
+
+/// `allow_ptrace_from_any()` — `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`:
+/// under Yama `ptrace_scope=1`, lets any process of our uid (our sibling
+/// ranks) attach to us, hence read our memory with CMA, as Open MPI's vader
+/// does. Without Yama the call fails with `EINVAL`, which is fine: the
+/// restriction does not exist. Never fails loudly (logs with `debug!`).
+///
+/// # References
+///  - [prctl(2)](https://man7.org/linux/man-pages/man2/prctl.2.html), `PR_SET_PTRACER`
+///  - [Yama](https://www.kernel.org/doc/html/latest/admin-guide/LSM/Yama.html)
+pub fn allow_ptrace_from_any() {
+    match rustix::process::set_ptracer(rustix::process::PTracer::Any) {
+        Ok(()) => debug!("PR_SET_PTRACER_ANY set: processes of our uid may read our memory"),
+        Err(Errno::INVAL) => debug!("PR_SET_PTRACER not available (no Yama LSM): not needed"),
+        Err(e) => debug!("PR_SET_PTRACER_ANY failed ({e}); peers may be refused CMA"),
+    }
+}
+
+/// `drop_ptrace_capability()` — removes `CAP_SYS_PTRACE` from the calling
+/// thread's effective, permitted and inheritable capability sets (`capget`
+/// then `capset`; the kernel then drops it from the ambient set as well).
+///
+/// A process holding `CAP_SYS_PTRACE` (root, usually) bypasses the
+/// "dumpable" and same-uid ptrace checks when it *reads* another process,
+/// and the commoncap rule refuses a reader whose permitted set lacks a
+/// capability the target holds. So the refusal test drops it on both sides.
+///
+/// Capabilities are per thread in Linux: this affects the calling thread
+/// and the threads and processes it creates afterwards, not threads that
+/// already exist. The kernel checks the reader's *calling thread* and the
+/// target *task named by the pid* (a peer may name any of our thread ids).
+/// Dropping is irreversible for this thread, but a root process that
+/// `execve`s regains its capabilities (the bounding set is not touched).
+/// Without the capability this is a no-op.
+///
+/// # References
+///  - [capabilities(7)](https://man7.org/linux/man-pages/man7/capabilities.7.html)
+///  - [capset(2)](https://man7.org/linux/man-pages/man2/capset.2.html)
+pub fn drop_ptrace_capability() -> io::Result<()> {
+    use rustix::thread::{capabilities, set_capabilities, CapabilitySet};
+    let cap = CapabilitySet::SYS_PTRACE;
+    let mut sets = capabilities(None)?;
+    if !(sets.effective | sets.permitted | sets.inheritable).intersects(cap) {
+        return Ok(());
+    }
+    sets.effective.remove(cap);
+    sets.permitted.remove(cap);
+    sets.inheritable.remove(cap);
+    set_capabilities(None, sets)?;
+    debug!("dropped CAP_SYS_PTRACE from this thread");
+    Ok(())
+}
+
+/// `deny_cma_for_testing()` — makes the kernel refuse, for real, CMA from
+/// other processes into this one: for tests of the fallback path only.
+///
+/// It does two things:
+/// - `prctl(PR_SET_DUMPABLE, 0)`: the whole process (its memory map)
+///   becomes non-dumpable, and the kernel's ptrace access check refuses
+///   non-dumpable targets to every caller without `CAP_SYS_PTRACE`, even of
+///   the same uid. `execve` resets it.
+/// - [`drop_ptrace_capability`] on the calling thread.
+///
+/// The refusal happens only if the *reader* lacks `CAP_SYS_PTRACE` too (a
+/// root reader bypasses the dumpable check): the reading process must call
+/// [`drop_ptrace_capability`] on the thread that reads. Readers should name
+/// the thread that called this function (its tid) if other threads of this
+/// process were created before the call and still hold the capability.
+///
+/// # References
+///  - [prctl(2)](https://man7.org/linux/man-pages/man2/prctl.2.html), `PR_SET_DUMPABLE`
+///  - [ptrace(2)](https://man7.org/linux/man-pages/man2/ptrace.2.html), "Ptrace access mode checking"
+pub fn deny_cma_for_testing() -> io::Result<()> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    drop_ptrace_capability()?;
+    debug!("this process is now non-dumpable: other processes are refused CMA into it");
+    Ok(())
+}
+
+/// `probe_self()` — reads 8 bytes of our own memory through
+/// `process_vm_readv`: detects at start a kernel without CMA
+/// ([`CmaError::Unsupported`]) or a seccomp filter refusing it
+/// ([`CmaError::Refused`]). Reading ourselves is never refused by ptrace
+/// rules, so this does not tell whether peers may read us.
+pub fn probe_self() -> Result<(), CmaError> {
+    let pid = std::process::id();
+    let src = std::hint::black_box(0x6274_6c2d_636d_6121_u64.to_ne_bytes());
+    let mut dst = [0u8; 8];
+    read_remote(pid, src.as_ptr() as usize, &mut dst)?;
+    if dst != src {
+        // A filter faking success without copying: as unusable as a refusal.
+        return Err(CmaError::Other {
+            pid,
+            errno: libc::EIO,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_into_iovecs_of_at_most_1_gib() {
+        let len = 2 * MAX_IOV_LEN + 5;
+        let mut calls = Vec::new();
+        transfer(1, 0x1000, len, |done, chunk| {
+            calls.push((done, chunk));
+            Ok(chunk)
+        })
+        .unwrap();
+        assert_eq!(
+            calls,
+            [
+                (0, MAX_IOV_LEN),
+                (MAX_IOV_LEN, MAX_IOV_LEN),
+                (2 * MAX_IOV_LEN, 5)
+            ]
+        );
+    }
+
+    #[test]
+    fn continues_partial_transfers_and_retries_eintr() {
+        let mut script = vec![Ok(3), Err(libc::EINTR), Ok(4), Ok(3)].into_iter();
+        let mut calls = Vec::new();
+        transfer(1, 0x1000, 10, |done, chunk| {
+            calls.push((done, chunk));
+            script.next().unwrap()
+        })
+        .unwrap();
+        assert_eq!(calls, [(0, 10), (3, 7), (3, 7), (7, 3)]);
+    }
+
+    #[test]
+    fn zero_progress_and_errnos_are_typed() {
+        let mut script = vec![Ok(4), Ok(0)].into_iter();
+        let err = transfer(7, 0x1000, 10, |_, _| script.next().unwrap()).unwrap_err();
+        assert_eq!(
+            err,
+            CmaError::BadAddress {
+                pid: 7,
+                addr: 0x1004,
+                len: 6
+            }
+        );
+        let cases = [
+            (
+                libc::EPERM,
+                CmaError::Refused {
+                    pid: 7,
+                    errno: libc::EPERM,
+                },
+            ),
+            (
+                libc::EACCES,
+                CmaError::Refused {
+                    pid: 7,
+                    errno: libc::EACCES,
+                },
+            ),
+            (libc::ESRCH, CmaError::PeerGone { pid: 7 }),
+            (libc::ENOSYS, CmaError::Unsupported),
+            (
+                libc::ENOMEM,
+                CmaError::Other {
+                    pid: 7,
+                    errno: libc::ENOMEM,
+                },
+            ),
+        ];
+        for (errno, want) in cases {
+            assert_eq!(transfer(7, 0x1000, 10, |_, _| Err(errno)), Err(want));
+        }
+        assert!(transfer(7, 0x1000, 0, |_, _| unreachable!()).is_ok());
+        assert!(matches!(
+            transfer(7, usize::MAX - 3, 10, |_, _| unreachable!()),
+            Err(CmaError::BadAddress { .. })
+        ));
+        let refused = CmaError::Refused {
+            pid: 7,
+            errno: libc::EPERM,
+        };
+        assert!(refused.to_string().contains("ptrace_scope"));
+    }
+
+    #[test]
+    fn probe_self_works() {
+        probe_self().unwrap();
+    }
+}

@@ -1,0 +1,1202 @@
+//! `btl run`: the single-machine launcher.
+//!
+//! [`launch`] starts `nprocs` copies of a program as the ranks of one job on
+//! this machine and supervises them until they have all ended:
+//!
+//! - **Job and session.** A fresh job id ([`new_job_id`]) and a private
+//!   session directory `$TMPDIR/btl-<uid>/<job>` (`/tmp` without `TMPDIR`),
+//!   mode 0700 like its parent, which is removed with everything in it when
+//!   the launch ends, whatever the outcome. Leftover shared-memory files of
+//!   the job (`/dev/shm/btl-<uid>-<job>-*`, normally unlinked by the ranks
+//!   already) are removed as well.
+//! - **Environment.** Each rank gets the launcher's environment, then
+//!   [`LaunchSpec::extra_env`], then the job variables of [`crate::job`]
+//!   (`BTL_JOB`, `BTL_RANK`, `BTL_SIZE`, `BTL_LOCAL_RANK` = rank,
+//!   `BTL_LOCAL_SIZE` = size, `BTL_SESSION_DIR`, `BTL_NODE`), which
+//!   `extra_env` cannot override.
+//! - **Binding.** With [`LaunchSpec::bind_cores`], rank `r` runs on the
+//!   `r % n`-th of the `n` CPUs the launcher may run on (its affinity mask,
+//!   i.e. the online CPUs it was given). The launcher pins itself to that CPU
+//!   just while it starts the rank, so the rank inherits the binding from
+//!   birth without any code in the child (setting it between `fork` and
+//!   `exec` would need `unsafe`), and the CPU is also exported as
+//!   `BTL_BIND_CPU`; [`apply_binding_from_env`] re-applies it, which `btl`
+//!   processes do at start (useful when another launcher only sets the
+//!   variable). Without binding, `BTL_BIND_CPU` is removed from the ranks'
+//!   environment.
+//! - **Input and output.** Each rank's stdout and stderr are pipes; one
+//!   thread per pipe copies every line, prefixed with `[<rank>] `, to the
+//!   launcher's stdout or stderr respectively (one write per line, so lines
+//!   of different ranks never mix; a last line without a newline is still
+//!   printed, with one; a line longer than 64 KiB is cut into several).
+//!   Rank 0 reads the launcher's stdin when that is not a terminal; every
+//!   other rank (and rank 0 when stdin is a terminal) reads `/dev/null`.
+//! - **Supervision.** Each rank runs in its own process group (as Open MPI's
+//!   launcher does), so signals reach a rank and everything it started. The
+//!   launcher polls the ranks every [`POLL_INTERVAL`]. The first rank that
+//!   exits with a non-zero status or is killed by a signal fails the job:
+//!   the launcher prints one line on stderr (`btl run: rank 3 (pid 1234) was
+//!   killed by signal 9 (SIGKILL); stopping the other 7 ranks`), sends
+//!   SIGTERM to the other ranks, SIGKILL after [`KILL_GRACE`] to those still
+//!   running, and reaps them all. The job's status is that rank's exit
+//!   status (128 + the signal number for a signal), 0 when every rank
+//!   succeeds. With [`LaunchSpec::timeout`], a job still running after it is
+//!   stopped the same way and its status is [`TIMEOUT_STATUS`] (124). When
+//!   a rank ends, any process still left in its process group is killed.
+//! - **Signals to the launcher.** While [`launch`] runs, SIGINT, SIGTERM and
+//!   SIGHUP do not kill the launcher: they are caught (a handler that only
+//!   records the signal number; this module's one `unsafe` part installs it)
+//!   and forwarded to every running rank, which are then stopped as above
+//!   (status 128 + the signal). A second such signal sends SIGKILL at once.
+//!   The ranks being in their own process groups, Ctrl-C at a terminal
+//!   reaches only the launcher, which forwards it once. A signal the
+//!   launcher was started with ignored (`nohup`, a background job) stays
+//!   ignored. The previous dispositions are restored when [`launch`]
+//!   returns; ranks start with the default ones.
+//!
+//! Limitations: a launcher killed by SIGKILL can neither stop its ranks nor
+//! remove the session directory; Ctrl-Z stops only the launcher (the ranks
+//! run on); a process that a rank moves out of its process group (`setsid`)
+//! is not stopped, and if it keeps the rank's output open the launcher waits
+//! at most [`KILL_GRACE`] for that output before returning without it.
+//! [`launch`] installs process-wide signal handlers, so only one launch may
+//! run at a time in a process.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, DirBuilder};
+use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Mutex, TryLockError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rustix::process::{Pid, Signal};
+use rustix::thread::CpuSet;
+
+use crate::job::{
+    self, ENV_BIND_CPU, ENV_JOB, ENV_LOCAL_RANK, ENV_LOCAL_SIZE, ENV_NODE, ENV_RANK,
+    ENV_SESSION_DIR, ENV_SIZE,
+};
+
+/// Largest number of ranks [`launch`] starts.
+pub const MAX_NPROCS: u32 = 1024;
+
+/// How long ranks get between SIGTERM and SIGKILL when the job is stopped.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// How often the launcher checks its ranks.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// The job's exit status when [`LaunchSpec::timeout`] expires (as
+/// `timeout(1)`).
+pub const TIMEOUT_STATUS: i32 = 124;
+
+/// Longest output line copied in one piece; longer lines are cut.
+const MAX_LINE: u64 = 64 * 1024;
+
+/// Directory of POSIX shared-memory files.
+const SHM_DIR: &str = "/dev/shm";
+
+/// What to launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchSpec {
+    /// Number of ranks, `1..=MAX_NPROCS`.
+    pub nprocs: u32,
+    /// The program every rank runs (looked up in `PATH` unless it contains a
+    /// `/`).
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Whether to bind rank `r` to the `r % n`-th CPU the launcher may use.
+    pub bind_cores: bool,
+    /// Variables added to every rank's environment (the job variables take
+    /// precedence).
+    pub extra_env: Vec<(OsString, OsString)>,
+    /// Stop the job after this long (status [`TIMEOUT_STATUS`]).
+    pub timeout: Option<Duration>,
+    /// Prefix every output line with `[<rank>] ` (`btl run` does; `btl
+    /// bench` turns it off so its table and `--json`/`--format osu` lines
+    /// are printed exactly).
+    pub tag_output: bool,
+}
+
+impl LaunchSpec {
+    /// `nprocs` ranks of `program` without arguments, binding, extra
+    /// environment or timeout.
+    pub fn new(nprocs: u32, program: impl Into<OsString>) -> Self {
+        LaunchSpec {
+            nprocs,
+            program: program.into(),
+            args: Vec::new(),
+            bind_cores: false,
+            extra_env: Vec::new(),
+            timeout: None,
+            tag_output: true,
+        }
+    }
+}
+
+/// How a launched job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchReport {
+    /// The job's exit status: 0 when every rank succeeded, else the first
+    /// failing rank's exit status (128 + the signal number if a signal
+    /// killed it), [`TIMEOUT_STATUS`] after a timeout, or 128 + the signal
+    /// number when a signal to the launcher stopped the job.
+    pub status: i32,
+    /// The first rank that failed and how (`"exited with status 3"`, `"was
+    /// killed by signal 9 (SIGKILL)"`); `None` if no rank failed on its own.
+    pub failed_rank: Option<(u32, String)>,
+}
+
+/// Why a job could not be launched or supervised. When it is returned, every
+/// rank already started has been killed and reaped and the session
+/// directory removed.
+#[derive(Debug)]
+pub enum LaunchError {
+    /// The [`LaunchSpec`] is unusable.
+    InvalidSpec {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The session directory (or its parent) could not be prepared.
+    SessionDir {
+        /// The directory.
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A rank could not be started.
+    Spawn {
+        /// The rank.
+        rank: u32,
+        /// The program.
+        program: OsString,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A rank could not be bound to its CPU.
+    Binding {
+        /// The rank.
+        rank: u32,
+        /// The CPU.
+        cpu: usize,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Waiting for a rank failed.
+    Wait {
+        /// The rank.
+        rank: u32,
+        /// Its process id.
+        pid: u32,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Another system call of the launcher failed.
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LaunchError::InvalidSpec { reason } => write!(f, "invalid launch: {reason}"),
+            LaunchError::SessionDir {
+                path,
+                action,
+                source,
+            } => write!(
+                f,
+                "cannot {action} session directory {}: {source}",
+                path.display()
+            ),
+            LaunchError::Spawn {
+                rank,
+                program,
+                source,
+            } => {
+                let name = Path::new(program).display();
+                if source.kind() == io::ErrorKind::NotFound && !name.to_string().contains('/') {
+                    write!(
+                        f,
+                        "cannot start `{name}` (rank {rank}): program not found in PATH ({source})"
+                    )
+                } else {
+                    write!(f, "cannot start `{name}` (rank {rank}): {source}")
+                }
+            }
+            LaunchError::Binding { rank, cpu, source } => {
+                write!(f, "cannot bind rank {rank} to CPU {cpu}: {source}")
+            }
+            LaunchError::Wait { rank, pid, source } => {
+                write!(f, "cannot wait for rank {rank} (pid {pid}): {source}")
+            }
+            LaunchError::Io { action, source } => write!(f, "cannot {action}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for LaunchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LaunchError::InvalidSpec { .. } => None,
+            LaunchError::SessionDir { source, .. }
+            | LaunchError::Spawn { source, .. }
+            | LaunchError::Binding { source, .. }
+            | LaunchError::Wait { source, .. }
+            | LaunchError::Io { source, .. } => Some(source),
+        }
+    }
+}
+
+/// Why [`apply_binding_from_env`] could not bind the process.
+#[derive(Debug)]
+pub enum BindError {
+    /// `BTL_BIND_CPU` is not a CPU number.
+    Invalid {
+        /// Its value.
+        value: String,
+    },
+    /// The kernel refused the binding (e.g. the CPU is offline or outside
+    /// the process's cgroup).
+    Affinity {
+        /// The CPU.
+        cpu: usize,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for BindError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BindError::Invalid { value } => write!(
+                f,
+                "{ENV_BIND_CPU}={value:?} is invalid; it accepts a CPU number between 0 and {}",
+                CpuSet::MAX_CPU - 1
+            ),
+            BindError::Affinity { cpu, source } => {
+                write!(
+                    f,
+                    "{ENV_BIND_CPU}={cpu}: cannot bind to CPU {cpu}: {source}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for BindError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BindError::Invalid { .. } => None,
+            BindError::Affinity { source, .. } => Some(source),
+        }
+    }
+}
+
+/// Binds the calling thread to the CPU named by `BTL_BIND_CPU`, if set:
+/// `Ok(Some(cpu))` once bound, `Ok(None)` when the variable is unset.
+///
+/// `btl run --bind-to core` already starts each rank bound (see the module
+/// documentation); calling this first thing in `main`, before starting
+/// threads (which inherit the binding), makes a rank bound also under a
+/// launcher that only sets the variable.
+pub fn apply_binding_from_env() -> Result<Option<usize>, BindError> {
+    let Some(value) = std::env::var_os(ENV_BIND_CPU) else {
+        return Ok(None);
+    };
+    let value = value.to_string_lossy().into_owned();
+    let cpu = match value.parse::<usize>() {
+        Ok(cpu) if cpu < CpuSet::MAX_CPU && value.bytes().all(|b| b.is_ascii_digit()) => cpu,
+        _ => return Err(BindError::Invalid { value }),
+    };
+    bind_current_thread(cpu).map_err(|source| BindError::Affinity { cpu, source })?;
+    Ok(Some(cpu))
+}
+
+/// Pins the calling thread to `cpu`.
+fn bind_current_thread(cpu: usize) -> io::Result<()> {
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set)?;
+    Ok(())
+}
+
+/// A new job id, unique per launch on this machine: `<pid>x<nanoseconds
+/// since the epoch in base 36>`, characters `[0-9a-z]` only.
+pub fn new_job_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}x{}", std::process::id(), base36(nanos))
+}
+
+fn base36(mut v: u128) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        // `v % 36 < 36`: always a valid index.
+        out.push(DIGITS[(v % 36) as usize]);
+        v /= 36;
+        if v == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// This machine's name as a job's `BTL_NODE`: the host name with every
+/// character outside `[A-Za-z0-9._-]` replaced by `_`, at most 64
+/// characters; `localhost` if the host name is empty.
+pub fn local_node_name() -> String {
+    sanitize_node_name(&rustix::system::uname().nodename().to_string_lossy())
+}
+
+fn sanitize_node_name(host: &str) -> String {
+    let name: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(job::MAX_NAME_LEN)
+        .collect();
+    if name.is_empty() {
+        "localhost".to_owned()
+    } else {
+        name
+    }
+}
+
+/// The name of signal `sig` (`"SIGKILL"`), if it is a standard one.
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGCHLD => "SIGCHLD",
+        libc::SIGCONT => "SIGCONT",
+        libc::SIGSTOP => "SIGSTOP",
+        libc::SIGTSTP => "SIGTSTP",
+        libc::SIGTTIN => "SIGTTIN",
+        libc::SIGTTOU => "SIGTTOU",
+        libc::SIGURG => "SIGURG",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGVTALRM => "SIGVTALRM",
+        libc::SIGPROF => "SIGPROF",
+        libc::SIGWINCH => "SIGWINCH",
+        libc::SIGIO => "SIGIO",
+        libc::SIGSYS => "SIGSYS",
+        _ => return None,
+    })
+}
+
+/// `signal 9 (SIGKILL)`.
+fn describe_signal(sig: i32) -> String {
+    match signal_name(sig) {
+        Some(name) => format!("signal {sig} ({name})"),
+        None => format!("signal {sig}"),
+    }
+}
+
+/// How a process ended, and the job status that stands for it.
+fn describe_status(status: ExitStatus) -> (String, i32) {
+    if let Some(code) = status.code() {
+        (format!("exited with status {code}"), code)
+    } else if let Some(sig) = status.signal() {
+        let core = if status.core_dumped() {
+            " (core dumped)"
+        } else {
+            ""
+        };
+        (
+            format!("was killed by {}{core}", describe_signal(sig)),
+            128 + sig,
+        )
+    } else {
+        (
+            format!("ended with wait status {:#x}", status.into_raw()),
+            1,
+        )
+    }
+}
+
+/// `1 rank` / `3 ranks`.
+fn count_ranks(n: usize) -> String {
+    if n == 1 {
+        "1 rank".to_owned()
+    } else {
+        format!("{n} ranks")
+    }
+}
+
+/// Prints one `btl run:` line on stderr (nowhere else to report a failure
+/// to write it).
+fn notice(msg: &str) {
+    let _ = writeln!(io::stderr().lock(), "btl run: {msg}");
+}
+
+/// The job's private directory, removed with its content on drop.
+#[derive(Debug)]
+struct SessionDir {
+    path: PathBuf,
+}
+
+impl SessionDir {
+    /// Creates `<base>/btl-<uid>/<job>`, both mode 0700, refusing a parent
+    /// that is a symbolic link or belongs to another user.
+    fn create(base: &Path, uid: u32, job: &str) -> Result<SessionDir, LaunchError> {
+        let parent = base.join(format!("btl-{uid}"));
+        let err = |path: &Path, action, source| LaunchError::SessionDir {
+            path: path.to_owned(),
+            action,
+            source,
+        };
+        match DirBuilder::new().mode(0o700).create(&parent) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(err(&parent, "create the parent of the", e)),
+        }
+        let meta = fs::symlink_metadata(&parent)
+            .map_err(|e| err(&parent, "inspect the parent of the", e))?;
+        if !meta.is_dir() || meta.uid() != uid {
+            return Err(err(
+                &parent,
+                "use the parent of the",
+                io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("not a directory owned by uid {uid} (owner {})", meta.uid()),
+                ),
+            ));
+        }
+        if meta.mode() & 0o777 != 0o700 {
+            fs::set_permissions(&parent, fs::Permissions::from_mode(0o700))
+                .map_err(|e| err(&parent, "make private the parent of the", e))?;
+        }
+        let path = parent.join(job);
+        DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|e| err(&path, "create the", e))?;
+        let dir = SessionDir { path };
+        // The umask may have removed bits; make the mode exact.
+        fs::set_permissions(&dir.path, fs::Permissions::from_mode(0o700))
+            .map_err(|e| err(&dir.path, "set the mode of the", e))?;
+        Ok(dir)
+    }
+}
+
+impl Drop for SessionDir {
+    fn drop(&mut self) {
+        match fs::remove_dir_all(&self.path) {
+            Ok(()) => log::info!("removed session directory {}", self.path.display()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!(
+                "cannot remove session directory {}: {e}",
+                self.path.display()
+            ),
+        }
+    }
+}
+
+/// The base of session directories: `$TMPDIR` if it is an absolute path,
+/// else `/tmp`.
+fn tmp_base() -> PathBuf {
+    std::env::var_os("TMPDIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+}
+
+/// Removes this job's leftover shared-memory files, `/dev/shm/btl-<uid>-<job>-*`.
+fn remove_shm_leftovers(uid: u32, job: &str) {
+    let prefix = format!("btl-{uid}-{job}-");
+    let Ok(entries) = fs::read_dir(SHM_DIR) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let path = entry.path();
+        match fs::remove_file(&path) {
+            Ok(()) => log::info!("removed leftover shared-memory file {}", path.display()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!(
+                "cannot remove leftover shared-memory file {}: {e}",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// One started rank.
+#[derive(Debug)]
+struct RankProc {
+    rank: u32,
+    pid: u32,
+    child: Child,
+    status: Option<ExitStatus>,
+}
+
+impl RankProc {
+    fn running(&self) -> bool {
+        self.status.is_none()
+    }
+
+    /// Sends `sig` to the rank's process group (the rank and what it
+    /// started), or to the rank alone if that fails while it is not reaped;
+    /// `Ok` if some process received it.
+    ///
+    /// Once the rank is reaped its process id may be reused, but not while
+    /// its process group has members; so after reaping, only the group is
+    /// signalled, and only right away (see [`supervise`]).
+    fn signal(&self, sig: Signal) -> io::Result<()> {
+        let pid = i32::try_from(self.pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        match rustix::process::kill_process_group(pid, sig) {
+            Ok(()) => Ok(()),
+            Err(_) if self.running() => Ok(rustix::process::kill_process(pid, sig)?),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The started ranks; on drop, any rank not reaped yet is killed and reaped.
+#[derive(Debug, Default)]
+struct Ranks {
+    procs: Vec<RankProc>,
+}
+
+impl Ranks {
+    fn running_count(&self) -> usize {
+        self.procs.iter().filter(|p| p.running()).count()
+    }
+
+    /// Sends `sig` to every rank still running.
+    fn signal_running(&self, sig: Signal) {
+        for p in self.procs.iter().filter(|p| p.running()) {
+            if let Err(e) = p.signal(sig) {
+                log::debug!("cannot signal rank {} (pid {}): {e}", p.rank, p.pid);
+            }
+        }
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for p in self.procs.iter_mut().filter(|p| p.status.is_none()) {
+            let _ = p.signal(Signal::KILL);
+            match p.child.wait() {
+                Ok(status) => p.status = Some(status),
+                Err(e) => log::warn!("cannot reap rank {} (pid {}): {e}", p.rank, p.pid),
+            }
+        }
+    }
+}
+
+/// Restores the calling thread's CPU affinity on drop.
+struct AffinityRestore(CpuSet);
+
+impl Drop for AffinityRestore {
+    fn drop(&mut self) {
+        if let Err(e) = rustix::thread::sched_setaffinity(None, &self.0) {
+            log::warn!("cannot restore the launcher's CPU affinity: {e}");
+        }
+    }
+}
+
+/// The CPUs in `set`, in increasing order.
+fn cpus_of(set: &CpuSet) -> Vec<usize> {
+    (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
+}
+
+/// Raises the soft open-file limit to `needed` if it is lower (up to the
+/// hard limit): each rank costs the launcher two pipe descriptors.
+fn ensure_fd_limit(needed: u64) {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    let Some(current) = limit.current else {
+        return;
+    };
+    if current >= needed {
+        return;
+    }
+    let target = limit.maximum.map_or(needed, |max| max.min(needed));
+    limit.current = Some(target);
+    match setrlimit(Resource::Nofile, limit) {
+        Ok(()) => log::debug!("raised the open-file limit from {current} to {target}"),
+        Err(e) => log::warn!("cannot raise the open-file limit from {current} to {target}: {e}"),
+    }
+}
+
+/// Copies `src` line by line to the launcher's stdout (or stderr), each line
+/// prefixed with `[<rank>] ` if `tag`; keeps draining `src` if the
+/// destination fails.
+fn copy_lines(rank: u32, src: impl Read, to_stderr: bool, tag: bool) {
+    let mut reader = BufReader::with_capacity(64 * 1024, src);
+    let prefix = if tag {
+        format!("[{rank}] ")
+    } else {
+        String::new()
+    };
+    let mut line = Vec::with_capacity(256);
+    let mut broken = false;
+    loop {
+        line.clear();
+        line.extend_from_slice(prefix.as_bytes());
+        match (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                log::debug!("cannot read the output of rank {rank}: {e}");
+                break;
+            }
+        }
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
+        }
+        if broken {
+            continue;
+        }
+        let written = if to_stderr {
+            io::stderr().lock().write_all(&line)
+        } else {
+            let mut out = io::stdout().lock();
+            out.write_all(&line).and_then(|()| out.flush())
+        };
+        broken = written.is_err();
+    }
+}
+
+/// Why the launcher is stopping the job.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// A rank failed; the job status.
+    RankFailed(i32),
+    /// The timeout expired.
+    Timeout,
+    /// The launcher received this signal.
+    Signal(i32),
+}
+
+/// Held while a launch runs: one launch at a time per process (the signal
+/// handlers are process-wide).
+static LAUNCHING: Mutex<()> = Mutex::new(());
+
+/// Launches the job `spec` describes on this machine and supervises it until
+/// every rank has ended; see the module documentation for what it does and
+/// prints. Returns how the job ended; an error means the job could not be
+/// started or supervised (every rank started is then killed and reaped).
+/// The session directory is removed in every case.
+pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
+    if spec.nprocs == 0 || spec.nprocs > MAX_NPROCS {
+        return Err(LaunchError::InvalidSpec {
+            reason: format!(
+                "{} ranks requested; between 1 and {MAX_NPROCS} are accepted",
+                spec.nprocs
+            ),
+        });
+    }
+    if spec.program.is_empty() {
+        return Err(LaunchError::InvalidSpec {
+            reason: "the program name is empty".to_owned(),
+        });
+    }
+    let _launching = match LAUNCHING.try_lock() {
+        Ok(guard) => guard,
+        // A launch that panicked left nothing behind that matters here.
+        Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            return Err(LaunchError::InvalidSpec {
+                reason: "another launch is running in this process".to_owned(),
+            })
+        }
+    };
+    // Installed first: from here on a Ctrl-C is recorded, not fatal, so the
+    // clean-up below always runs.
+    let _signals = signals::Catch::install().map_err(|source| LaunchError::Io {
+        action: "install the launcher's signal handlers",
+        source,
+    })?;
+
+    let uid = rustix::process::getuid().as_raw();
+    let job = new_job_id();
+    let node = local_node_name();
+    let session = SessionDir::create(&tmp_base(), uid, &job)?;
+    log::debug!(
+        "job {job} on {node}: {} of {} in {}",
+        count_ranks(spec.nprocs as usize),
+        Path::new(&spec.program).display(),
+        session.path.display()
+    );
+    let result = run_job(spec, &job, &node, &session.path);
+    drop(session);
+    remove_shm_leftovers(uid, &job);
+    result
+}
+
+/// Starts and supervises the ranks (the part of [`launch`] between setting
+/// up and cleaning up the session).
+fn run_job(
+    spec: &LaunchSpec,
+    job: &str,
+    node: &str,
+    session: &Path,
+) -> Result<LaunchReport, LaunchError> {
+    ensure_fd_limit(u64::from(spec.nprocs) * 2 + 64);
+    let bind_cpus = if spec.bind_cores {
+        let set = rustix::thread::sched_getaffinity(None).map_err(|e| LaunchError::Io {
+            action: "read the launcher's CPU affinity",
+            source: e.into(),
+        })?;
+        let cpus = cpus_of(&set);
+        if cpus.is_empty() {
+            return Err(LaunchError::Io {
+                action: "bind ranks to cores",
+                source: io::Error::other("the launcher's CPU affinity mask is empty"),
+            });
+        }
+        Some((set, cpus))
+    } else {
+        None
+    };
+
+    let mut ranks = Ranks::default();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut readers: Vec<JoinHandle<()>> = Vec::new();
+    let stdin_for_rank0 = !io::stdin().is_terminal();
+    for rank in 0..spec.nprocs {
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .envs(spec.extra_env.iter().map(|(k, v)| (k, v)))
+            .env(ENV_JOB, job)
+            .env(ENV_RANK, rank.to_string())
+            .env(ENV_SIZE, spec.nprocs.to_string())
+            .env(ENV_LOCAL_RANK, rank.to_string())
+            .env(ENV_LOCAL_SIZE, spec.nprocs.to_string())
+            .env(ENV_SESSION_DIR, session)
+            .env(ENV_NODE, node)
+            .stdin(if rank == 0 && stdin_for_rank0 {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let mut restore = None;
+        if let Some((set, cpus)) = &bind_cpus {
+            let cpu = cpus[rank as usize % cpus.len()];
+            cmd.env(ENV_BIND_CPU, cpu.to_string());
+            restore = Some(AffinityRestore(*set));
+            bind_current_thread(cpu).map_err(|source| LaunchError::Binding {
+                rank,
+                cpu,
+                source,
+            })?;
+        } else {
+            cmd.env_remove(ENV_BIND_CPU);
+        }
+        let spawned = cmd.spawn();
+        drop(restore);
+        let mut child = spawned.map_err(|source| LaunchError::Spawn {
+            rank,
+            program: spec.program.clone(),
+            source,
+        })?;
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        ranks.procs.push(RankProc {
+            rank,
+            pid: child.id(),
+            child,
+            status: None,
+        });
+        for (pipe, to_stderr) in [
+            (stdout.map(|p| Box::new(p) as Box<dyn Read + Send>), false),
+            (stderr.map(|p| Box::new(p) as Box<dyn Read + Send>), true),
+        ] {
+            let Some(pipe) = pipe else { continue };
+            let done = done_tx.clone();
+            let tag = spec.tag_output;
+            let handle = thread::Builder::new()
+                .name(format!("btl-run-{rank}"))
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    copy_lines(rank, pipe, to_stderr, tag);
+                    let _ = done.send(());
+                })
+                .map_err(|source| LaunchError::Io {
+                    action: "start an output thread",
+                    source,
+                })?;
+            readers.push(handle);
+        }
+    }
+    drop(done_tx);
+
+    let report = supervise(&mut ranks, spec.timeout)?;
+    drop(ranks);
+    wait_for_output(&done_rx, readers);
+    Ok(report)
+}
+
+/// Waits (at most [`KILL_GRACE`]) for the output threads to copy what the
+/// ranks wrote last.
+fn wait_for_output(done: &mpsc::Receiver<()>, readers: Vec<JoinHandle<()>>) {
+    let deadline = Instant::now() + KILL_GRACE;
+    let mut finished = 0;
+    while finished < readers.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match done.recv_timeout(left) {
+            Ok(()) => finished += 1,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                log::warn!(
+                    "the output of {} is still open after every rank ended (a process outside \
+                     the ranks' process groups holds it); not waiting for it",
+                    count_ranks(readers.len() - finished)
+                );
+                return;
+            }
+        }
+    }
+    for r in readers {
+        let _ = r.join();
+    }
+}
+
+/// Polls the ranks until they have all ended, stopping the job on the first
+/// failure, the timeout or a signal to the launcher.
+fn supervise(ranks: &mut Ranks, timeout: Option<Duration>) -> Result<LaunchReport, LaunchError> {
+    let start = Instant::now();
+    let mut stop: Option<(Stop, Instant)> = None;
+    let mut failed_rank = None;
+    let mut killed = false;
+    loop {
+        if let Some(sig) = signals::take() {
+            let running = ranks.running_count();
+            if stop.is_none() {
+                notice(&format!(
+                    "received {}; stopping the {}",
+                    describe_signal(sig),
+                    ranks_running(running)
+                ));
+                if let Some(s) = Signal::from_named_raw(sig) {
+                    ranks.signal_running(s);
+                }
+                stop = Some((Stop::Signal(sig), Instant::now()));
+            } else if !killed && running > 0 {
+                notice(&format!(
+                    "received {} again; killing the {} (SIGKILL)",
+                    describe_signal(sig),
+                    ranks_running(running)
+                ));
+                ranks.signal_running(Signal::KILL);
+                killed = true;
+            }
+        }
+
+        let mut first_failure = None;
+        for p in ranks.procs.iter_mut().filter(|p| p.running()) {
+            match p.child.try_wait() {
+                Ok(Some(status)) => {
+                    p.status = Some(status);
+                    log::debug!("rank {} (pid {}) ended: {status}", p.rank, p.pid);
+                    // Whatever the rank left in its process group goes with
+                    // it (signalled right after reaping: see `signal`).
+                    if p.signal(Signal::KILL).is_ok() {
+                        log::info!(
+                            "rank {} (pid {}) left processes behind in its process group; \
+                             killed them",
+                            p.rank,
+                            p.pid
+                        );
+                    }
+                    if !status.success() && first_failure.is_none() {
+                        first_failure = Some((p.rank, p.pid, status));
+                    }
+                }
+                Ok(None) => {}
+                Err(source) => {
+                    return Err(LaunchError::Wait {
+                        rank: p.rank,
+                        pid: p.pid,
+                        source,
+                    })
+                }
+            }
+        }
+        if let Some((rank, pid, status)) = first_failure {
+            if stop.is_none() {
+                let (how, code) = describe_status(status);
+                let running = ranks.running_count();
+                if running == 0 {
+                    notice(&format!("rank {rank} (pid {pid}) {how}"));
+                } else {
+                    let others = if running == 1 {
+                        "the other rank".to_owned()
+                    } else {
+                        format!("the other {running} ranks")
+                    };
+                    notice(&format!("rank {rank} (pid {pid}) {how}; stopping {others}"));
+                }
+                ranks.signal_running(Signal::TERM);
+                stop = Some((Stop::RankFailed(code), Instant::now()));
+                failed_rank = Some((rank, how));
+            }
+        }
+
+        if ranks.running_count() == 0 {
+            break;
+        }
+        if let (None, Some(limit)) = (stop, timeout) {
+            if start.elapsed() >= limit {
+                notice(&format!(
+                    "timed out after {limit:?}; stopping the {}",
+                    ranks_running(ranks.running_count())
+                ));
+                ranks.signal_running(Signal::TERM);
+                stop = Some((Stop::Timeout, Instant::now()));
+            }
+        }
+        if let Some((_, since)) = stop {
+            if !killed && since.elapsed() >= KILL_GRACE {
+                let running = ranks.running_count();
+                let (verb, object) = if running == 1 {
+                    ("is", "it")
+                } else {
+                    ("are", "them")
+                };
+                notice(&format!(
+                    "{} {verb} still running {KILL_GRACE:?} after being told to stop; killing \
+                     {object} (SIGKILL)",
+                    count_ranks(running)
+                ));
+                ranks.signal_running(Signal::KILL);
+                killed = true;
+            }
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
+
+    let status = match stop {
+        None => 0,
+        Some((Stop::RankFailed(code), _)) => code,
+        Some((Stop::Timeout, _)) => TIMEOUT_STATUS,
+        Some((Stop::Signal(sig), _)) => 128 + sig,
+    };
+    Ok(LaunchReport {
+        status,
+        failed_rank,
+    })
+}
+
+/// `3 ranks still running` / `1 rank still running`.
+fn ranks_running(n: usize) -> String {
+    format!("{} still running", count_ranks(n))
+}
+
+/// Catching SIGINT, SIGTERM and SIGHUP while a launch runs.
+///
+/// # Safety
+///
+/// This is the module's only `unsafe` code: `sigaction(2)` through `libc`
+/// (rustix has no safe signal-handler API). The handler, [`record`], only
+/// stores the signal number into an atomic, which is async-signal-safe; the
+/// supervision loop picks it up with [`take`].
+mod signals {
+    #![allow(unsafe_code)]
+
+    use std::io;
+    use std::ptr;
+    use std::sync::atomic::{AtomicI32, Ordering};
+
+    /// The last signal received and not yet taken (0: none).
+    static PENDING: AtomicI32 = AtomicI32::new(0);
+
+    /// The signals the launcher catches and forwards.
+    const CAUGHT: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+    /// The signal handler: records the signal, nothing else.
+    extern "C" fn record(sig: libc::c_int) {
+        PENDING.store(sig, Ordering::Relaxed);
+    }
+
+    /// The signal received since the last call, if any.
+    pub(super) fn take() -> Option<i32> {
+        match PENDING.swap(0, Ordering::Relaxed) {
+            0 => None,
+            sig => Some(sig),
+        }
+    }
+
+    /// The caught signals' previous dispositions, restored on drop.
+    pub(super) struct Catch {
+        saved: Vec<(libc::c_int, libc::sigaction)>,
+    }
+
+    impl Catch {
+        /// Catches [`CAUGHT`] with [`record`], except signals that are
+        /// ignored now (they stay ignored).
+        pub(super) fn install() -> io::Result<Catch> {
+            PENDING.store(0, Ordering::Relaxed);
+            let mut catch = Catch { saved: Vec::new() };
+            for sig in CAUGHT {
+                // SAFETY: `sigaction` is a plain C struct (integers, a
+                // handler address, a signal set, an optional function
+                // pointer); all-zero bytes is a valid value of it (SIG_DFL,
+                // empty mask, no flags, no restorer).
+                let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+                action.sa_sigaction = record as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                action.sa_flags = libc::SA_RESTART;
+                // SAFETY: `action.sa_mask` is a valid, writable `sigset_t`.
+                unsafe { libc::sigemptyset(&mut action.sa_mask) };
+                // SAFETY: as for `action` above.
+                let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+                // SAFETY: both pointers are valid for the call; `record` is a
+                // `'static` function that only performs an atomic store,
+                // which is async-signal-safe.
+                if unsafe { libc::sigaction(sig, &action, &mut old) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if old.sa_sigaction == libc::SIG_IGN {
+                    // SAFETY: `old` is the disposition the kernel just
+                    // returned; the pointer is valid, the old-action pointer
+                    // may be null.
+                    unsafe { libc::sigaction(sig, &old, ptr::null_mut()) };
+                } else {
+                    catch.saved.push((sig, old));
+                }
+            }
+            Ok(catch)
+        }
+    }
+
+    impl Drop for Catch {
+        fn drop(&mut self) {
+            for (sig, old) in &self.saved {
+                // SAFETY: `old` is a disposition the kernel returned for
+                // `sig`; the pointer is valid, the old-action pointer may be
+                // null.
+                unsafe { libc::sigaction(*sig, old, ptr::null_mut()) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_are_alphanumeric_and_unique() {
+        let a = new_job_id();
+        thread::sleep(Duration::from_millis(1));
+        let b = new_job_id();
+        assert_ne!(a, b);
+        for id in [&a, &b] {
+            assert!(id.bytes().all(|c| c.is_ascii_alphanumeric()), "{id}");
+            assert!(job::is_valid_name(id));
+            assert!(id.starts_with(&format!("{}x", std::process::id())));
+        }
+        assert_eq!(base36(0), "0");
+        assert_eq!(base36(35), "z");
+        assert_eq!(base36(36), "10");
+    }
+
+    #[test]
+    fn node_names() {
+        assert_eq!(sanitize_node_name("node-01.cluster"), "node-01.cluster");
+        assert_eq!(sanitize_node_name("my host/é"), "my_host__");
+        assert_eq!(sanitize_node_name(""), "localhost");
+        assert_eq!(sanitize_node_name(&"a".repeat(100)).len(), 64);
+        assert!(job::is_valid_name(&local_node_name()));
+    }
+
+    #[test]
+    fn statuses() {
+        assert_eq!(
+            describe_status(ExitStatus::from_raw(2 << 8)),
+            ("exited with status 2".to_owned(), 2)
+        );
+        assert_eq!(
+            describe_status(ExitStatus::from_raw(9)),
+            ("was killed by signal 9 (SIGKILL)".to_owned(), 137)
+        );
+        assert_eq!(describe_signal(15), "signal 15 (SIGTERM)");
+        assert_eq!(describe_signal(40), "signal 40");
+    }
+
+    #[test]
+    fn session_dir_is_private_and_removed() {
+        let base = std::env::temp_dir().join(format!("btl-launcher-test-{}", new_job_id()));
+        fs::create_dir_all(&base).unwrap();
+        let uid = rustix::process::getuid().as_raw();
+        let path = {
+            let dir = SessionDir::create(&base, uid, "job1").unwrap();
+            let meta = fs::metadata(&dir.path).unwrap();
+            assert_eq!(meta.mode() & 0o777, 0o700);
+            let parent = fs::metadata(dir.path.parent().unwrap()).unwrap();
+            assert_eq!(parent.mode() & 0o777, 0o700);
+            fs::write(dir.path.join("f"), b"x").unwrap();
+            fs::create_dir(dir.path.join("d")).unwrap();
+            assert!(
+                SessionDir::create(&base, uid, "job1").is_err(),
+                "exists already"
+            );
+            dir.path.clone()
+        };
+        assert!(!path.exists());
+        // A parent owned by someone else is refused.
+        let other = uid.wrapping_add(1);
+        fs::create_dir(base.join(format!("btl-{other}"))).unwrap();
+        assert!(SessionDir::create(&base, other, "job2").is_err());
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn invalid_specs() {
+        for n in [0, MAX_NPROCS + 1] {
+            assert!(matches!(
+                launch(&LaunchSpec::new(n, "true")),
+                Err(LaunchError::InvalidSpec { .. })
+            ));
+        }
+        assert!(matches!(
+            launch(&LaunchSpec::new(1, "")),
+            Err(LaunchError::InvalidSpec { .. })
+        ));
+    }
+}

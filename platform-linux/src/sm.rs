@@ -1,0 +1,1196 @@
+//! The shared-memory transport on Linux: segment rendezvous, the core's
+//! progress engine, active messages of any size, and liveness.
+//!
+//! # Start-up (the seed's `create_rndv_file` / `create_and_attach`)
+//!
+//! 1. Local rank 0 removes stale segment files of dead jobs, computes the
+//!    layout from the verified parameters, creates the backing file
+//!    `btl-<uid>-<job>-<node>` (mode 0600, pages reserved, free space
+//!    checked) in `/dev/shm` (or the session directory), and publishes the
+//!    control header.
+//! 2. Every other rank opens the file (waiting, with a timeout), and takes
+//!    the layout parameters from the header, so all ranks agree.
+//! 3. Every rank initialises its own part (rings, fragments), records its
+//!    pid and start time, and marks itself ready.
+//! 4. Every rank waits until all are ready — failing fast, naming the rank,
+//!    if one dies meanwhile, or naming the missing ranks on timeout — then
+//!    attaches writers to its peers' rings.
+//! 5. The last rank to attach unlinks the file: from then on nothing is left
+//!    in `/dev/shm` even if every rank is killed with SIGKILL.
+//!
+//! # Messages
+//!
+//! User tags are `0..=`[`MAX_USER_TAG`]. A message up to the fragment limit
+//! goes in one fragment (an eager one up to `eager_limit`). Larger ones take
+//! one of two protocols, on internal tags:
+//!
+//! - **single copy** (`use_cma=1` and the kernel allows it for that peer,
+//!   messages of at least `min_rdma_pipeline_size` bytes): one fragment
+//!   carries the message's address and length; the receiver reads it from the
+//!   sender's memory with `process_vm_readv` and acknowledges; `send` returns
+//!   once the receiver has the data;
+//! - **pipelined copy** (otherwise): the message is cut into max-size
+//!   fragments, each copied in by the sender and out by the receiver into the
+//!   reassembly buffer; `send` returns once the last chunk is in a fragment.
+//!
+//! If the kernel refuses single copy (EPERM: ptrace restrictions,
+//! containers), the start-up probe says so once and that peer uses the
+//! pipelined copy; a refusal later (the receiver's read fails) makes the
+//! sender resend the message pipelined.
+//!
+//! # Liveness
+//!
+//! Every blocking wait polls, then yields, then sleeps briefly when idle (so
+//! an oversubscribed job keeps moving), and checks every
+//! [`LIVENESS_INTERVAL`] that the peers it waits for are alive (pid and start
+//! time from the control area). A dead peer is declared failed: its
+//! in-flight fragments complete with an error, sends to it fail with
+//! [`SmError::PeerFailed`], and nothing waits on it again.
+#![allow(unsafe_code)]
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use btl_core::control::{Control, ControlError, RANK_DONE, RANK_READY};
+use btl_core::engine::{
+    self, Dispatch, FragDesc, PeerError, PeerSlot, PeerState, SendError, SetupError, SmEngine,
+};
+use btl_core::fifo::Consumer;
+use btl_core::frag::FragView;
+use btl_core::params::{calc_sm_max_procs, ParamError, SmParams};
+use btl_core::shm::Region;
+use btl_core::sizing::{segment_layout, SegmentLayout, SizeError, PART_ALIGN};
+use btl_core::sync::{AtomicU64, Ordering};
+
+use crate::cma;
+use crate::job::JobEnv;
+use crate::segment::{self, Segment, SegmentError};
+
+/// Largest tag available to users; the tags above are the transport's own.
+pub const MAX_USER_TAG: u8 = 239;
+const TAG_RNDV: u8 = 255;
+const TAG_CHUNK: u8 = 254;
+const TAG_BARRIER: u8 = 253;
+
+/// How often a blocking wait checks that its peers are alive.
+pub const LIVENESS_INTERVAL: Duration = Duration::from_millis(100);
+/// Default for how long start-up waits for the other local ranks
+/// (`BTL_SM_ATTACH_TIMEOUT`, seconds).
+pub const DEFAULT_ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest message (1 GiB) the receiving side accepts (a hostile or buggy
+/// peer announcing more is refused instead of exhausting memory).
+pub const MAX_MESSAGE: u64 = 1 << 30;
+
+type Engine = SmEngine<
+    'static,
+    Vec<PeerSlot<'static>>,
+    Vec<Option<Consumer<'static>>>,
+    Vec<FragDesc>,
+    Vec<u64>,
+>;
+type Handler = Box<dyn FnMut(u32, &[u8])>;
+type OnDone = Box<dyn FnOnce(Result<(), SmError>)>;
+
+/// Errors of the shared-memory transport.
+#[derive(Debug)]
+pub enum SmError {
+    /// A parameter is malformed or inconsistent.
+    Param(ParamError),
+    /// The segment layout does not fit (too many ranks, sizes overflow).
+    Size(SizeError),
+    /// Creating, opening or unlinking the backing file failed.
+    Segment(SegmentError),
+    /// The segment's control area is missing or corrupted.
+    Control(ControlError),
+    /// The core engine could not attach to the segment.
+    Setup(SetupError),
+    /// Start-up waited too long for these local ranks.
+    AttachTimeout {
+        /// How long it waited.
+        waited: Duration,
+        /// Local ranks that never became ready.
+        missing: Vec<u32>,
+    },
+    /// A local rank died during start-up.
+    PeerDiedAtStart {
+        /// Its local rank.
+        rank: u32,
+        /// Its pid.
+        pid: u64,
+    },
+    /// The job environment does not allow a shared-memory transport.
+    Unsupported(&'static str),
+    /// The peer has failed (died, or corrupted its ring).
+    PeerFailed {
+        /// Its local rank.
+        peer: u32,
+    },
+    /// No such local peer (or it is this rank).
+    InvalidPeer {
+        /// The rank given.
+        peer: u32,
+    },
+    /// The tag is reserved for the transport.
+    ReservedTag {
+        /// The tag given.
+        tag: u8,
+    },
+    /// The peer reported an error handling the message (no handler for the
+    /// tag, or its copy failed).
+    RemoteError {
+        /// The peer.
+        peer: u32,
+    },
+    /// A blocking operation did not complete in time.
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+    },
+}
+
+impl fmt::Display for SmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Param(e) => write!(f, "sm parameters: {e}"),
+            Self::Size(e) => write!(f, "sm segment size: {e}"),
+            Self::Segment(e) => write!(f, "sm segment: {e}"),
+            Self::Control(e) => write!(f, "sm segment: {e}"),
+            Self::Setup(e) => write!(f, "sm attach: {e}"),
+            Self::AttachTimeout { waited, missing } => write!(
+                f,
+                "sm start-up: local ranks {missing:?} did not attach within {:.1} s \
+                 (BTL_SM_ATTACH_TIMEOUT)",
+                waited.as_secs_f64()
+            ),
+            Self::PeerDiedAtStart { rank, pid } => {
+                write!(f, "sm start-up: local rank {rank} (pid {pid}) died")
+            }
+            Self::Unsupported(why) => write!(f, "sm unavailable: {why}"),
+            Self::PeerFailed { peer } => write!(f, "local peer {peer} has failed"),
+            Self::InvalidPeer { peer } => write!(f, "no local peer {peer}"),
+            Self::ReservedTag { tag } => {
+                write!(
+                    f,
+                    "tag {tag} is reserved (user tags are 0..={MAX_USER_TAG})"
+                )
+            }
+            Self::RemoteError { peer } => {
+                write!(f, "local peer {peer} could not handle the message")
+            }
+            Self::Timeout { what, waited } => {
+                write!(
+                    f,
+                    "timed out after {:.1} s waiting for {what}",
+                    waited.as_secs_f64()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for SmError {}
+
+macro_rules! from_err {
+    ($($v:ident($t:ty)),*) => {$(
+        impl From<$t> for SmError {
+            fn from(e: $t) -> Self {
+                Self::$v(e)
+            }
+        }
+    )*};
+}
+from_err!(
+    Param(ParamError),
+    Size(SizeError),
+    Segment(SegmentError),
+    Control(ControlError),
+    Setup(SetupError)
+);
+
+/// Header of a single-copy rendezvous fragment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Rndv {
+    tag: u8,
+    addr: u64,
+    len: u64,
+}
+
+impl Rndv {
+    const LEN: usize = 17;
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0; Self::LEN];
+        b[0] = self.tag;
+        b[1..9].copy_from_slice(&self.addr.to_le_bytes());
+        b[9..17].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+    fn decode(b: &[u8]) -> Option<Self> {
+        let b: &[u8; Self::LEN] = b.try_into().ok()?;
+        Some(Self {
+            tag: b[0],
+            addr: u64::from_le_bytes(b[1..9].try_into().ok()?),
+            len: u64::from_le_bytes(b[9..17].try_into().ok()?),
+        })
+    }
+}
+
+/// Header of a pipelined chunk: the message's total length, the user tag,
+/// and this chunk's offset. Chunks of one message arrive in order (per-peer
+/// order), so the offset is a check, not a reordering key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Chunk {
+    tag: u8,
+    total: u64,
+    offset: u64,
+}
+
+impl Chunk {
+    const LEN: usize = 17;
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0; Self::LEN];
+        b[0] = self.tag;
+        b[1..9].copy_from_slice(&self.total.to_le_bytes());
+        b[9..17].copy_from_slice(&self.offset.to_le_bytes());
+        b
+    }
+    fn decode(b: &[u8]) -> Option<Self> {
+        let h = b.get(..Self::LEN)?;
+        Some(Self {
+            tag: h[0],
+            total: u64::from_le_bytes(h[1..9].try_into().ok()?),
+            offset: u64::from_le_bytes(h[9..17].try_into().ok()?),
+        })
+    }
+}
+
+/// Completion state shared between a send and the progress engine.
+type Done = Rc<RefCell<Option<bool>>>;
+
+/// What a fragment's cookie refers to.
+enum Waiter {
+    /// A blocking send waiting for this ACK.
+    Flag(Done),
+    /// A user callback.
+    Callback(OnDone),
+}
+
+/// Everything the engine's callbacks touch (split from the engine so both
+/// can be borrowed at once).
+struct State {
+    handlers: Vec<Option<Handler>>,
+    waiters: HashMap<u64, (u32, Waiter)>,
+    next_cookie: u64,
+    /// Reassembly of pipelined messages, per sender: (tag, total length,
+    /// bytes so far) of the message in progress.
+    partial: Vec<Option<(u8, u64, u64)>>,
+    /// Receive buffer per sender, reused from message to message (it only
+    /// grows), so large messages do not pay allocation and page faults each
+    /// time.
+    bufs: Vec<Vec<u8>>,
+    scratch: Vec<u8>,
+    pids: Vec<u64>,
+    cma_ok: Vec<bool>,
+    /// Barrier arrivals per epoch.
+    barrier_arrivals: HashMap<u64, u32>,
+    /// Peers whose rings were found corrupted, to fail after progress.
+    to_fail: Vec<u32>,
+    /// Peer errors reported, for diagnostics (counted, logged).
+    peer_errors: u64,
+}
+
+impl State {
+    fn deliver(&mut self, peer: u32, tag: u8, data: &[u8]) -> bool {
+        match self
+            .handlers
+            .get_mut(usize::from(tag))
+            .and_then(Option::as_mut)
+        {
+            Some(h) => {
+                h(peer, data);
+                true
+            }
+            None => {
+                log::warn!("message from local rank {peer} with tag {tag}, which has no handler");
+                false
+            }
+        }
+    }
+
+    fn recv_rndv(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+        let mut hdr = [0u8; Rndv::LEN];
+        if frag.info.len as usize != Rndv::LEN || frag.copy_payload(&mut hdr).is_err() {
+            log::error!("malformed single-copy header from local rank {peer}");
+            return false;
+        }
+        let Some(r) = Rndv::decode(&hdr) else {
+            return false;
+        };
+        if r.tag > MAX_USER_TAG || r.len > MAX_MESSAGE {
+            log::error!(
+                "single-copy request from local rank {peer} with tag {} and length {}",
+                r.tag,
+                r.len
+            );
+            return false;
+        }
+        let mut buf = std::mem::take(&mut self.bufs[peer as usize]);
+        let len = r.len as usize;
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        let pid = self.pids[peer as usize] as u32;
+        let res = cma::read_remote(pid, r.addr as usize, &mut buf[..len]);
+        let ok = res.is_ok() && self.deliver(peer, r.tag, &buf[..len]);
+        self.bufs[peer as usize] = buf;
+        match res {
+            Ok(()) => ok,
+            Err(e) => {
+                if self.cma_ok[peer as usize] {
+                    log::warn!(
+                        "single copy from local rank {peer} failed ({e}); using the pipelined copy through shared fragments"
+                    );
+                }
+                self.cma_ok[peer as usize] = false;
+                false
+            }
+        }
+    }
+
+    fn recv_chunk(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+        let mut hdr = [0u8; Chunk::LEN];
+        let len = frag.info.len as usize;
+        if len < Chunk::LEN || frag.payload.read_bytes(0, &mut hdr).is_err() {
+            log::error!("malformed chunk header from local rank {peer}");
+            return false;
+        }
+        let Some(c) = Chunk::decode(&hdr) else {
+            return false;
+        };
+        let p = peer as usize;
+        let data_len = (len - Chunk::LEN) as u64;
+        if c.offset == 0 {
+            if self.partial[p].is_some() {
+                log::error!("local rank {peer} started a new message before finishing the last");
+            }
+            if c.tag > MAX_USER_TAG || c.total > MAX_MESSAGE {
+                log::error!(
+                    "chunked message from local rank {peer}: tag {} length {}",
+                    c.tag,
+                    c.total
+                );
+                self.partial[p] = None;
+                return false;
+            }
+            self.partial[p] = Some((c.tag, c.total, 0));
+            if (self.bufs[p].len() as u64) < c.total {
+                self.bufs[p].resize(c.total as usize, 0);
+            }
+        }
+        let Some((tag, total, got)) = self.partial[p] else {
+            log::error!(
+                "chunk at offset {} from local rank {peer} without a start",
+                c.offset
+            );
+            return false;
+        };
+        let end = got + data_len;
+        if tag != c.tag || total != c.total || got != c.offset || end > total {
+            log::error!("out-of-order chunk from local rank {peer}");
+            self.partial[p] = None;
+            return false;
+        }
+        let dst = &mut self.bufs[p][got as usize..end as usize];
+        if frag.payload.read_bytes(Chunk::LEN as u64, dst).is_err() {
+            self.partial[p] = None;
+            return false;
+        }
+        if end < total {
+            self.partial[p] = Some((tag, total, end));
+            return true;
+        }
+        self.partial[p] = None;
+        let buf = std::mem::take(&mut self.bufs[p]);
+        let ok = self.deliver(peer, tag, &buf[..total as usize]);
+        self.bufs[p] = buf;
+        ok
+    }
+}
+
+impl Dispatch for State {
+    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
+        match tag {
+            TAG_RNDV => self.recv_rndv(peer, frag),
+            TAG_CHUNK => self.recv_chunk(peer, frag),
+            TAG_BARRIER => {
+                let mut b = [0u8; 8];
+                if frag.info.len != 8 || frag.copy_payload(&mut b).is_err() {
+                    return false;
+                }
+                let epoch = u64::from_le_bytes(b);
+                *self.barrier_arrivals.entry(epoch).or_insert(0) += 1;
+                true
+            }
+            t if t <= MAX_USER_TAG => {
+                let len = frag.info.len as usize;
+                let mut scratch = std::mem::take(&mut self.scratch);
+                let ok = frag.copy_payload(&mut scratch[..len]).is_ok()
+                    && self.deliver(peer, t, &scratch[..len]);
+                self.scratch = scratch;
+                ok
+            }
+            t => {
+                log::error!("local rank {peer} used reserved tag {t}");
+                false
+            }
+        }
+    }
+
+    fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
+        if cookie == 0 {
+            if !ok {
+                log::warn!("local rank {peer} reported an error handling a message");
+            }
+            return;
+        }
+        match self.waiters.remove(&cookie) {
+            Some((_, Waiter::Flag(done))) => *done.borrow_mut() = Some(ok),
+            Some((_, Waiter::Callback(cb))) => cb(if ok {
+                Ok(())
+            } else {
+                Err(SmError::RemoteError { peer })
+            }),
+            None => {}
+        }
+    }
+
+    fn error(&mut self, error: PeerError) {
+        self.peer_errors += 1;
+        log::error!("shared memory: {error}");
+        if let PeerError::RingCorrupted { peer } = error {
+            self.to_fail.push(peer);
+        }
+    }
+}
+
+/// What `Sm::attach` builds around the mapping.
+struct Parts {
+    engine: Engine,
+    control: Control<'static>,
+    state: State,
+    probe: Box<AtomicU64>,
+    oversubscribed: bool,
+}
+
+/// The shared-memory transport of one process (one per job per node).
+pub struct Sm {
+    // Field order matters: `engine` and `control` borrow the mapping owned by
+    // `segment`, so they are declared (and dropped) first.
+    engine: Engine,
+    control: Control<'static>,
+    state: State,
+    segment: Segment,
+    _probe: Box<AtomicU64>,
+    params: SmParams,
+    me: u32,
+    nprocs: u32,
+    oversubscribed: bool,
+    failed: Vec<u32>,
+    departed: Vec<u32>,
+    last_liveness: Instant,
+    /// Timeout of blocking operations (`BTL_SM_TIMEOUT`, seconds).
+    timeout: Duration,
+    barrier_epoch: u64,
+}
+
+impl fmt::Debug for Sm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sm")
+            .field("me", &self.me)
+            .field("nprocs", &self.nprocs)
+            .field("segment", &self.segment.path())
+            .finish()
+    }
+}
+
+fn env_secs(var: &str, default: Duration) -> Result<Duration, SmError> {
+    match std::env::var(var) {
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+            .map(Duration::from_secs_f64)
+            .ok_or(SmError::Unsupported("a timeout variable (BTL_SM_ATTACH_TIMEOUT / BTL_SM_TIMEOUT) must be a positive number of seconds")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// Reads the `sm` parameters from the environment (`BTL_SM_*`,
+/// `OMPI_MCA_btl_sm_*`) over the defaults, and verifies them.
+pub fn params_from_env() -> Result<SmParams, SmError> {
+    let mut p = SmParams::default();
+    for (k, v) in std::env::vars_os() {
+        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+            continue;
+        };
+        if k == "BTL_SM_ATTACH_TIMEOUT" || k == "BTL_SM_TIMEOUT" {
+            continue;
+        }
+        p.set_from_env_var(k, v)?;
+    }
+    p.verify()?;
+    Ok(p)
+}
+
+impl Sm {
+    /// Joins the job's shared-memory transport on this node (see the module
+    /// docs for the start-up sequence).
+    pub fn init(job: &JobEnv, mut params: SmParams) -> Result<Sm, SmError> {
+        if !crate::shared_memory_supported() {
+            return Err(SmError::Unsupported(
+                "this target has no lock-free 64-bit atomics",
+            ));
+        }
+        params.verify()?;
+        let attach_timeout = env_secs("BTL_SM_ATTACH_TIMEOUT", DEFAULT_ATTACH_TIMEOUT)?;
+        let timeout = env_secs("BTL_SM_TIMEOUT", Duration::from_secs(300))?;
+        let me = job.local_rank;
+        let nprocs = job.local_size;
+        let uid = rustix::process::getuid().as_raw();
+        let dir = segment::segment_dir(Some(&job.session_dir))?;
+        let path: PathBuf = dir.join(segment::segment_file_name(uid, &job.job, &job.node)?);
+        let (pid, start) = segment::current_process_identity();
+
+        let (mut seg, layout) = if me == 0 {
+            for stale in segment::remove_stale(&dir, uid)? {
+                log::warn!("removed stale segment {}", stale.display());
+            }
+            let max_procs = calc_sm_max_procs(&params, nprocs)?;
+            let layout = segment_layout(&params, max_procs)?;
+            let seg = Segment::create(&path, layout.total_bytes)?;
+            let control = Control::new(seg.region())?;
+            control.publish(
+                &params,
+                nprocs,
+                max_procs,
+                layout.total_bytes as u64,
+                u64::from(pid),
+                start,
+            );
+            (seg, layout)
+        } else {
+            let seg = Segment::open(&path, PART_ALIGN, attach_timeout)?;
+            let deadline = Instant::now() + attach_timeout;
+            let control = Control::new(seg.region())?;
+            while !control.is_ready() {
+                if Instant::now() > deadline {
+                    return Err(SmError::AttachTimeout {
+                        waited: attach_timeout,
+                        missing: vec![0],
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let (p, n, max_procs) = control.read_params(&params)?;
+            if n != nprocs {
+                return Err(SmError::Control(ControlError::Corrupted {
+                    what: "nprocs (differs from BTL_LOCAL_SIZE)",
+                }));
+            }
+            if p.fifo_size != params.fifo_size
+                || p.eager_limit != params.eager_limit
+                || p.max_send_size != params.max_send_size
+            {
+                log::warn!("local rank 0 created the segment with different sm parameters; using its values");
+            }
+            params = p;
+            let layout = segment_layout(&params, max_procs)?;
+            if seg.len() < layout.total_bytes {
+                return Err(SmError::Control(ControlError::Corrupted {
+                    what: "segment shorter than its layout",
+                }));
+            }
+            (seg, layout)
+        };
+        match Self::attach(
+            &mut seg,
+            layout,
+            params,
+            me,
+            nprocs,
+            pid,
+            start,
+            attach_timeout,
+        ) {
+            Ok(parts) => Ok(Sm {
+                engine: parts.engine,
+                control: parts.control,
+                state: parts.state,
+                segment: seg,
+                _probe: parts.probe,
+                params,
+                me,
+                nprocs,
+                oversubscribed: parts.oversubscribed,
+                failed: Vec::new(),
+                departed: Vec::new(),
+                last_liveness: Instant::now(),
+                timeout,
+                barrier_epoch: 0,
+            }),
+            Err(e) => {
+                // Never leave the file behind on a failed start.
+                let _ = seg.unlink();
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attach(
+        seg: &mut Segment,
+        layout: SegmentLayout,
+        params: SmParams,
+        me: u32,
+        nprocs: u32,
+        pid: u32,
+        start: u64,
+        attach_timeout: Duration,
+    ) -> Result<Parts, SmError> {
+        let base = NonNull::new(seg.as_ptr()).ok_or(SmError::Unsupported("null mapping"))?;
+        // SAFETY: the mapping (base, len) is owned by the `Segment` that the
+        // returned `Sm` holds in its last-dropped field, so it outlives every
+        // reference built from this region (engine, control); moving the
+        // `Segment` value does not move the mapping. All access goes through
+        // btl-core's atomics and byte copies.
+        let region: Region<'static> = unsafe { Region::from_raw_parts(base, seg.len()) };
+        let control = Control::new(region)?;
+
+        // Our part, then our record.
+        // SAFETY: no peer touches our part before our record says READY
+        // (below); this process initialises it once.
+        unsafe { engine::init_part(&region, &layout, &params, me) }?;
+        let probe = Box::new(AtomicU64::new(0x6274_6c5f_7072_6f62 ^ u64::from(pid)));
+        let rec = control.record(me)?;
+        rec.pid.store(u64::from(pid), Ordering::Relaxed);
+        rec.start.store(start, Ordering::Relaxed);
+        rec.probe_addr
+            .store(&*probe as *const AtomicU64 as u64, Ordering::Relaxed);
+        rec.probe_value
+            .store(probe.load(Ordering::Relaxed), Ordering::Relaxed);
+        // Release: pairs with the Acquire loads of peers waiting for READY.
+        rec.state.store(RANK_READY, Ordering::Release);
+
+        // Wait for everyone.
+        let deadline = Instant::now() + attach_timeout;
+        let mut pids = vec![0u64; nprocs as usize];
+        loop {
+            let mut missing = Vec::new();
+            for r in 0..nprocs {
+                let rec = control.record(r)?;
+                if rec.state.load(Ordering::Acquire) >= RANK_READY {
+                    let p = rec.pid.load(Ordering::Relaxed);
+                    let s = rec.start.load(Ordering::Relaxed);
+                    pids[r as usize] = p;
+                    if r != me && !segment::process_alive(p as u32, s) {
+                        return Err(SmError::PeerDiedAtStart { rank: r, pid: p });
+                    }
+                } else {
+                    missing.push(r);
+                }
+            }
+            if missing.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(SmError::AttachTimeout {
+                    waited: attach_timeout,
+                    missing,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+
+        let sizes = Engine::storage_sizes(&layout, nprocs)
+            .ok_or(SmError::Unsupported("storage sizes overflow"))?;
+        let engine = Engine::attach(
+            &region,
+            &layout,
+            &params,
+            me,
+            nprocs,
+            (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
+            (0..sizes.consumers).map(|_| None).collect(),
+            vec![FragDesc::new(); sizes.descs],
+            vec![0; sizes.pending],
+        )?;
+
+        // Single copy: permission probe against every peer.
+        let mut cma_ok = vec![false; nprocs as usize];
+        if params.use_cma {
+            cma::allow_ptrace_from_any();
+            let mut refused = Vec::new();
+            for r in (0..nprocs).filter(|&r| r != me) {
+                let rec = control.record(r)?;
+                let addr = rec.probe_addr.load(Ordering::Relaxed) as usize;
+                let want = rec.probe_value.load(Ordering::Relaxed);
+                let mut got = [0u8; 8];
+                match cma::read_remote(pids[r as usize] as u32, addr, &mut got) {
+                    Ok(()) if u64::from_ne_bytes(got) == want => cma_ok[r as usize] = true,
+                    Ok(()) => refused.push((r, "probe value mismatch".to_string())),
+                    Err(e) => refused.push((r, e.to_string())),
+                }
+            }
+            if let Some((r, why)) = refused.first() {
+                log::warn!(
+                    "single copy (CMA) refused for {} of {} local peers (rank {r}: {why}); \
+                     using the pipelined copy through shared fragments for them",
+                    refused.len(),
+                    nprocs - 1
+                );
+            }
+        }
+
+        // The last rank to attach unlinks the file.
+        let attached = control.header().attached.fetch_add(1, Ordering::AcqRel) + 1;
+        if attached == nprocs {
+            seg.unlink()?;
+        }
+
+        let online = rustix::thread::sched_getaffinity(None)
+            .map(|s| s.count())
+            .unwrap_or(1)
+            .max(1);
+        let state = State {
+            handlers: (0..256).map(|_| None).collect(),
+            waiters: HashMap::new(),
+            next_cookie: 1,
+            partial: (0..nprocs).map(|_| None).collect(),
+            bufs: (0..nprocs).map(|_| Vec::new()).collect(),
+            scratch: vec![0; params.max_send_size as usize],
+            pids,
+            cma_ok,
+            to_fail: Vec::new(),
+            barrier_arrivals: HashMap::new(),
+            peer_errors: 0,
+        };
+        Ok(Parts {
+            engine,
+            control,
+            state,
+            probe,
+            oversubscribed: nprocs as usize > online as usize,
+        })
+    }
+}
+
+impl Sm {
+    /// This process's local rank.
+    pub fn rank(&self) -> u32 {
+        self.me
+    }
+
+    /// Number of local ranks.
+    pub fn size(&self) -> u32 {
+        self.nprocs
+    }
+
+    /// The verified parameters in force (the segment creator's layout
+    /// parameters included).
+    pub fn params(&self) -> &SmParams {
+        &self.params
+    }
+
+    /// True if single copy works towards `peer`.
+    pub fn single_copy_to(&self, peer: u32) -> bool {
+        self.state
+            .cma_ok
+            .get(peer as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Peers declared failed so far (died, or corrupted their ring).
+    pub fn failed_peers(&self) -> &[u32] {
+        &self.failed
+    }
+
+    /// Peers that left the job cleanly (their transport was dropped).
+    pub fn departed_peers(&self) -> &[u32] {
+        &self.departed
+    }
+
+    /// Registers `handler` for `tag` (replacing any earlier one). It runs
+    /// inside [`Self::progress`] with the sender's local rank and the
+    /// message; it cannot call back into the transport (queue work and do it
+    /// after `progress` returns).
+    pub fn on(
+        &mut self,
+        tag: u8,
+        handler: impl FnMut(u32, &[u8]) + 'static,
+    ) -> Result<(), SmError> {
+        if tag > MAX_USER_TAG {
+            return Err(SmError::ReservedTag { tag });
+        }
+        self.state.handlers[usize::from(tag)] = Some(Box::new(handler));
+        Ok(())
+    }
+
+    /// One pass of the progress engine: returns the number of events.
+    /// Never blocks.
+    pub fn progress(&mut self) -> usize {
+        let n = self.engine.progress(&mut self.state);
+        if !self.state.to_fail.is_empty() {
+            for peer in std::mem::take(&mut self.state.to_fail) {
+                self.fail(peer, "its ring is corrupted");
+            }
+        }
+        n
+    }
+
+    fn fail(&mut self, peer: u32, why: &str) {
+        if self.engine.peer_state(peer) == Some(PeerState::Connected) {
+            log::error!(
+                "local peer {peer} (pid {}) failed: {why}",
+                self.state.pids.get(peer as usize).copied().unwrap_or(0)
+            );
+            self.engine.fail_peer(peer, &mut self.state);
+            self.state.partial[peer as usize] = None;
+            self.failed.push(peer);
+        }
+    }
+
+    /// Checks that every connected peer is still alive (pid and start
+    /// time), declaring dead ones failed. Returns the newly failed peers.
+    pub fn check_peers(&mut self) -> Vec<u32> {
+        self.last_liveness = Instant::now();
+        let mut newly = Vec::new();
+        for peer in 0..self.nprocs {
+            if self.engine.peer_state(peer) != Some(PeerState::Connected) {
+                continue;
+            }
+            let Ok(rec) = self.control.record(peer) else {
+                continue;
+            };
+            let state = rec.state.load(Ordering::Acquire);
+            let pid = rec.pid.load(Ordering::Relaxed) as u32;
+            let start = rec.start.load(Ordering::Relaxed);
+            if state == RANK_DONE {
+                // It left cleanly; whatever of ours it had not handled is
+                // lost: complete it with an error, and send nothing more.
+                if self.engine.in_flight_to(peer) > 0 {
+                    log::warn!("local peer {peer} left the job with messages of ours unhandled");
+                }
+                self.engine.fail_peer(peer, &mut self.state);
+                self.departed.push(peer);
+            } else if !segment::process_alive(pid, start) {
+                self.fail(peer, "the process died");
+                newly.push(peer);
+            }
+        }
+        newly
+    }
+
+    /// Progresses until `done(self)` is true, idling politely (spin, then
+    /// yield, then short sleeps) and checking liveness every
+    /// [`LIVENESS_INTERVAL`]. `peer` (if any) is the peer waited for: its
+    /// failure ends the wait with [`SmError::PeerFailed`].
+    pub fn wait_until(
+        &mut self,
+        what: &'static str,
+        peer: Option<u32>,
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<(), SmError> {
+        let start = Instant::now();
+        let mut idle = 0u32;
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            if let Some(p) = peer {
+                if self.engine.peer_state(p) == Some(PeerState::Failed) {
+                    return Err(SmError::PeerFailed { peer: p });
+                }
+            }
+            if self.progress() > 0 {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            self.idle(idle);
+            if self.last_liveness.elapsed() >= LIVENESS_INTERVAL {
+                self.check_peers();
+                if start.elapsed() > self.timeout {
+                    return Err(SmError::Timeout {
+                        what,
+                        waited: start.elapsed(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// What to do on the `idle`-th consecutive empty poll.
+    fn idle(&mut self, idle: u32) {
+        let spin = if self.oversubscribed { 8 } else { 2000 };
+        if idle == spin {
+            // Let writers blocked on a partial lazy-free batch go on.
+            self.engine.release_consumed();
+        }
+        if idle < spin {
+            std::hint::spin_loop();
+        } else if idle < spin + 5000 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    fn check_peer(&mut self, peer: u32) -> Result<(), SmError> {
+        match self.engine.peer_state(peer) {
+            Some(PeerState::Connected) => Ok(()),
+            Some(PeerState::Failed) => Err(SmError::PeerFailed { peer }),
+            _ => Err(SmError::InvalidPeer { peer }),
+        }
+    }
+
+    /// Pushes one fragment, progressing while no fragment is free or the
+    /// peer's queue is full (with liveness checks and the timeout).
+    fn send_fragment(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        parts: &[&[u8]],
+        cookie: u64,
+    ) -> Result<(), SmError> {
+        if self.engine.congested() {
+            self.progress();
+        }
+        let mut result = Ok(());
+        self.wait_until("a free fragment", Some(peer), |sm| {
+            match sm.engine.send(peer, tag, parts, cookie) {
+                Ok(()) => true,
+                Err(SendError::NoFragment | SendError::Backlog { .. }) => false,
+                Err(SendError::RingCorrupted { peer }) => {
+                    sm.fail(peer, "its ring is corrupted");
+                    result = Err(SmError::PeerFailed { peer });
+                    true
+                }
+                Err(SendError::PeerFailed { peer }) => {
+                    result = Err(SmError::PeerFailed { peer });
+                    true
+                }
+                Err(SendError::InvalidPeer { peer }) => {
+                    result = Err(SmError::InvalidPeer { peer });
+                    true
+                }
+                Err(SendError::TooLarge { .. }) => {
+                    result = Err(SmError::Unsupported("fragment larger than max_send_size"));
+                    true
+                }
+            }
+        })?;
+        result
+    }
+
+    fn cookie(&mut self, peer: u32, w: Waiter) -> u64 {
+        let c = self.state.next_cookie;
+        self.state.next_cookie += 1;
+        self.state.waiters.insert(c, (peer, w));
+        c
+    }
+
+    /// Sends `data` to local rank `peer` with `tag`. Returns when `data` may
+    /// be reused: after the copy into shared fragments, or, for a single-copy
+    /// transfer, after the receiver has read it. Errors: the peer failed,
+    /// the tag is reserved, or a timeout.
+    pub fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), SmError> {
+        self.send_inner(peer, tag, data, None)
+    }
+
+    /// As [`Self::send`], and `on_done` runs (inside a later
+    /// [`Self::progress`]) once the receiver has handled the message, with
+    /// the error if it could not.
+    pub fn send_with_completion(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        data: &[u8],
+        on_done: impl FnOnce(Result<(), SmError>) + 'static,
+    ) -> Result<(), SmError> {
+        self.send_inner(peer, tag, data, Some(Box::new(on_done)))
+    }
+
+    fn send_inner(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        data: &[u8],
+        on_done: Option<OnDone>,
+    ) -> Result<(), SmError> {
+        if tag > MAX_USER_TAG {
+            return Err(SmError::ReservedTag { tag });
+        }
+        self.check_peer(peer)?;
+        let max = self.engine.max_payload() as usize;
+        if data.len() <= max {
+            let cookie = match on_done {
+                Some(cb) => self.cookie(peer, Waiter::Callback(cb)),
+                None => 0,
+            };
+            return self.send_fragment(peer, tag, &[data], cookie);
+        }
+        let single = self.state.cma_ok[peer as usize]
+            && data.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
+        if single {
+            let done: Done = Rc::new(RefCell::new(None));
+            let cookie = self.cookie(peer, Waiter::Flag(done.clone()));
+            let hdr = Rndv {
+                tag,
+                addr: data.as_ptr() as u64,
+                len: data.len() as u64,
+            }
+            .encode();
+            self.send_fragment(peer, TAG_RNDV, &[&hdr], cookie)?;
+            let waited = self.wait_until("the receiver's single copy", Some(peer), |_| {
+                done.borrow().is_some()
+            });
+            if let Err(e) = waited {
+                self.state.waiters.remove(&cookie);
+                return Err(e);
+            }
+            if done.borrow().unwrap_or(false) {
+                if let Some(cb) = on_done {
+                    cb(Ok(()));
+                }
+                return Ok(());
+            }
+            // The receiver could not read our memory (or had no handler):
+            // resend through fragments; a missing handler is reported there.
+            self.state.cma_ok[peer as usize] = false;
+            log::warn!("single copy to local rank {peer} failed at the receiver; resending through shared fragments");
+        }
+        self.send_chunked(peer, tag, data, on_done)
+    }
+
+    fn send_chunked(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        data: &[u8],
+        on_done: Option<OnDone>,
+    ) -> Result<(), SmError> {
+        let chunk = self.engine.max_payload() as usize - Chunk::LEN;
+        let total = data.len() as u64;
+        let mut cb = on_done;
+        let mut offset = 0usize;
+        while offset < data.len() {
+            let end = (offset + chunk).min(data.len());
+            let hdr = Chunk {
+                tag,
+                total,
+                offset: offset as u64,
+            }
+            .encode();
+            let cookie = match (end == data.len(), cb.take()) {
+                (true, Some(cb)) => self.cookie(peer, Waiter::Callback(cb)),
+                (false, Some(c)) => {
+                    cb = Some(c);
+                    0
+                }
+                (_, None) => 0,
+            };
+            self.send_fragment(peer, TAG_CHUNK, &[&hdr, &data[offset..end]], cookie)?;
+            offset = end;
+        }
+        Ok(())
+    }
+
+    /// Progresses until every fragment this process sent has been
+    /// acknowledged and every acknowledgement it owes has left (or the peers
+    /// concerned failed).
+    pub fn flush(&mut self) -> Result<(), SmError> {
+        self.wait_until("acknowledgements", None, |sm| {
+            sm.engine.outstanding() == 0 && sm.engine.pending() == 0
+        })
+    }
+
+    /// Waits until every live local rank has called `barrier` as many
+    /// times as this one (all-to-all arrival messages on an internal tag).
+    /// Failed or departed peers are not waited for.
+    pub fn barrier(&mut self) -> Result<(), SmError> {
+        self.barrier_epoch += 1;
+        let epoch = self.barrier_epoch;
+        let msg = epoch.to_le_bytes();
+        let me = self.me;
+        for peer in (0..self.nprocs).filter(|&p| p != me) {
+            if self.engine.peer_state(peer) == Some(PeerState::Connected) {
+                self.send_fragment(peer, TAG_BARRIER, &[&msg], 0)?;
+            }
+        }
+        self.wait_until("the other local ranks at a barrier", None, |sm| {
+            let live = (0..sm.nprocs)
+                .filter(|&p| p != sm.me && sm.engine.peer_state(p) == Some(PeerState::Connected))
+                .count() as u32;
+            sm.state.barrier_arrivals.get(&epoch).copied().unwrap_or(0) >= live
+        })?;
+        self.state.barrier_arrivals.remove(&epoch);
+        Ok(())
+    }
+
+    /// Peer errors seen so far (corrupted slots or fragments), each also
+    /// logged.
+    pub fn peer_errors(&self) -> u64 {
+        self.state.peer_errors
+    }
+}
+
+impl Drop for Sm {
+    fn drop(&mut self) {
+        // Deliver what is still in flight to live peers (bounded by the
+        // timeout), then say we left cleanly so peers do not take our exit
+        // for a crash.
+        let saved = self.timeout;
+        self.timeout = self.timeout.min(Duration::from_secs(5));
+        let _ = self.flush();
+        self.timeout = saved;
+        if let Ok(rec) = self.control.record(self.me) {
+            rec.state.store(RANK_DONE, Ordering::Release);
+        }
+        if !self.segment.is_unlinked() {
+            let _ = self.segment.unlink();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_headers_roundtrip() {
+        let r = Rndv {
+            tag: 3,
+            addr: 0xdead_beef,
+            len: 1 << 33,
+        };
+        assert_eq!(Rndv::decode(&r.encode()), Some(r));
+        assert_eq!(Rndv::decode(&[0; 5]), None);
+        let c = Chunk {
+            tag: 9,
+            total: 100,
+            offset: 40,
+        };
+        let mut b = c.encode().to_vec();
+        b.extend_from_slice(b"data");
+        assert_eq!(Chunk::decode(&b), Some(c));
+        assert_eq!(Chunk::decode(&b[..10]), None);
+    }
+}
