@@ -438,6 +438,7 @@ where
     free_max: u32,
     outstanding: u32,
     pending_total: u32,
+    queued_total: u64,
 }
 
 impl<'a, P, C, D, Q> fmt::Debug for SmEngine<'a, P, C, D, Q>
@@ -635,6 +636,7 @@ where
             free_max,
             outstanding: 0,
             pending_total: 0,
+            queued_total: 0,
         })
     }
 
@@ -666,6 +668,12 @@ where
     /// Slot values waiting in pending queues.
     pub fn pending(&self) -> u32 {
         self.pending_total
+    }
+
+    /// Slot values that ever had to wait in a pending queue (a full ring or
+    /// an earlier pending value to the same peer).
+    pub fn queued_total(&self) -> u64 {
+        self.queued_total
     }
 
     /// The seed's flow-control test: more than half a ring's worth of our
@@ -831,6 +839,7 @@ where
         p.pending_len += 1;
         self.pending.as_mut()[at] = value;
         self.pending_total += 1;
+        self.queued_total += 1;
         Ok(())
     }
 

@@ -1145,6 +1145,11 @@ impl Sm {
         Ok(())
     }
 
+    /// Sends and acknowledgements that had to wait behind a full ring.
+    pub fn queued_total(&self) -> u64 {
+        self.engine.queued_total()
+    }
+
     /// Peer errors seen so far (corrupted slots or fragments), each also
     /// logged.
     pub fn peer_errors(&self) -> u64 {

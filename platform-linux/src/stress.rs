@@ -270,9 +270,10 @@ pub fn run(job: &JobEnv, opts: &StressOpts, out: &mut impl Write) -> Result<Stre
     let _ = writeln!(
         out,
         "rank {me}: {received} messages ({} bytes) from {} peers over shared memory \
-         (single copy to {cma} of them), {:.2} s: {}",
+         (single copy to {cma} of them, {} sends queued behind a full ring), {:.2} s: {}",
         c.bytes,
         n - 1,
+        sm.queued_total(),
         started.elapsed().as_secs_f64(),
         if errors.is_empty() {
             "all intact".to_string()

@@ -201,12 +201,18 @@ fn flood_through_a_small_ring_keeps_order() {
                     if s == d || next_send[s][d] == per_pair {
                         continue;
                     }
-                    let seq = next_send[s][d];
-                    let payload = seq.to_le_bytes();
-                    match e[s].send(d as u32, d as u8, &[&payload], u64::from(seq)) {
-                        Ok(()) => next_send[s][d] += 1,
-                        Err(SendError::NoFragment | SendError::Backlog { .. }) => {}
-                        Err(err) => panic!("{err}"),
+                    // Bursts of up to 6, so the 4-slot rings overflow.
+                    for _ in 0..6 {
+                        let seq = next_send[s][d];
+                        if seq == per_pair {
+                            break;
+                        }
+                        let payload = seq.to_le_bytes();
+                        match e[s].send(d as u32, d as u8, &[&payload], u64::from(seq)) {
+                            Ok(()) => next_send[s][d] += 1,
+                            Err(SendError::NoFragment | SendError::Backlog { .. }) => break,
+                            Err(err) => panic!("{err}"),
+                        }
                     }
                 }
             }
@@ -240,6 +246,10 @@ fn flood_through_a_small_ring_keeps_order() {
             assert!(rec.done.iter().all(|&(_, _, ok)| ok));
         }
         assert!(e.iter().all(|x| x.outstanding() == 0 && x.pending() == 0));
+        assert!(
+            e.iter().any(|x| x.queued_total() > 0),
+            "the flood never queued"
+        );
     });
 }
 

@@ -1,0 +1,359 @@
+//! The shared-memory transport end to end, through the `btl` binary:
+//! `btl run` launching `btl stress` (and friends) as real processes.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BTL: &str = env!("CARGO_BIN_EXE_btl");
+
+fn uid() -> u32 {
+    rustix::process::getuid().as_raw()
+}
+
+/// Our segment files currently in /dev/shm.
+fn shm_files() -> HashSet<String> {
+    let prefix = format!("btl-{}-", uid());
+    fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `btl run --timeout 240 -n N -- btl ARGS...` with extra environment.
+fn run(n: u32, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut c = Command::new(BTL);
+    c.args(["run", "--timeout", "240", "-n", &n.to_string(), "--", BTL]);
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.env_remove("BTL_RANK");
+    c.output().expect("run btl")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Asserts a stress run passed: status 0 and one "all intact" line per rank.
+fn assert_intact(o: &Output, n: u32) -> String {
+    let (out, err) = text(o);
+    assert!(
+        o.status.success(),
+        "status {:?}\nstdout:\n{out}\nstderr:\n{err}",
+        o.status
+    );
+    let intact = out.lines().filter(|l| l.ends_with("all intact")).count();
+    assert_eq!(intact, n as usize, "stdout:\n{out}\nstderr:\n{err}");
+    out
+}
+
+#[test]
+fn stress_2_4_and_8_ranks_up_to_1_mib() {
+    let before = shm_files();
+    for (n, messages) in [(2, 300), (4, 150), (8, 60)] {
+        let start = Instant::now();
+        let o = run(
+            n,
+            &[],
+            &[
+                "stress",
+                "--messages",
+                &messages.to_string(),
+                "--max-size",
+                "1048576",
+            ],
+        );
+        assert_intact(&o, n);
+        // 8 ranks on 2 cores must not crawl (busy polling would take minutes).
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{n} ranks took {:?}",
+            start.elapsed()
+        );
+    }
+    assert!(
+        shm_files().is_subset(&before),
+        "segment files left in /dev/shm"
+    );
+}
+
+#[test]
+fn stress_through_the_launcher_itself() {
+    // `btl stress -n 3` outside a job launches itself.
+    let o = Command::new(BTL)
+        .args([
+            "stress",
+            "-n",
+            "3",
+            "--messages",
+            "50",
+            "--max-size",
+            "70000",
+        ])
+        .env_remove("BTL_RANK")
+        .output()
+        .unwrap();
+    assert_intact(&o, 3);
+}
+
+#[test]
+fn flood_through_a_ring_of_16_slots_keeps_order() {
+    let o = run(
+        4,
+        &[("BTL_SM_FIFO_SIZE", "16")],
+        &["stress", "--messages", "3000", "--max-size", "512"],
+    );
+    let out = assert_intact(&o, 4);
+    // The pending-send path was really taken.
+    let queued: u64 = out
+        .lines()
+        .filter_map(|l| {
+            l.split(" sends queued")
+                .next()?
+                .rsplit(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(queued > 0, "no send waited behind a full ring:\n{out}");
+}
+
+#[test]
+fn single_copy_is_used_when_allowed() {
+    let o = run(
+        2,
+        &[("BTL_SM_USE_CMA", "1")],
+        &["stress", "--messages", "100", "--max-size", "2000000"],
+    );
+    let (out, err) = text(&o);
+    if err.contains("refused") {
+        // This machine forbids CMA between siblings (ptrace_scope, seccomp):
+        // the fallback test below covers it; say so rather than pass blindly.
+        eprintln!("CMA refused on this machine, positive control skipped: {err}");
+        assert_intact(&o, 2);
+        return;
+    }
+    assert_intact(&o, 2);
+    assert!(out.contains("single copy to 1 of them"), "{out}");
+}
+
+#[test]
+fn single_copy_refused_falls_back_and_delivers() {
+    // --deny-cma makes the kernel refuse process_vm_readv both ways for real
+    // (no CAP_SYS_PTRACE, not dumpable).
+    let o = run(
+        2,
+        &[("BTL_SM_USE_CMA", "1")],
+        &[
+            "stress",
+            "--deny-cma",
+            "--messages",
+            "100",
+            "--max-size",
+            "2000000",
+        ],
+    );
+    let (out, err) = text(&o);
+    let out2 = assert_intact(&o, 2);
+    assert!(out.contains("single copy to 0 of them"), "{out}");
+    let warnings = err
+        .lines()
+        .filter(|l| l.contains("single copy (CMA) refused"))
+        .count();
+    assert_eq!(warnings, 2, "one warning per rank expected:\n{err}");
+    drop(out2);
+}
+
+#[test]
+fn out_of_space_is_a_clear_error() {
+    // 8 parts of a 2^30-slot ring: far more than /dev/shm can hold.
+    let before = shm_files();
+    let o = run(
+        2,
+        &[
+            ("BTL_SM_FIFO_SIZE", "1073741824"),
+            ("BTL_SM_MAX_PROCS", "8"),
+        ],
+        &["stress", "--messages", "1"],
+    );
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("needed") || err.contains("need"), "{err}");
+    assert!(err.contains("free"), "{err}");
+    assert!(shm_files().is_subset(&before), "a file was left behind");
+}
+
+#[test]
+fn a_rank_that_never_attaches_times_out_by_name() {
+    let script =
+        format!("if [ \"$BTL_RANK\" = 0 ]; then exec {BTL} stress --messages 1; else sleep 4; fi");
+    let start = Instant::now();
+    let o = Command::new(BTL)
+        .args([
+            "run",
+            "--timeout",
+            "60",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("BTL_SM_ATTACH_TIMEOUT", "1")
+        .env_remove("BTL_RANK")
+        .output()
+        .unwrap();
+    let (_, err) = text(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("local ranks [1] did not attach"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn stale_segment_of_a_dead_job_is_removed() {
+    // A segment file whose header names a process that has exited.
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let path = format!("/dev/shm/btl-{}-deadjob{}-node", uid(), dead);
+    let mut header = Vec::new();
+    header.extend_from_slice(b"BTLSEG01");
+    header.extend_from_slice(&u64::from(dead).to_le_bytes());
+    header.extend_from_slice(&1u64.to_le_bytes());
+    header.resize(4096, 0);
+    fs::write(&path, &header).unwrap();
+    let o = run(2, &[], &["stress", "--messages", "5"]);
+    assert_intact(&o, 2);
+    assert!(!Path::new(&path).exists(), "stale {path} still there");
+}
+
+/// Children of `pid` (from /proc).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+fn environ_var(pid: u32, var: &str) -> Option<String> {
+    let env = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0).find_map(|kv| {
+        let kv = String::from_utf8_lossy(kv);
+        kv.strip_prefix(&format!("{var}=")).map(str::to_owned)
+    })
+}
+
+#[test]
+fn a_rank_killed_mid_run_stops_the_job_cleanly() {
+    let mut launcher = Command::new(BTL)
+        .args(["run", "--timeout", "120", "-n", "4", "--", BTL, "stress"])
+        .args(["--messages", "100000000", "--max-size", "65536"])
+        .env_remove("BTL_RANK")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the four ranks run and have attached (the file is unlinked
+    // once all attached: wait for it to appear and disappear).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (victim, job) = loop {
+        assert!(Instant::now() < deadline, "ranks did not start");
+        let ranks: Vec<u32> = children(launcher.id());
+        let found = ranks
+            .iter()
+            .find(|&&p| environ_var(p, "BTL_RANK").as_deref() == Some("2"))
+            .copied();
+        if let (Some(v), 4) = (found, ranks.len()) {
+            break (v, environ_var(v, "BTL_JOB").unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(700));
+    let killed = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(victim as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    // The job ends within seconds, non-zero, naming rank 2 and the signal.
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "the job hung after rank 2 died"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    launcher
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(137), "{err}");
+    assert!(err.contains("rank 2"), "{err}");
+    assert!(err.contains("signal 9"), "{err}");
+    let prefix = format!("btl-{}-{job}-", uid());
+    assert!(
+        !shm_files().iter().any(|f| f.starts_with(&prefix)),
+        "segment file of job {job} left in /dev/shm"
+    );
+}
+
+#[test]
+fn bench_prints_exact_lines() {
+    let o = Command::new(BTL)
+        .args(["bench", "--quick", "--sizes", "8,100000", "--json"])
+        .env_remove("BTL_RANK")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for (line, size) in lines.iter().zip([8, 100000]) {
+        assert!(
+            line.starts_with(&format!(
+                "{{\"transport\":\"sm\",\"size\":{size},\"latency_us\":"
+            )),
+            "{line}"
+        );
+        assert!(
+            line.contains(",\"bandwidth_MBps\":") && line.ends_with('}'),
+            "{line}"
+        );
+    }
+    let o = Command::new(BTL)
+        .args(["bench", "--quick", "--sizes", "64", "--format", "osu"])
+        .env_remove("BTL_RANK")
+        .output()
+        .unwrap();
+    let (out, _) = text(&o);
+    let line = out.lines().next().unwrap_or_default();
+    assert!(
+        line.starts_with("size=64 latency_us=") && line.contains(" bandwidth_MBps="),
+        "{out}"
+    );
+}
