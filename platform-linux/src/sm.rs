@@ -71,6 +71,10 @@ use crate::cma;
 use crate::job::JobEnv;
 use crate::segment::{self, Segment, SegmentError};
 
+mod rma;
+use rma::{Outgoing, RangeReq};
+pub use rma::{RegionKey, RmaStatus};
+
 /// Largest tag available to users; the tags above are the transport's own.
 pub const MAX_USER_TAG: u8 = 239;
 const TAG_RNDV: u8 = 255;
@@ -146,6 +150,13 @@ pub enum SmError {
         /// The peer.
         peer: u32,
     },
+    /// A get or put was refused or failed at the target.
+    Rma {
+        /// The target.
+        peer: u32,
+        /// Why.
+        status: RmaStatus,
+    },
     /// A blocking operation did not complete in time.
     Timeout {
         /// What was waited for.
@@ -184,6 +195,7 @@ impl fmt::Display for SmError {
             Self::RemoteError { peer } => {
                 write!(f, "local peer {peer} could not handle the message")
             }
+            Self::Rma { peer, status } => write!(f, "get/put at local rank {peer}: {status}"),
             Self::Timeout { what, waited } => {
                 write!(
                     f,
@@ -303,6 +315,8 @@ struct State {
     to_fail: Vec<u32>,
     /// Peer errors reported, for diagnostics (counted, logged).
     peer_errors: u64,
+    /// Registered regions, get/put requests in both directions.
+    rma: rma::Rma,
 }
 
 impl State {
@@ -423,11 +437,81 @@ impl State {
     }
 }
 
+impl State {
+    /// A put by single copy: validate, then read the requester's memory
+    /// straight into the region.
+    fn recv_put_cma(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+        let mut b = [0u8; RangeReq::LEN];
+        if frag.info.len as usize != RangeReq::LEN || frag.copy_payload(&mut b).is_err() {
+            return false;
+        }
+        let Some(put) = RangeReq::decode(&b) else {
+            return false;
+        };
+        let pid = self.pids[peer as usize] as u32;
+        let status = match self.rma.range_mut(put.id, put.offset, put.len) {
+            Ok(dst) => match cma::read_remote(pid, put.addr as usize, dst) {
+                Ok(()) => RmaStatus::Ok,
+                Err(e) => {
+                    log::warn!("single-copy put from local rank {peer} failed: {e}");
+                    RmaStatus::CopyFailed
+                }
+            },
+            Err(status) => {
+                log::warn!("local rank {peer} put into region {}: {status}", put.id);
+                status
+            }
+        };
+        self.rma.outbox.push_back(Outgoing::Reply {
+            peer,
+            req: put.req,
+            status,
+        });
+        true
+    }
+}
+
 impl Dispatch for State {
     fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
         match tag {
             TAG_RNDV => self.recv_rndv(peer, frag),
             TAG_CHUNK => self.recv_chunk(peer, frag),
+            rma::TAG_GET_REQ => {
+                let mut b = [0u8; RangeReq::LEN];
+                frag.info.len as usize == RangeReq::LEN
+                    && frag.copy_payload(&mut b).is_ok()
+                    && self.rma.on_get_req(peer, &b)
+            }
+            rma::TAG_PUT_DATA => {
+                let mut h = [0u8; rma::PutChunk::LEN];
+                let len = u64::from(frag.info.len);
+                if len < h.len() as u64 || frag.payload.read_bytes(0, &mut h).is_err() {
+                    return false;
+                }
+                let data_len = len - h.len() as u64;
+                self.rma.on_put_data(peer, &h, data_len, |dst| {
+                    frag.payload
+                        .read_bytes(rma::PutChunk::LEN as u64, dst)
+                        .is_ok()
+                })
+            }
+            rma::TAG_PUT_CMA => self.recv_put_cma(peer, frag),
+            rma::TAG_RMA_REPLY => {
+                let mut b = [0u8; 12];
+                frag.info.len == 12
+                    && frag.copy_payload(&mut b).is_ok()
+                    && self.rma.on_reply(peer, &b)
+            }
+            rma::TAG_GET_DATA => {
+                let mut h = [0u8; 16];
+                let len = u64::from(frag.info.len);
+                if len < 16 || frag.payload.read_bytes(0, &mut h).is_err() {
+                    return false;
+                }
+                self.rma.on_get_data(peer, &h, len - 16, |dst| {
+                    frag.payload.read_bytes(16, dst).is_ok()
+                })
+            }
             TAG_BARRIER => {
                 let mut b = [0u8; 8];
                 if frag.info.len != 8 || frag.copy_payload(&mut b).is_err() {
@@ -507,6 +591,8 @@ pub struct Sm {
     /// Timeout of blocking operations (`BTL_SM_TIMEOUT`, seconds).
     timeout: Duration,
     barrier_epoch: u64,
+    /// Inside `progress`'s RMA service (which sends, and so progresses).
+    serving: bool,
 }
 
 impl fmt::Debug for Sm {
@@ -644,6 +730,7 @@ impl Sm {
                 last_liveness: Instant::now(),
                 timeout,
                 barrier_epoch: 0,
+                serving: false,
             }),
             Err(e) => {
                 // Never leave the file behind on a failed start.
@@ -780,6 +867,7 @@ impl Sm {
             to_fail: Vec::new(),
             barrier_arrivals: HashMap::new(),
             peer_errors: 0,
+            rma: rma::Rma::default(),
         };
         Ok(Parts {
             engine,
@@ -846,13 +934,78 @@ impl Sm {
     /// One pass of the progress engine: returns the number of events.
     /// Never blocks.
     pub fn progress(&mut self) -> usize {
-        let n = self.engine.progress(&mut self.state);
+        let mut n = self.engine.progress(&mut self.state);
         if !self.state.to_fail.is_empty() {
             for peer in std::mem::take(&mut self.state.to_fail) {
                 self.fail(peer, "its ring is corrupted");
             }
         }
+        if !self.serving && !self.state.rma.outbox.is_empty() {
+            self.serving = true;
+            while let Some(work) = self.state.rma.outbox.pop_front() {
+                n += 1;
+                self.serve(work);
+            }
+            self.serving = false;
+        }
         n
+    }
+
+    /// Carries out RMA work queued by the callbacks (replies, gets to serve).
+    /// Errors towards a failed peer are logged and dropped.
+    fn serve(&mut self, work: Outgoing) {
+        let (peer, result) = match work {
+            Outgoing::Reply { peer, req, status } => {
+                let reply = rma::encode_reply(req, status);
+                (
+                    peer,
+                    self.send_fragment(peer, rma::TAG_RMA_REPLY, &[&reply], 0),
+                )
+            }
+            Outgoing::Serve { peer, get } => (peer, self.serve_get(peer, get)),
+        };
+        if let Err(e) = result {
+            log::warn!("RMA reply to local rank {peer} not sent: {e}");
+        }
+    }
+
+    fn serve_get(&mut self, peer: u32, get: RangeReq) -> Result<(), SmError> {
+        let status = if get.addr != 0 {
+            // Single copy straight into the requester.
+            let pid = self.state.pids[peer as usize] as u32;
+            let data = self.state.rma.range_mut(get.id, get.offset, get.len);
+            match data.map(|d| cma::write_remote(pid, get.addr as usize, d)) {
+                Ok(Ok(())) => RmaStatus::Ok,
+                Ok(Err(e)) => {
+                    log::warn!("single-copy get for local rank {peer} failed: {e}");
+                    RmaStatus::CopyFailed
+                }
+                Err(status) => status,
+            }
+        } else {
+            let chunk = self.engine.max_payload() as usize - 16;
+            let mut tmp = Vec::with_capacity(chunk.min(get.len as usize));
+            let mut off = 0u64;
+            let mut status = RmaStatus::Ok;
+            while off < get.len {
+                let len = (get.len - off).min(chunk as u64);
+                tmp.clear();
+                match self.state.rma.range_mut(get.id, get.offset + off, len) {
+                    Ok(d) => tmp.extend_from_slice(d),
+                    // Deregistered meanwhile.
+                    Err(s) => {
+                        status = s;
+                        break;
+                    }
+                }
+                let hdr = rma::encode_get_data(get.req, off);
+                self.send_fragment(peer, rma::TAG_GET_DATA, &[&hdr, &tmp], 0)?;
+                off += len;
+            }
+            status
+        };
+        let reply = rma::encode_reply(get.req, status);
+        self.send_fragment(peer, rma::TAG_RMA_REPLY, &[&reply], 0)
     }
 
     fn fail(&mut self, peer: u32, why: &str) {
@@ -1143,6 +1296,202 @@ impl Sm {
         })?;
         self.state.barrier_arrivals.remove(&epoch);
         Ok(())
+    }
+
+    /// Registers a zeroed region of `len` bytes that peers may get from and
+    /// put into; send its key to them.
+    pub fn register(&mut self, len: usize) -> RegionKey {
+        let rma = &mut self.state.rma;
+        let id = rma.next_region;
+        rma.next_region += 1;
+        rma.regions.insert(id, vec![0u8; len].into_boxed_slice());
+        RegionKey {
+            rank: self.me,
+            id,
+            len: len as u64,
+        }
+    }
+
+    /// The contents of one of our regions.
+    pub fn region(&self, key: &RegionKey) -> Option<&[u8]> {
+        (key.rank == self.me).then_some(())?;
+        self.state.rma.regions.get(&key.id).map(|r| &r[..])
+    }
+
+    /// The contents of one of our regions, writable.
+    pub fn region_mut(&mut self, key: &RegionKey) -> Option<&mut [u8]> {
+        (key.rank == self.me).then_some(())?;
+        self.state.rma.regions.get_mut(&key.id).map(|r| &mut r[..])
+    }
+
+    /// Removes one of our regions; later requests for it are refused.
+    pub fn deregister(&mut self, key: &RegionKey) -> bool {
+        key.rank == self.me && self.state.rma.regions.remove(&key.id).is_some()
+    }
+
+    fn new_request(&mut self, peer: u32, buf_len: usize) -> u64 {
+        let rma = &mut self.state.rma;
+        rma.next_req += 1;
+        let req = rma.next_req;
+        rma.waiting.insert(
+            req,
+            rma::Wait {
+                peer,
+                status: None,
+                buf: vec![0; buf_len],
+                got: 0,
+            },
+        );
+        req
+    }
+
+    fn wait_reply(
+        &mut self,
+        peer: u32,
+        req: u64,
+        what: &'static str,
+    ) -> Result<rma::Wait, SmError> {
+        let r = self.wait_until(what, Some(peer), |sm| {
+            sm.state
+                .rma
+                .waiting
+                .get(&req)
+                .is_some_and(|w| w.status.is_some())
+        });
+        let w = self.state.rma.waiting.remove(&req);
+        r?;
+        w.ok_or(SmError::Timeout {
+            what,
+            waited: Duration::ZERO,
+        })
+    }
+
+    /// Copies `dst.len()` bytes at `offset` of the region `key` (of another
+    /// local rank, or our own) into `dst`. Blocks until done.
+    pub fn get(&mut self, key: &RegionKey, offset: u64, dst: &mut [u8]) -> Result<(), SmError> {
+        let peer = key.rank;
+        if peer == self.me {
+            let src = self
+                .state
+                .rma
+                .range_mut(key.id, offset, dst.len() as u64)
+                .map_err(|status| SmError::Rma { peer, status })?;
+            dst.copy_from_slice(src);
+            return Ok(());
+        }
+        self.check_peer(peer)?;
+        let mut single = self.state.cma_ok[peer as usize]
+            && dst.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
+        loop {
+            let req = self.new_request(peer, if single { 0 } else { dst.len() });
+            let msg = RangeReq {
+                req,
+                id: key.id,
+                offset,
+                len: dst.len() as u64,
+                addr: if single { dst.as_mut_ptr() as u64 } else { 0 },
+            }
+            .encode();
+            if let Err(e) = self.send_fragment(peer, rma::TAG_GET_REQ, &[&msg], 0) {
+                self.state.rma.waiting.remove(&req);
+                return Err(e);
+            }
+            let w = self.wait_reply(peer, req, "a get's reply")?;
+            match w.status {
+                Some(RmaStatus::Ok) if single => return Ok(()),
+                Some(RmaStatus::Ok) if w.got == dst.len() as u64 => {
+                    dst.copy_from_slice(&w.buf);
+                    return Ok(());
+                }
+                Some(RmaStatus::Ok) => {
+                    return Err(SmError::Rma {
+                        peer,
+                        status: RmaStatus::CopyFailed,
+                    })
+                }
+                Some(RmaStatus::CopyFailed) if single => {
+                    self.state.cma_ok[peer as usize] = false;
+                    single = false;
+                }
+                Some(status) => return Err(SmError::Rma { peer, status }),
+                None => return Err(SmError::PeerFailed { peer }),
+            }
+        }
+    }
+
+    /// Copies `src` to `offset` of the region `key` (of another local rank,
+    /// or our own). Blocks until the target has applied it.
+    pub fn put(&mut self, key: &RegionKey, offset: u64, src: &[u8]) -> Result<(), SmError> {
+        let peer = key.rank;
+        if peer == self.me {
+            let dst = self
+                .state
+                .rma
+                .range_mut(key.id, offset, src.len() as u64)
+                .map_err(|status| SmError::Rma { peer, status })?;
+            dst.copy_from_slice(src);
+            return Ok(());
+        }
+        self.check_peer(peer)?;
+        if self.state.cma_ok[peer as usize]
+            && src.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size)
+        {
+            let req = self.new_request(peer, 0);
+            let msg = RangeReq {
+                req,
+                id: key.id,
+                offset,
+                len: src.len() as u64,
+                addr: src.as_ptr() as u64,
+            }
+            .encode();
+            if let Err(e) = self.send_fragment(peer, rma::TAG_PUT_CMA, &[&msg], 0) {
+                self.state.rma.waiting.remove(&req);
+                return Err(e);
+            }
+            match self.wait_reply(peer, req, "a put's reply")?.status {
+                Some(RmaStatus::Ok) => return Ok(()),
+                Some(RmaStatus::CopyFailed) => self.state.cma_ok[peer as usize] = false,
+                Some(status) => return Err(SmError::Rma { peer, status }),
+                None => return Err(SmError::PeerFailed { peer }),
+            }
+        }
+        let req = self.new_request(peer, 0);
+        let chunk = self.engine.max_payload() as usize - rma::PutChunk::LEN;
+        let mut off = 0usize;
+        loop {
+            let end = (off + chunk).min(src.len());
+            let hdr = rma::PutChunk {
+                req,
+                id: key.id,
+                offset,
+                total: src.len() as u64,
+                chunk_off: off as u64,
+            }
+            .encode();
+            if let Err(e) = self.send_fragment(peer, rma::TAG_PUT_DATA, &[&hdr, &src[off..end]], 0)
+            {
+                self.state.rma.waiting.remove(&req);
+                return Err(e);
+            }
+            off = end;
+            // Stop early if the target already refused the put.
+            if off >= src.len()
+                || self
+                    .state
+                    .rma
+                    .waiting
+                    .get(&req)
+                    .is_some_and(|w| w.status.is_some())
+            {
+                break;
+            }
+        }
+        match self.wait_reply(peer, req, "a put's reply")?.status {
+            Some(RmaStatus::Ok) => Ok(()),
+            Some(status) => Err(SmError::Rma { peer, status }),
+            None => Err(SmError::PeerFailed { peer }),
+        }
     }
 
     /// Sends and acknowledgements that had to wait behind a full ring.

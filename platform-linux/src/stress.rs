@@ -18,9 +18,10 @@ use std::time::Instant;
 use crate::cma;
 use crate::job::JobEnv;
 use crate::launcher::{launch, LaunchSpec};
-use crate::sm::{params_from_env, Sm, SmError};
+use crate::sm::{params_from_env, RegionKey, RmaStatus, Sm, SmError};
 
 const TAG_STRESS: u8 = 7;
+const TAG_KEY: u8 = 8;
 const HEADER: usize = 20;
 
 /// Options of `btl stress`.
@@ -217,6 +218,65 @@ pub struct StressReport {
     pub errors: Vec<String>,
 }
 
+/// The one-sided phase: every rank registers a region of one slot per rank,
+/// puts a pattern into its own slot of every peer's region, checks after a
+/// barrier that its region holds each peer's pattern, gets its slot back
+/// from every peer, and checks that a get past a region's end is refused.
+fn rma_phase(
+    sm: &mut Sm,
+    opts: &StressOpts,
+    keys: &Rc<RefCell<Vec<Option<RegionKey>>>>,
+) -> Result<Vec<String>, SmError> {
+    let (me, n) = (sm.rank(), sm.size());
+    let slot = opts.max_size.clamp(64, 1 << 20);
+    let key = sm.register(n as usize * slot);
+    let peers: Vec<u32> = (0..n).filter(|&p| p != me).collect();
+    for &p in &peers {
+        sm.send(p, TAG_KEY, &key.to_bytes())?;
+    }
+    sm.wait_until("the peers' region keys", None, |_| {
+        peers.iter().all(|&p| keys.borrow()[p as usize].is_some())
+    })?;
+    let keys: Vec<Option<RegionKey>> = keys.borrow().clone();
+    let pattern = |src: u32, dst: u32| {
+        let mut v = vec![0u8; slot];
+        fill(&mut v, opts.seed ^ 0xa11, src, dst, u64::MAX);
+        v
+    };
+    let mut errors = Vec::new();
+    for &p in &peers {
+        let k = keys[p as usize].unwrap_or(key);
+        sm.put(&k, u64::from(me) * slot as u64, &pattern(me, p))?;
+    }
+    sm.barrier()?;
+    let region = sm.region(&key).map(<[u8]>::to_vec).unwrap_or_default();
+    for &p in &peers {
+        let at = p as usize * slot;
+        if region.get(at..at + slot) != Some(&pattern(p, me)[..]) {
+            errors.push(format!("the put of rank {p} into our region is wrong"));
+        }
+    }
+    sm.barrier()?;
+    let mut back = vec![0u8; slot];
+    for &p in &peers {
+        let k = keys[p as usize].unwrap_or(key);
+        sm.get(&k, u64::from(me) * slot as u64, &mut back)?;
+        if back != pattern(me, p) {
+            errors.push(format!("get from rank {p} returned the wrong bytes"));
+        }
+        match sm.get(&k, k.len, &mut [0u8; 1]) {
+            Err(SmError::Rma {
+                status: RmaStatus::OutOfBounds,
+                ..
+            }) => {}
+            other => errors.push(format!(
+                "a get past the end of rank {p}'s region gave {other:?}"
+            )),
+        }
+    }
+    Ok(errors)
+}
+
 /// Runs the stress test inside a job; prints a one-line summary per rank.
 pub fn run(job: &JobEnv, opts: &StressOpts, out: &mut impl Write) -> Result<StressReport, SmError> {
     if opts.deny_cma {
@@ -237,6 +297,20 @@ pub fn run(job: &JobEnv, opts: &StressOpts, out: &mut impl Write) -> Result<Stre
         let (seed, max) = (opts.seed, opts.max_size);
         sm.on(TAG_STRESS, move |src, data| {
             c.borrow_mut().check(seed, me, max, src, data)
+        })?;
+    }
+    // Keys of the one-sided phase: the handler is in place before the first
+    // barrier, so no key can arrive before it.
+    let keys = Rc::new(RefCell::new(vec![None::<RegionKey>; n as usize]));
+    {
+        let keys = keys.clone();
+        sm.on(TAG_KEY, move |src, data| {
+            if let (Some(k), Some(slot)) = (
+                RegionKey::from_bytes(data),
+                keys.borrow_mut().get_mut(src as usize),
+            ) {
+                *slot = Some(k);
+            }
         })?;
     }
     sm.barrier()?;
@@ -260,9 +334,13 @@ pub fn run(job: &JobEnv, opts: &StressOpts, out: &mut impl Write) -> Result<Stre
     }
     sm.flush()?;
     sm.barrier()?;
+    let rma_errors = rma_phase(&mut sm, opts, &keys)?;
+    sm.flush()?;
+    sm.barrier()?;
     let c = checker.borrow();
     let received: u64 = c.next.iter().sum();
     let mut errors = c.errors.clone();
+    errors.extend(rma_errors);
     if received != expected {
         errors.push(format!("received {received} messages, expected {expected}"));
     }
@@ -270,7 +348,8 @@ pub fn run(job: &JobEnv, opts: &StressOpts, out: &mut impl Write) -> Result<Stre
     let _ = writeln!(
         out,
         "rank {me}: {received} messages ({} bytes) from {} peers over shared memory \
-         (single copy to {cma} of them, {} sends queued behind a full ring), {:.2} s: {}",
+         (single copy to {cma} of them, {} sends queued behind a full ring), \
+         get/put with each checked, {:.2} s: {}",
         c.bytes,
         n - 1,
         sm.queued_total(),
