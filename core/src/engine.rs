@@ -52,7 +52,7 @@
 
 use core::fmt;
 
-use crate::fifo::{Consumer, Fifo, FifoError, Producer, PushError};
+use crate::fifo::{Consumer, Fifo, FifoError, Producer};
 use crate::frag::{read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError};
 use crate::params::{fifo_map, SmParams};
 use crate::shm::{Region, ResolveError, SegmentTable, ShmOffset};
@@ -200,12 +200,6 @@ pub enum PeerError {
         /// The peer.
         peer: u32,
     },
-    /// A peer's ring is corrupted (a reserved slot was not free): the peer
-    /// should be failed.
-    RingCorrupted {
-        /// The peer whose ring it is.
-        peer: u32,
-    },
 }
 
 impl fmt::Display for PeerError {
@@ -229,7 +223,6 @@ impl fmt::Display for PeerError {
                     "pending queue to rank {peer} overflowed (duplicate fragments)"
                 )
             }
-            Self::RingCorrupted { peer } => write!(f, "the ring of rank {peer} is corrupted"),
         }
     }
 }
@@ -314,12 +307,6 @@ pub enum SendError {
         /// The peer.
         peer: u32,
     },
-    /// The peer's ring is corrupted: nothing was sent; fail the peer
-    /// ([`SmEngine::fail_peer`]).
-    RingCorrupted {
-        /// The peer.
-        peer: u32,
-    },
 }
 
 impl fmt::Display for SendError {
@@ -335,7 +322,6 @@ impl fmt::Display for SendError {
             }
             Self::NoFragment => write!(f, "no free fragment (all in flight)"),
             Self::Backlog { peer } => write!(f, "pending queue to local peer {peer} is full"),
-            Self::RingCorrupted { peer } => write!(f, "the ring of local peer {peer} is corrupted"),
         }
     }
 }
@@ -770,14 +756,14 @@ where
         d.cookie = cookie;
         self.outstanding += 1;
         self.peers.as_mut()[peer as usize].in_flight += 1;
-        // The queue had room (checked above), so the only failure left is a
-        // corrupted ring: undo, and let the caller fail the peer.
+        // The queue had room (checked above), so this cannot fail; were it
+        // to, undo rather than leak the fragment.
         if self.push_or_queue(peer, value).is_err() {
             self.free(idx);
             self.outstanding -= 1;
             let p = &mut self.peers.as_mut()[peer as usize];
             p.in_flight = p.in_flight.saturating_sub(1);
-            return Err(SendError::RingCorrupted { peer });
+            return Err(SendError::Backlog { peer });
         }
         Ok(())
     }
@@ -823,12 +809,10 @@ where
         let p = &mut self.peers.as_mut()[peer as usize];
         if p.pending_len == 0 {
             if let Some(producer) = p.producer.as_mut() {
-                match producer.push(value) {
-                    Ok(()) => return Ok(()),
-                    Err(PushError::Full(_)) => {}
-                    Err(PushError::Corrupted { .. } | PushError::InvalidValue(_)) => {
-                        return Err(PeerError::RingCorrupted { peer });
-                    }
+                // Slot values are never FREE (bit 63 clear), so the only
+                // refusal is a full ring.
+                if producer.push(value).is_ok() {
+                    return Ok(());
                 }
             }
         }
@@ -845,32 +829,26 @@ where
 
     /// Retries `peer`'s pending values in order until its ring is full.
     /// Returns how many went out.
-    fn flush_pending(&mut self, peer: u32) -> Result<usize, PeerError> {
+    fn flush_pending(&mut self, peer: u32) -> usize {
         let cap = self.pending_cap;
         let base = (peer * cap) as usize;
         let p = &mut self.peers.as_mut()[peer as usize];
         let Some(producer) = p.producer.as_mut() else {
-            return Ok(0);
+            return 0;
         };
         let queue = &mut self.pending.as_mut()[base..base + cap as usize];
         let mut sent = 0;
         while p.pending_len > 0 {
             let value = queue[p.pending_head as usize];
-            match producer.push(value) {
-                Ok(()) => {
-                    p.pending_head = (p.pending_head + 1) % cap;
-                    p.pending_len -= 1;
-                    sent += 1;
-                }
-                Err(PushError::Full(_)) => break,
-                Err(_) => {
-                    self.pending_total -= sent as u32;
-                    return Err(PeerError::RingCorrupted { peer });
-                }
+            if producer.push(value).is_err() {
+                break;
             }
+            p.pending_head = (p.pending_head + 1) % cap;
+            p.pending_len -= 1;
+            sent += 1;
         }
         self.pending_total -= sent as u32;
-        Ok(sent)
+        sent
     }
 
     /// One pass of the progress engine (see the module docs). Returns the
@@ -880,10 +858,7 @@ where
         if self.pending_total > 0 {
             for peer in 0..self.nprocs {
                 if self.peers.as_mut()[peer as usize].pending_len > 0 {
-                    match self.flush_pending(peer) {
-                        Ok(n) => events += n,
-                        Err(e) => d.error(e),
-                    }
+                    events += self.flush_pending(peer);
                 }
             }
         }
@@ -969,9 +944,7 @@ where
         p.in_flight = p.in_flight.saturating_sub(1);
         d.complete(peer, desc.cookie, !slot.error);
         if self.peers.as_mut()[peer as usize].pending_len > 0 {
-            if let Err(e) = self.flush_pending(peer) {
-                d.error(e);
-            }
+            self.flush_pending(peer);
         }
     }
 

@@ -286,11 +286,13 @@ pub static SM_PARAMS: [ParamDef; SM_PARAM_COUNT] = [
     pdef(
         "use_cma",
         ParamKind::Bool,
-        0,
+        1,
         (0, 1),
         9,
         "0, 1, true, false, yes or no",
-        "Whether or not to enable CMA",
+        "Whether or not to enable CMA (btl: on by default, unlike the seed's 0, which \
+         reflected an optional build feature; btl always has CMA, probes it against every \
+         peer at start and falls back to the pipelined copy where the kernel refuses it)",
     ),
     pdef(
         "free_list_num",
@@ -380,7 +382,7 @@ pub static SM_PARAMS: [ParamDef; SM_PARAM_COUNT] = [
     pdef(
         "flags",
         ParamKind::UInt,
-        FLAG_SEND as i64,
+        (FLAG_SEND | FLAG_GET) as i64,
         (0, (FLAG_SEND | FLAG_PUT | FLAG_GET) as i64),
         5,
         "a bit mask that includes 1 (send); 2 (put) is not supported, 4 (get) follows use_cma",
@@ -906,7 +908,7 @@ impl SmParams {
             use_knem: 0,
             knem_dma_min: 0,
             knem_max_simultaneous: 0,
-            use_cma: false,
+            use_cma: true,
             free_list_num: 8,
             free_list_max: -1,
             free_list_inc: 64,
@@ -916,7 +918,7 @@ impl SmParams {
             fifo_lazy_free: 120,
             sm_extra_procs: 0,
             exclusivity: 65535,
-            flags: FLAG_SEND,
+            flags: FLAG_SEND | FLAG_GET,
             rndv_eager_limit: 4096,
             eager_limit: 4096,
             max_send_size: 32 * 1024,
