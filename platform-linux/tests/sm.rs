@@ -132,10 +132,22 @@ fn flood_through_a_ring_of_16_slots_keeps_order() {
 }
 
 #[test]
+fn pipelined_copy_when_single_copy_is_off() {
+    let o = run(
+        3,
+        &[("BTL_SM_USE_CMA", "0")],
+        &["stress", "--messages", "100", "--max-size", "2000000"],
+    );
+    let out = assert_intact(&o, 3);
+    assert_eq!(out.matches("single copy to 0 of them").count(), 3, "{out}");
+}
+
+#[test]
 fn single_copy_is_used_when_allowed() {
+    // use_cma defaults to 1.
     let o = run(
         2,
-        &[("BTL_SM_USE_CMA", "1")],
+        &[],
         &["stress", "--messages", "100", "--max-size", "2000000"],
     );
     let (out, err) = text(&o);
