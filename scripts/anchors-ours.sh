@@ -1,13 +1,14 @@
 # btl's rows for the anchor harness in ../shared/anchors (see its README):
+#   cargo build --release -p btl-linux
 #   ANCHORS_EXTRA=$PWD/scripts/anchors-ours.sh ANCHOR_GROUPS="mpi ucx" \
 #     OUT_MD=/tmp/anchors_out/RESULTS.md OUT_TSV=/tmp/anchors_out/results_raw.tsv \
 #     bash ../shared/anchors/run_anchors.sh
-# Needs `cargo build --release -p btl-linux` first. Each row runs
-# `btl bench --format osu`, which launches 2 ranks pinned to cores 0 and 1.
+# Each row runs `btl bench --format osu`, which launches 2 ranks pinned to
+# cores 0 and 1.
 BTL_BIN=${BTL_BIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/release/btl}
 extra_all() {
-    row btl_sm "btl sm (default: pipelined copy)" "btl bench --transport sm, use_cma=0 (the seed's default): messages above 32 KiB pipelined through 32 KiB shared fragments"
+    row btl_sm "btl sm (default)" "btl bench --transport sm with default parameters: single copy (process_vm_readv) from min_rdma_pipeline_size (68 KiB) up, fragments below"
     run_mpi btl_sm 120 "$BTL_BIN" bench --transport sm --format osu
-    row btl_sm_cma "btl sm, use_cma=1" "btl bench --transport sm with BTL_SM_USE_CMA=1: single copy (process_vm_readv) from min_rdma_pipeline_size (68 KiB) up"
-    run_mpi btl_sm_cma 120 env BTL_SM_USE_CMA=1 "$BTL_BIN" bench --transport sm --format osu
+    row btl_sm_nocma "btl sm, use_cma=0" "btl bench --transport sm with BTL_SM_USE_CMA=0: messages above 32 KiB pipelined through 32 KiB shared fragments"
+    run_mpi btl_sm_nocma 120 env BTL_SM_USE_CMA=0 "$BTL_BIN" bench --transport sm --format osu
 }

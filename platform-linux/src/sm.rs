@@ -284,6 +284,84 @@ impl Chunk {
     }
 }
 
+/// How a large message travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bulk {
+    /// `process_vm_readv` by the receiver.
+    SingleCopy,
+    /// Through shared fragments.
+    Pipelined,
+    /// Through shared fragments, timed alone to refresh its measurement.
+    ProbePipelined,
+}
+
+/// How long a bulk-rate measurement stays fresh.
+const BULK_REFRESH: Duration = Duration::from_secs(1);
+
+/// Measured bulk rates to one peer (bytes per second, smoothed), for the
+/// choice between single copy and the pipelined copy. Which is faster
+/// depends on where the two processes run (shared cache or not) and that
+/// changes under a hypervisor or a migrating scheduler: so it is measured
+/// while running. Single-copy transfers are synchronous and timed as they
+/// go; the pipelined copy is timed by draining before and after one message
+/// once per [`BULK_REFRESH`]. The slower mechanism is retried once per
+/// refresh period, so a change of placement is followed within about a
+/// second.
+#[derive(Clone, Copy, Debug, Default)]
+struct BulkRates {
+    single: f64,
+    pipelined: f64,
+    single_at: Option<Instant>,
+    pipelined_at: Option<Instant>,
+    /// Samples taken of each; the first of each is a warm-up (page faults
+    /// of fresh buffers) and is not counted.
+    single_n: u32,
+    pipelined_n: u32,
+}
+
+impl BulkRates {
+    fn choose(&self, now: Instant) -> Bulk {
+        let stale = |t: Option<Instant>| t.is_none_or(|t| now.duration_since(t) > BULK_REFRESH);
+        if self.single_n < 2 {
+            Bulk::SingleCopy
+        } else if self.pipelined_n < 2 {
+            Bulk::ProbePipelined
+        } else if stale(self.single_at) {
+            Bulk::SingleCopy
+        } else if stale(self.pipelined_at) {
+            Bulk::ProbePipelined
+        } else if self.pipelined > self.single {
+            Bulk::Pipelined
+        } else {
+            Bulk::SingleCopy
+        }
+    }
+
+    fn record(&mut self, how: Bulk, bytes: usize, took: Duration) {
+        let rate = bytes as f64 / took.as_secs_f64().max(1e-9);
+        let (avg, at, n) = match how {
+            Bulk::SingleCopy => (&mut self.single, &mut self.single_at, &mut self.single_n),
+            Bulk::Pipelined | Bulk::ProbePipelined => (
+                &mut self.pipelined,
+                &mut self.pipelined_at,
+                &mut self.pipelined_n,
+            ),
+        };
+        *n = n.saturating_add(1);
+        *avg = match *n {
+            1 => 0.0,
+            2 => rate,
+            _ => 0.5 * *avg + 0.5 * rate,
+        };
+        *at = Some(Instant::now());
+        log::debug!(
+            "bulk rates: single copy {:.2} GB/s, pipelined {:.2} GB/s (after {how:?} of {bytes} bytes in {took:?})",
+            self.single / 1e9,
+            self.pipelined / 1e9
+        );
+    }
+}
+
 /// Completion state shared between a send and the progress engine.
 type Done = Rc<RefCell<Option<bool>>>;
 
@@ -590,6 +668,8 @@ pub struct Sm {
     barrier_epoch: u64,
     /// Inside `progress`'s RMA service (which sends, and so progresses).
     serving: bool,
+    /// Measured bulk rates per peer.
+    rates: Vec<BulkRates>,
 }
 
 impl fmt::Debug for Sm {
@@ -728,6 +808,7 @@ impl Sm {
                 timeout,
                 barrier_epoch: 0,
                 serving: false,
+                rates: vec![BulkRates::default(); nprocs as usize],
             }),
             Err(e) => {
                 // Never leave the file behind on a failed start.
@@ -1202,35 +1283,59 @@ impl Sm {
             };
             return self.send_fragment(peer, tag, &[data], cookie);
         }
-        let single = self.state.cma_ok[peer as usize]
-            && data.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
-        if single {
-            let done: Done = Rc::new(RefCell::new(None));
-            let cookie = self.cookie(peer, Waiter::Flag(done.clone()));
-            let hdr = Rndv {
-                tag,
-                addr: data.as_ptr() as u64,
-                len: data.len() as u64,
-            }
-            .encode();
-            self.send_fragment(peer, TAG_RNDV, &[&hdr], cookie)?;
-            let waited = self.wait_until("the receiver's single copy", Some(peer), |_| {
-                done.borrow().is_some()
-            });
-            if let Err(e) = waited {
-                self.state.waiters.remove(&cookie);
-                return Err(e);
-            }
-            if done.borrow().unwrap_or(false) {
-                if let Some(cb) = on_done {
-                    cb(Ok(()));
+        let large = data.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
+        if self.state.cma_ok[peer as usize] && large {
+            let now = Instant::now();
+            match self.rates[peer as usize].choose(now) {
+                Bulk::Pipelined => {}
+                Bulk::ProbePipelined => {
+                    // Measure the pipelined copy alone: drain, send, drain.
+                    self.wait_until("our fragments to drain", Some(peer), |sm| {
+                        sm.engine.in_flight_to(peer) == 0
+                    })?;
+                    let t0 = Instant::now();
+                    self.send_chunked(peer, tag, data, on_done)?;
+                    self.wait_until("the pipelined copy", Some(peer), |sm| {
+                        sm.engine.in_flight_to(peer) == 0
+                    })?;
+                    self.rates[peer as usize].record(Bulk::Pipelined, data.len(), t0.elapsed());
+                    return Ok(());
                 }
-                return Ok(());
+                Bulk::SingleCopy => {
+                    let done: Done = Rc::new(RefCell::new(None));
+                    let cookie = self.cookie(peer, Waiter::Flag(done.clone()));
+                    let hdr = Rndv {
+                        tag,
+                        addr: data.as_ptr() as u64,
+                        len: data.len() as u64,
+                    }
+                    .encode();
+                    self.send_fragment(peer, TAG_RNDV, &[&hdr], cookie)?;
+                    let waited = self.wait_until("the receiver's single copy", Some(peer), |_| {
+                        done.borrow().is_some()
+                    });
+                    if let Err(e) = waited {
+                        self.state.waiters.remove(&cookie);
+                        return Err(e);
+                    }
+                    if done.borrow().unwrap_or(false) {
+                        self.rates[peer as usize].record(
+                            Bulk::SingleCopy,
+                            data.len(),
+                            now.elapsed(),
+                        );
+                        if let Some(cb) = on_done {
+                            cb(Ok(()));
+                        }
+                        return Ok(());
+                    }
+                    // The receiver could not read our memory (or had no
+                    // handler): resend through fragments; a missing handler
+                    // is reported there.
+                    self.state.cma_ok[peer as usize] = false;
+                    log::warn!("single copy to local rank {peer} failed at the receiver; resending through shared fragments");
+                }
             }
-            // The receiver could not read our memory (or had no handler):
-            // resend through fragments; a missing handler is reported there.
-            self.state.cma_ok[peer as usize] = false;
-            log::warn!("single copy to local rank {peer} failed at the receiver; resending through shared fragments");
         }
         self.send_chunked(peer, tag, data, on_done)
     }
@@ -1531,6 +1636,30 @@ impl Drop for Sm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bulk_choice_follows_measurements() {
+        let mut r = BulkRates::default();
+        let t = Instant::now();
+        assert_eq!(r.choose(t), Bulk::SingleCopy);
+        // First samples are warm-ups: slow (page faults), not counted.
+        r.record(Bulk::SingleCopy, 1 << 20, Duration::from_millis(5));
+        assert_eq!(r.choose(Instant::now()), Bulk::SingleCopy);
+        r.record(Bulk::SingleCopy, 1 << 20, Duration::from_micros(100));
+        assert_eq!(r.choose(Instant::now()), Bulk::ProbePipelined);
+        r.record(Bulk::ProbePipelined, 1 << 20, Duration::from_millis(5));
+        assert_eq!(r.choose(Instant::now()), Bulk::ProbePipelined);
+        r.record(Bulk::ProbePipelined, 1 << 20, Duration::from_micros(50));
+        assert_eq!(r.choose(Instant::now()), Bulk::Pipelined);
+        // The placement changes: the pipelined copy becomes slow.
+        for _ in 0..4 {
+            r.record(Bulk::Pipelined, 1 << 20, Duration::from_micros(400));
+        }
+        assert_eq!(r.choose(Instant::now()), Bulk::SingleCopy);
+        // A stale measurement is refreshed first.
+        let later = Instant::now() + 2 * BULK_REFRESH;
+        assert_eq!(r.choose(later), Bulk::SingleCopy);
+    }
 
     #[test]
     fn protocol_headers_roundtrip() {
