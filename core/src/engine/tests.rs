@@ -62,7 +62,7 @@ impl Job {
     }
 }
 
-fn engines(region: &Region<'static>, job: &JobShape) -> Vec<Eng<'static>> {
+fn engines<'a>(region: &Region<'a>, job: &JobShape) -> Vec<Eng<'a>> {
     let sizes = Eng::storage_sizes(&job.layout, job.nprocs).unwrap();
     for r in 0..job.nprocs {
         // SAFETY: single-threaded test; nothing else touches the parts.
@@ -113,11 +113,10 @@ impl Dispatch for Rec {
     }
 }
 
-/// Runs the job: leaks the segment for the 'static lifetime the engines
-/// borrow it for (tests only; a few KiB each).
-fn with_job(nprocs: u32, fifo_size: u32, f: impl FnOnce(&mut [Eng<'static>], &Region<'static>)) {
-    let job: &'static mut Job =
-        std::boxed::Box::leak(std::boxed::Box::new(Job::new(nprocs, fifo_size)));
+/// Runs `f` on the engines of a job of `nprocs` ranks over one in-memory
+/// segment (dropped, engines first, when `f` returns).
+fn with_job(nprocs: u32, fifo_size: u32, f: impl for<'a> FnOnce(&mut [Eng<'a>], &Region<'a>)) {
+    let mut job = Job::new(nprocs, fifo_size);
     let shape = job.shape;
     let region = job.region();
     let mut e = engines(&region, &shape);
