@@ -340,14 +340,21 @@ struct PartGeometry {
 }
 
 impl PartGeometry {
+    /// The descriptor index of the fragment at `offset`, if `offset` is the
+    /// start of one of our fragments. On the path of every ACK, so one
+    /// 32-bit division (parts are far below 4 GiB) and a multiply to check,
+    /// rather than two 64-bit divisions.
     fn index_of(&self, offset: u64) -> Option<u32> {
         let lookup = |start: u64, bytes: u64, count: u32| -> Option<u32> {
             let rel = offset.checked_sub(start)?;
-            if bytes == 0 || rel % bytes != 0 {
+            if bytes == 0 || rel >= bytes.saturating_mul(u64::from(count)) {
                 return None;
             }
-            let i = rel / bytes;
-            (i < u64::from(count)).then_some(i as u32)
+            let i = match (u32::try_from(rel), u32::try_from(bytes)) {
+                (Ok(rel), Ok(bytes)) => rel / bytes,
+                _ => u32::try_from(rel / bytes).ok()?,
+            };
+            (u64::from(i) * bytes == rel).then_some(i)
         };
         lookup(self.eager_start, self.eager_bytes, self.eager_count).or_else(|| {
             lookup(self.max_start, self.max_bytes, self.max_count).map(|i| i + self.eager_count)

@@ -43,8 +43,10 @@ use crate::sync::CACHE_LINE;
 /// Alignment (and granularity) of each rank's part: a page.
 pub const PART_ALIGN: usize = 4096;
 
-/// Bytes of the fixed control header at offset 0 of the segment.
-pub const CONTROL_HEADER: usize = CACHE_LINE;
+/// Bytes of the fixed control header at offset 0 of the segment: 128 on
+/// every target (the header is 80 bytes; 128 is a multiple of every
+/// `CACHE_LINE`, so the rank records after it stay line-aligned).
+pub const CONTROL_HEADER: usize = 128;
 
 /// Bytes of the per-rank control record (pid, state, part offset).
 pub const CONTROL_RECORD: usize = CACHE_LINE;

@@ -382,3 +382,22 @@ fn hostile_slots_and_headers_are_errors() {
         assert_eq!(r0.got, vec![(1, 3, b"fine".to_vec())]);
     });
 }
+
+#[test]
+fn fragment_index_lookup_accepts_only_fragment_starts() {
+    let g = PartGeometry {
+        eager_start: 1024,
+        eager_bytes: 256,
+        eager_count: 4,
+        max_start: 2048,
+        max_bytes: 1024,
+        max_count: 2,
+    };
+    assert_eq!(g.index_of(1024), Some(0));
+    assert_eq!(g.index_of(1024 + 3 * 256), Some(3));
+    assert_eq!(g.index_of(2048), Some(4));
+    assert_eq!(g.index_of(3072), Some(5));
+    for bad in [0, 1023, 1025, 1024 + 255, 4096, 2048 + 8, u64::MAX, 1 << 40] {
+        assert_eq!(g.index_of(bad), None, "{bad}");
+    }
+}
