@@ -5,6 +5,7 @@ pub use btl_core as core;
 
 pub mod bench;
 pub mod cma;
+pub mod ifaddrs;
 pub mod info;
 pub mod job;
 pub mod launcher;
