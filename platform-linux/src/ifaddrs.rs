@@ -61,7 +61,9 @@ unsafe fn ip_of(sa: *const libc::sockaddr) -> Option<IpAddr> {
         libc::AF_INET => {
             // SAFETY: the family says this is a sockaddr_in.
             let sin = unsafe { &*(sa as *const libc::sockaddr_in) };
-            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))))
+            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                sin.sin_addr.s_addr,
+            ))))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says this is a sockaddr_in6.
@@ -144,8 +146,14 @@ mod tests {
 
     #[test]
     fn prefix_lengths() {
-        assert_eq!(prefix_len(Some(IpAddr::V4(Ipv4Addr::new(255, 255, 255, 0)))), 24);
-        assert_eq!(prefix_len(Some(IpAddr::V6(Ipv6Addr::from(!0u128 << 64)))), 64);
+        assert_eq!(
+            prefix_len(Some(IpAddr::V4(Ipv4Addr::new(255, 255, 255, 0)))),
+            24
+        );
+        assert_eq!(
+            prefix_len(Some(IpAddr::V6(Ipv6Addr::from(!0u128 << 64)))),
+            64
+        );
         assert_eq!(prefix_len(None), 0);
     }
 }

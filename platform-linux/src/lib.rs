@@ -12,6 +12,7 @@ pub mod launcher;
 pub mod segment;
 pub mod sm;
 pub mod stress;
+pub mod wireup;
 
 /// True when this build can share btl-core's rings between processes: the
 /// shared-memory structures need lock-free 64-bit atomics (see

@@ -1,0 +1,269 @@
+//! Wire-up through the job's session directory: each rank publishes small
+//! key/value records (its TCP listen addresses, for instance) as files, and
+//! reads its peers' records, waiting for them with a timeout.
+//!
+//! This works wherever the ranks share the session directory's file system:
+//! one machine under `btl run`, and network namespaces of one machine (the
+//! multi-host tests). Across real machines the launcher's key/value service
+//! or PMIx takes this role.
+//!
+//! A record is written to a temporary name and renamed into place, so a
+//! reader never sees half a record. Values are bytes read back with a size
+//! limit ([`MAX_VALUE`]); a peer's record is data, validated by the caller.
+
+use std::fmt;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Largest value accepted when reading a record.
+pub const MAX_VALUE: u64 = 64 * 1024;
+
+/// Wire-up failed.
+#[derive(Debug)]
+pub enum WireupError {
+    /// A key is empty or has characters other than `[A-Za-z0-9._-]`.
+    BadKey {
+        /// The key.
+        key: String,
+    },
+    /// Writing our record failed.
+    Publish {
+        /// The record's file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// Reading a record failed (other than "not there yet").
+    Read {
+        /// The record's file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A record is larger than [`MAX_VALUE`].
+    TooLarge {
+        /// The record's file.
+        path: PathBuf,
+    },
+    /// These ranks did not publish `key` in time.
+    Timeout {
+        /// The key waited for.
+        key: String,
+        /// The ranks that never published it.
+        missing: Vec<u32>,
+        /// How long it waited.
+        waited: Duration,
+    },
+}
+
+impl fmt::Display for WireupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BadKey { key } => write!(f, "wire-up key {key:?} is not [A-Za-z0-9._-]+"),
+            Self::Publish { path, source } => {
+                write!(
+                    f,
+                    "cannot publish wire-up record {}: {source}",
+                    path.display()
+                )
+            }
+            Self::Read { path, source } => {
+                write!(f, "cannot read wire-up record {}: {source}", path.display())
+            }
+            Self::TooLarge { path } => write!(
+                f,
+                "wire-up record {} is larger than {MAX_VALUE} bytes",
+                path.display()
+            ),
+            Self::Timeout {
+                key,
+                missing,
+                waited,
+            } => write!(
+                f,
+                "ranks {missing:?} did not publish {key:?} within {:.1} s",
+                waited.as_secs_f64()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for WireupError {}
+
+/// Key/value records of one job in its session directory.
+#[derive(Debug, Clone)]
+pub struct SessionWireup {
+    dir: PathBuf,
+    rank: u32,
+}
+
+fn check_key(key: &str) -> Result<(), WireupError> {
+    let ok = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(WireupError::BadKey { key: key.into() })
+    }
+}
+
+impl SessionWireup {
+    /// Records of rank `rank` in `session_dir` (a `wireup` subdirectory is
+    /// created on first publish).
+    pub fn new(session_dir: &Path, rank: u32) -> Self {
+        Self {
+            dir: session_dir.join("wireup"),
+            rank,
+        }
+    }
+
+    fn path(&self, rank: u32, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.{rank}"))
+    }
+
+    /// Publishes `value` under `key` for this rank (atomically: temporary
+    /// file, then rename).
+    pub fn publish(&self, key: &str, value: &[u8]) -> Result<(), WireupError> {
+        check_key(key)?;
+        let path = self.path(self.rank, key);
+        let err = |source| WireupError::Publish {
+            path: path.clone(),
+            source,
+        };
+        fs::create_dir_all(&self.dir).map_err(err)?;
+        let tmp = self.dir.join(format!(".{key}.{}.tmp", self.rank));
+        let mut f = fs::File::create(&tmp).map_err(err)?;
+        f.write_all(value).map_err(err)?;
+        f.sync_data().ok();
+        drop(f);
+        fs::rename(&tmp, &path).map_err(err)
+    }
+
+    /// Rank `rank`'s value of `key`, if it has published it.
+    pub fn try_get(&self, rank: u32, key: &str) -> Result<Option<Vec<u8>>, WireupError> {
+        check_key(key)?;
+        let path = self.path(rank, key);
+        let f = match fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(WireupError::Read { path, source }),
+        };
+        let mut v = Vec::new();
+        f.take(MAX_VALUE + 1)
+            .read_to_end(&mut v)
+            .map_err(|source| WireupError::Read {
+                path: path.clone(),
+                source,
+            })?;
+        if v.len() as u64 > MAX_VALUE {
+            return Err(WireupError::TooLarge { path });
+        }
+        Ok(Some(v))
+    }
+
+    /// Waits (polling) until every rank in `ranks` has published `key`,
+    /// returning their values in the same order; times out naming the
+    /// ranks it still waits for.
+    pub fn get_all(
+        &self,
+        ranks: &[u32],
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, WireupError> {
+        let start = Instant::now();
+        let mut got: Vec<Option<Vec<u8>>> = vec![None; ranks.len()];
+        let mut pause = Duration::from_millis(1);
+        loop {
+            for (slot, &r) in got.iter_mut().zip(ranks) {
+                if slot.is_none() {
+                    *slot = self.try_get(r, key)?;
+                }
+            }
+            if got.iter().all(Option::is_some) {
+                return Ok(got.into_iter().flatten().collect());
+            }
+            if start.elapsed() > timeout {
+                let missing = ranks
+                    .iter()
+                    .zip(&got)
+                    .filter(|(_, g)| g.is_none())
+                    .map(|(&r, _)| r)
+                    .collect();
+                return Err(WireupError::Timeout {
+                    key: key.into(),
+                    missing,
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("btl-wireup-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn publish_then_get() {
+        let d = tmpdir("pg");
+        let (a, b) = (SessionWireup::new(&d, 0), SessionWireup::new(&d, 1));
+        a.publish("tcp-addr", b"127.0.0.1:5000").unwrap();
+        assert_eq!(
+            b.try_get(0, "tcp-addr").unwrap().as_deref(),
+            Some(&b"127.0.0.1:5000"[..])
+        );
+        assert_eq!(b.try_get(1, "tcp-addr").unwrap(), None);
+        b.publish("tcp-addr", b"x").unwrap();
+        let all = a
+            .get_all(&[0, 1], "tcp-addr", Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(all, vec![b"127.0.0.1:5000".to_vec(), b"x".to_vec()]);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn missing_ranks_time_out_by_name() {
+        let d = tmpdir("to");
+        let a = SessionWireup::new(&d, 0);
+        a.publish("k", b"v").unwrap();
+        match a.get_all(&[0, 3, 5], "k", Duration::from_millis(50)) {
+            Err(WireupError::Timeout { missing, .. }) => assert_eq!(missing, vec![3, 5]),
+            other => panic!("{other:?}"),
+        }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn keys_and_sizes_are_checked() {
+        let d = tmpdir("ks");
+        let a = SessionWireup::new(&d, 0);
+        assert!(matches!(
+            a.publish("../x", b"v"),
+            Err(WireupError::BadKey { .. })
+        ));
+        assert!(matches!(
+            a.publish("", b"v"),
+            Err(WireupError::BadKey { .. })
+        ));
+        a.publish("big", &vec![0u8; MAX_VALUE as usize + 1])
+            .unwrap();
+        assert!(matches!(
+            a.try_get(0, "big"),
+            Err(WireupError::TooLarge { .. })
+        ));
+        fs::remove_dir_all(&d).unwrap();
+    }
+}
