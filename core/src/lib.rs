@@ -38,3 +38,4 @@ pub mod params;
 pub mod shm;
 pub mod sizing;
 pub mod sync;
+pub mod tcp;

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use crate::job::JobEnv;
 use crate::launcher::{launch, LaunchSpec};
-use crate::sm::{params_from_env, Sm, SmError};
+use crate::transport::{self, BoxError, Transport};
 
 /// Sizes measured by default (bytes).
 pub const DEFAULT_SIZES: [usize; 7] = [8, 64, 1024, 4096, 65536, 1_048_576, 4_194_304];
@@ -42,7 +42,7 @@ pub enum Format {
 /// Options of `btl bench`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchOpts {
-    /// Transport to measure (`sm` for now).
+    /// Transport to measure: `sm` or `tcp`.
     pub transport: String,
     /// Message sizes.
     pub sizes: Vec<usize>,
@@ -64,7 +64,7 @@ impl Default for BenchOpts {
 }
 
 /// Usage of `btl bench`.
-pub const USAGE: &str = "usage: btl bench [--transport sm] [--sizes 8,64,...] [--json | --format human|json|osu] [--quick]";
+pub const USAGE: &str = "usage: btl bench [--transport sm|tcp] [--sizes 8,64,...] [--json | --format human|json|osu] [--quick]";
 
 /// Parses `btl bench` arguments (after the subcommand name).
 pub fn parse_args(args: &[OsString]) -> Result<BenchOpts, String> {
@@ -75,8 +75,8 @@ pub fn parse_args(args: &[OsString]) -> Result<BenchOpts, String> {
         match a.as_str() {
             "--transport" => {
                 let t = value("--transport")?;
-                if t != "sm" {
-                    return Err(format!("--transport {t}: this build supports only sm"));
+                if t != "sm" && t != "tcp" {
+                    return Err(format!("--transport {t}: accepts sm or tcp"));
                 }
                 o.transport = t;
             }
@@ -146,17 +146,8 @@ impl Row {
 }
 
 /// The human table's header.
-pub fn print_header(out: &mut impl Write, sm: &Sm) -> std::io::Result<()> {
-    let cma = if sm.params().use_cma {
-        if sm.single_copy_to(1) {
-            "single copy (CMA) above min_rdma_pipeline_size"
-        } else {
-            "single copy refused by the kernel: pipelined copy"
-        }
-    } else {
-        "pipelined copy through shared fragments (use_cma=0)"
-    };
-    writeln!(out, "btl bench: transport sm, 2 local ranks, {cma}")?;
+pub fn print_header(out: &mut impl Write, t: &dyn Transport) -> std::io::Result<()> {
+    writeln!(out, "btl bench: {}", t.describe())?;
     writeln!(
         out,
         "{:>10} {:>14} {:>16}",
@@ -181,25 +172,24 @@ fn iterations(size: usize, quick: bool) -> (u64, u64) {
 
 /// Runs the benchmark inside a job of exactly two local ranks; rank 0
 /// prints. Returns the rows (rank 0) or nothing (rank 1).
-pub fn run(job: &JobEnv, opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<Row>, SmError> {
-    if job.local_size != 2 {
-        return Err(SmError::Unsupported(
-            "btl bench runs on exactly 2 local ranks",
-        ));
+pub fn run(job: &JobEnv, opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<Row>, BoxError> {
+    if job.size != 2 {
+        return Err("btl bench runs on exactly 2 ranks".into());
     }
-    let mut sm = Sm::init(job, params_from_env()?)?;
+    let mut t = transport::open(&opts.transport, job)?;
+    let sm = t.as_mut();
     let me = sm.rank();
     let peer = 1 - me;
     let got = Rc::new(Cell::new(0u64));
     let acks = Rc::new(Cell::new(0u64));
     {
         let got = got.clone();
-        sm.on(TAG_DATA, move |_, _| got.set(got.get() + 1))?;
+        sm.on(TAG_DATA, Box::new(move |_, _| got.set(got.get() + 1)))?;
         let acks = acks.clone();
-        sm.on(TAG_ACK, move |_, _| acks.set(acks.get() + 1))?;
+        sm.on(TAG_ACK, Box::new(move |_, _| acks.set(acks.get() + 1)))?;
     }
     if me == 0 && opts.format == Format::Human {
-        let _ = print_header(out, &sm);
+        let _ = print_header(out, &*sm);
     }
     let mut rows = Vec::new();
     for &size in &opts.sizes {
@@ -218,9 +208,9 @@ pub fn run(job: &JobEnv, opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<R
             }
             if me == 0 {
                 sm.send(peer, TAG_DATA, &buf)?;
-                sm.wait_until("the pong", Some(peer), |_| got.get() > i)?;
+                sm.wait("the pong", Some(peer), &mut || got.get() > i)?;
             } else {
-                sm.wait_until("the ping", Some(peer), |_| got.get() > i)?;
+                sm.wait("the ping", Some(peer), &mut || got.get() > i)?;
                 sm.send(peer, TAG_DATA, &buf)?;
             }
         }
@@ -237,11 +227,11 @@ pub fn run(job: &JobEnv, opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<R
                 for _ in 0..WINDOW {
                     sm.send(peer, TAG_DATA, &buf)?;
                 }
-                sm.wait_until("the window's acknowledgement", Some(peer), |_| {
+                sm.wait("the window's acknowledgement", Some(peer), &mut || {
                     acks.get() > w
                 })?;
             } else {
-                sm.wait_until("a window of messages", Some(peer), |_| {
+                sm.wait("a window of messages", Some(peer), &mut || {
                     got.get() >= (w + 1) * WINDOW
                 })?;
                 sm.send(peer, TAG_ACK, &[1])?;
@@ -339,7 +329,11 @@ mod tests {
         assert!(parse_args(&os(&["--sizes", "8,x"]))
             .unwrap_err()
             .contains("\"x\""));
-        assert!(parse_args(&os(&["--transport", "tcp"])).is_err());
+        assert_eq!(
+            parse_args(&os(&["--transport", "tcp"])).unwrap().transport,
+            "tcp"
+        );
+        assert!(parse_args(&os(&["--transport", "udp"])).is_err());
         assert!(parse_args(&os(&["--sizes"])).is_err());
         assert!(parse_args(&os(&["--bogus"])).is_err());
     }

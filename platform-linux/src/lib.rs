@@ -12,6 +12,8 @@ pub mod launcher;
 pub mod segment;
 pub mod sm;
 pub mod stress;
+pub mod tcp;
+pub mod transport;
 pub mod wireup;
 
 /// True when this build can share btl-core's rings between processes: the

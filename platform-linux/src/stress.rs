@@ -18,7 +18,8 @@ use std::time::Instant;
 use crate::cma;
 use crate::job::JobEnv;
 use crate::launcher::{launch, LaunchSpec};
-use crate::sm::{params_from_env, RegionKey, RmaStatus, Sm, SmError};
+use crate::sm::{RegionKey, RmaStatus, Sm, SmError};
+use crate::transport::{self, BoxError};
 
 const TAG_STRESS: u8 = 7;
 const TAG_KEY: u8 = 8;
@@ -38,6 +39,8 @@ pub struct StressOpts {
     /// Make the kernel refuse single copy into and out of this process (for
     /// the fallback test): drops CAP_SYS_PTRACE and marks it non-dumpable.
     pub deny_cma: bool,
+    /// Transport: `sm` (shared memory) or `tcp`.
+    pub transport: String,
 }
 
 impl Default for StressOpts {
@@ -48,13 +51,14 @@ impl Default for StressOpts {
             max_size: 1 << 20,
             seed: 1,
             deny_cma: false,
+            transport: "sm".into(),
         }
     }
 }
 
 /// Usage of `btl stress`.
 pub const USAGE: &str =
-    "usage: btl stress [-n N] [--messages M] [--max-size BYTES] [--seed S] [--deny-cma]";
+    "usage: btl stress [-n N] [--transport sm|tcp] [--messages M] [--max-size BYTES] [--seed S] [--deny-cma]";
 
 /// Parses `btl stress` arguments (after the subcommand name).
 pub fn parse_args(args: &[OsString]) -> Result<StressOpts, String> {
@@ -81,6 +85,13 @@ pub fn parse_args(args: &[OsString]) -> Result<StressOpts, String> {
             "--max-size" => o.max_size = num("--max-size", value("--max-size")?, 1 << 30)? as usize,
             "--seed" => o.seed = num("--seed", value("--seed")?, u64::MAX)?,
             "--deny-cma" => o.deny_cma = true,
+            "--transport" => {
+                let t = value("--transport")?;
+                if t != "sm" && t != "tcp" {
+                    return Err(format!("--transport {t}: accepts sm or tcp"));
+                }
+                o.transport = t;
+            }
             other => return Err(format!("unknown option {other:?}")),
         }
     }
@@ -278,14 +289,19 @@ fn rma_phase(
 }
 
 /// Runs the stress test inside a job; prints a one-line summary per rank.
-pub fn run(job: &JobEnv, opts: &StressOpts, out: &mut impl Write) -> Result<StressReport, SmError> {
+pub fn run(
+    job: &JobEnv,
+    opts: &StressOpts,
+    out: &mut impl Write,
+) -> Result<StressReport, BoxError> {
     if opts.deny_cma {
         cma::drop_ptrace_capability()
             .and_then(|()| cma::deny_cma_for_testing())
             .map_err(|_| SmError::Unsupported("--deny-cma: could not drop CAP_SYS_PTRACE"))?;
     }
     let started = Instant::now();
-    let mut sm = Sm::init(job, params_from_env()?)?;
+    let mut t = transport::open(&opts.transport, job)?;
+    let sm = t.as_mut();
     let me = sm.rank();
     let n = sm.size();
     let checker = Rc::new(RefCell::new(Checker {
@@ -295,23 +311,27 @@ pub fn run(job: &JobEnv, opts: &StressOpts, out: &mut impl Write) -> Result<Stre
     {
         let c = checker.clone();
         let (seed, max) = (opts.seed, opts.max_size);
-        sm.on(TAG_STRESS, move |src, data| {
-            c.borrow_mut().check(seed, me, max, src, data)
-        })?;
+        sm.on(
+            TAG_STRESS,
+            Box::new(move |src, data| c.borrow_mut().check(seed, me, max, src, data)),
+        )?;
     }
     // Keys of the one-sided phase: the handler is in place before the first
     // barrier, so no key can arrive before it.
     let keys = Rc::new(RefCell::new(vec![None::<RegionKey>; n as usize]));
     {
         let keys = keys.clone();
-        sm.on(TAG_KEY, move |src, data| {
-            if let (Some(k), Some(slot)) = (
-                RegionKey::from_bytes(data),
-                keys.borrow_mut().get_mut(src as usize),
-            ) {
-                *slot = Some(k);
-            }
-        })?;
+        sm.on(
+            TAG_KEY,
+            Box::new(move |src, data| {
+                if let (Some(k), Some(slot)) = (
+                    RegionKey::from_bytes(data),
+                    keys.borrow_mut().get_mut(src as usize),
+                ) {
+                    *slot = Some(k);
+                }
+            }),
+        )?;
     }
     sm.barrier()?;
     let peers: Vec<u32> = (0..n).filter(|&p| p != me).collect();
@@ -324,17 +344,16 @@ pub fn run(job: &JobEnv, opts: &StressOpts, out: &mut impl Write) -> Result<Stre
         sm.progress();
     }
     let expected = opts.messages * u64::from(n - 1);
-    sm.wait_until("every message from every peer", None, |sm| {
-        let c = checker.borrow();
-        let got: u64 = c.next.iter().sum();
-        got >= expected || !sm.failed_peers().is_empty()
+    sm.wait("every message from every peer", None, &mut || {
+        let got: u64 = checker.borrow().next.iter().sum();
+        got >= expected
     })?;
-    if let Some(&p) = sm.failed_peers().first() {
-        return Err(SmError::PeerFailed { peer: p });
-    }
     sm.flush()?;
     sm.barrier()?;
-    let rma_errors = rma_phase(&mut sm, opts, &keys)?;
+    let (rma_errors, rma) = match sm.as_sm() {
+        Some(shm) => (rma_phase(shm, opts, &keys)?, ", get/put with each checked"),
+        None => (Vec::new(), ""),
+    };
     sm.flush()?;
     sm.barrier()?;
     let c = checker.borrow();
@@ -344,15 +363,12 @@ pub fn run(job: &JobEnv, opts: &StressOpts, out: &mut impl Write) -> Result<Stre
     if received != expected {
         errors.push(format!("received {received} messages, expected {expected}"));
     }
-    let cma = (0..n).filter(|&p| p != me && sm.single_copy_to(p)).count();
     let _ = writeln!(
         out,
-        "rank {me}: {received} messages ({} bytes) from {} peers over shared memory \
-         (single copy to {cma} of them, {} sends queued behind a full ring), \
-         get/put with each checked, {:.2} s: {}",
+        "rank {me}: {received} messages ({} bytes) from {} peers {}{rma}, {:.2} s: {}",
         c.bytes,
         n - 1,
-        sm.queued_total(),
+        sm.summary(),
         started.elapsed().as_secs_f64(),
         if errors.is_empty() {
             "all intact".to_string()

@@ -1,0 +1,1101 @@
+//! The TCP byte formats: the handshake, the frame header and the RMA
+//! sub-header. This module only parses and emits bytes.
+//!
+//! Every integer is **little endian** (the byte order of every machine btl
+//! runs on: x86_64, aarch64, Cortex-M; no swapping on the hot path).
+//!
+//! ```text
+//! handshake (24 bytes, each side sends one first; the connecting side first)
+//!  0      4        6      8            16     20        24
+//! [ BTLT ][version][flags][ job (u64)  ][rank ][reserved]
+//!           u16=1    u16=0  FNV-1a hash   u32     u32=0
+//!
+//! frame header (16 bytes), then `len` payload bytes
+//!  0     1    2      4            8                  16
+//! [type][tag][flags][ len (u32)  ][ id (u64)         ]
+//!                bit 0: error     request id (PUT/GET and their responses)
+//!
+//! RMA sub-header (24 bytes), at the start of a PUT or GET payload
+//!  0         4          8             16          24
+//! [region u32][reserved][ offset u64  ][ len u64  ]
+//! ```
+//!
+//! Views ([`HandshakePacket`], [`FrameHeader`], [`RmaPacket`]) wrap any
+//! `T: AsRef<[u8]>`; once `new_checked` (or `check_len`) succeeded, no
+//! accessor can panic. Representations ([`HandshakeRepr`], [`FrameRepr`],
+//! [`RmaRepr`]) validate every field a peer controls in `parse` and write
+//! them back with `emit`. All malformed input is a typed [`WireError`],
+//! never a panic.
+
+use core::fmt;
+
+/// The handshake magic, `b"BTLT"`.
+pub const MAGIC: [u8; 4] = *b"BTLT";
+/// The protocol version this code speaks.
+pub const VERSION: u16 = 1;
+/// Length of a handshake.
+pub const HANDSHAKE_LEN: usize = field::HS_RESERVED.end;
+/// Length of a frame header.
+pub const FRAME_HEADER_LEN: usize = field::FR_ID.end;
+/// Length of the RMA sub-header at the start of PUT and GET payloads.
+pub const RMA_HEADER_LEN: usize = field::RMA_LEN.end;
+/// Frame flag: the frame reports an error status (a failed PUT or GET).
+pub const FLAG_ERROR: u16 = 1;
+
+mod field {
+    use core::ops::Range;
+
+    pub(super) type Field = Range<usize>;
+
+    // Handshake.
+    pub(super) const HS_MAGIC: Field = 0..4;
+    pub(super) const HS_VERSION: Field = 4..6;
+    pub(super) const HS_FLAGS: Field = 6..8;
+    pub(super) const HS_JOB: Field = 8..16;
+    pub(super) const HS_RANK: Field = 16..20;
+    pub(super) const HS_RESERVED: Field = 20..24;
+
+    // Frame header.
+    pub(super) const FR_TYPE: usize = 0;
+    pub(super) const FR_TAG: usize = 1;
+    pub(super) const FR_FLAGS: Field = 2..4;
+    pub(super) const FR_LEN: Field = 4..8;
+    pub(super) const FR_ID: Field = 8..16;
+
+    // RMA sub-header.
+    pub(super) const RMA_REGION: Field = 0..4;
+    pub(super) const RMA_RESERVED: Field = 4..8;
+    pub(super) const RMA_OFFSET: Field = 8..16;
+    pub(super) const RMA_LEN: Field = 16..24;
+}
+
+/// 64-bit FNV-1a hash of a job identifier (the handshake's `job` field).
+///
+/// Both sides hash the job id string they were launched with; equal hashes
+/// mean "same job". Collisions between concurrently running jobs on one
+/// network are the only way two jobs can be confused (probability about
+/// 2^-64 per pair).
+pub const fn job_hash(job: &[u8]) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET_BASIS;
+    let mut i = 0;
+    while i < job.len() {
+        hash ^= job[i] as u64;
+        hash = hash.wrapping_mul(PRIME);
+        i += 1;
+    }
+    hash
+}
+
+/// Bytes a peer sent could not be parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum WireError {
+    /// The buffer is shorter than the format needs.
+    Truncated {
+        /// Bytes the format needs.
+        needed: usize,
+        /// Bytes available.
+        got: usize,
+    },
+    /// The handshake does not start with [`MAGIC`] (not a btl peer).
+    BadMagic {
+        /// The first four bytes received.
+        found: [u8; 4],
+    },
+    /// The handshake names another protocol version than [`VERSION`].
+    BadVersion {
+        /// The version received.
+        found: u16,
+    },
+    /// Flag bits this version does not define are set (handshake: any bit;
+    /// frame header: any bit but [`FLAG_ERROR`]).
+    BadFlags {
+        /// The flags received.
+        found: u16,
+    },
+    /// A reserved field is not zero.
+    ReservedNotZero {
+        /// The value received.
+        found: u32,
+    },
+    /// The frame type byte is not a [`FrameType`].
+    BadType {
+        /// The type byte received.
+        found: u8,
+    },
+    /// The frame announces more payload than the receiver allows.
+    FrameTooLarge {
+        /// Announced payload length.
+        len: u32,
+        /// The receiver's `max_frame`.
+        max: u32,
+    },
+    /// The payload length is impossible for the frame type (a FIN or
+    /// PUT-ACK with payload, a GET whose payload is not exactly the RMA
+    /// sub-header, a PUT shorter than it).
+    BadLength {
+        /// The frame type.
+        kind: FrameType,
+        /// Announced payload length.
+        len: u32,
+    },
+    /// A SEND or FIN carries a non-zero request id.
+    UnexpectedId {
+        /// The frame type.
+        kind: FrameType,
+        /// The id received.
+        id: u64,
+    },
+    /// An RMA sub-header whose `offset + len` overflows 64 bits.
+    RmaRangeOverflow {
+        /// Offset received.
+        offset: u64,
+        /// Length received.
+        len: u64,
+    },
+    /// A PUT whose sub-header length differs from the data it carries.
+    RmaLengthMismatch {
+        /// Length in the sub-header.
+        announced: u64,
+        /// Data bytes in the frame (payload minus the sub-header).
+        carried: u32,
+    },
+    /// The stream ended inside a handshake or frame (EOF while the decoder
+    /// held a partial item).
+    UnexpectedEof,
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Truncated { needed, got } => {
+                write!(f, "truncated: {got} bytes, {needed} needed")
+            }
+            Self::BadMagic { found } => write!(
+                f,
+                "bad handshake magic {:02x}{:02x}{:02x}{:02x} (not a btl peer)",
+                found[0], found[1], found[2], found[3]
+            ),
+            Self::BadVersion { found } => {
+                write!(f, "protocol version {found}, this side speaks {VERSION}")
+            }
+            Self::BadFlags { found } => write!(f, "undefined flag bits {found:#06x}"),
+            Self::ReservedNotZero { found } => {
+                write!(f, "reserved field is {found:#010x}, not zero")
+            }
+            Self::BadType { found } => write!(f, "unknown frame type {found}"),
+            Self::FrameTooLarge { len, max } => {
+                write!(f, "frame announces {len} payload bytes, limit is {max}")
+            }
+            Self::BadLength { kind, len } => {
+                write!(f, "{kind:?} frame with impossible payload length {len}")
+            }
+            Self::UnexpectedId { kind, id } => {
+                write!(f, "{kind:?} frame with non-zero request id {id}")
+            }
+            Self::RmaRangeOverflow { offset, len } => {
+                write!(f, "RMA range {offset}+{len} overflows")
+            }
+            Self::RmaLengthMismatch { announced, carried } => {
+                write!(f, "PUT announces {announced} bytes but carries {carried}")
+            }
+            Self::UnexpectedEof => write!(f, "stream ended inside a handshake or frame"),
+        }
+    }
+}
+
+impl core::error::Error for WireError {}
+
+fn check(data: &[u8], needed: usize) -> Result<(), WireError> {
+    if data.len() < needed {
+        Err(WireError::Truncated {
+            needed,
+            got: data.len(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+fn read<const N: usize>(data: &[u8], at: field::Field) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&data[at]);
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Handshake.
+
+/// A read/write view of a handshake.
+#[derive(Debug, Clone, Copy)]
+pub struct HandshakePacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> HandshakePacket<T> {
+    /// Wraps `buffer` without checking its length: accessors panic if it is
+    /// shorter than [`HANDSHAKE_LEN`]. Prefer [`Self::new_checked`].
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+
+    /// Wraps `buffer`, which must hold at least [`HANDSHAKE_LEN`] bytes;
+    /// no accessor of the result can panic.
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let packet = Self::new_unchecked(buffer);
+        packet.check_len()?;
+        Ok(packet)
+    }
+
+    /// Checks that the buffer holds a whole handshake.
+    pub fn check_len(&self) -> Result<(), WireError> {
+        check(self.buffer.as_ref(), HANDSHAKE_LEN)
+    }
+
+    /// The wrapped buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// The magic field.
+    pub fn magic(&self) -> [u8; 4] {
+        read(self.buffer.as_ref(), field::HS_MAGIC)
+    }
+
+    /// The protocol version field.
+    pub fn version(&self) -> u16 {
+        u16::from_le_bytes(read(self.buffer.as_ref(), field::HS_VERSION))
+    }
+
+    /// The flags field.
+    pub fn flags(&self) -> u16 {
+        u16::from_le_bytes(read(self.buffer.as_ref(), field::HS_FLAGS))
+    }
+
+    /// The job hash field.
+    pub fn job(&self) -> u64 {
+        u64::from_le_bytes(read(self.buffer.as_ref(), field::HS_JOB))
+    }
+
+    /// The rank field.
+    pub fn rank(&self) -> u32 {
+        u32::from_le_bytes(read(self.buffer.as_ref(), field::HS_RANK))
+    }
+
+    /// The reserved field.
+    pub fn reserved(&self) -> u32 {
+        u32::from_le_bytes(read(self.buffer.as_ref(), field::HS_RESERVED))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> HandshakePacket<T> {
+    /// Sets the magic field.
+    pub fn set_magic(&mut self, value: [u8; 4]) {
+        self.buffer.as_mut()[field::HS_MAGIC].copy_from_slice(&value);
+    }
+
+    /// Sets the protocol version field.
+    pub fn set_version(&mut self, value: u16) {
+        self.buffer.as_mut()[field::HS_VERSION].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Sets the flags field.
+    pub fn set_flags(&mut self, value: u16) {
+        self.buffer.as_mut()[field::HS_FLAGS].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Sets the job hash field.
+    pub fn set_job(&mut self, value: u64) {
+        self.buffer.as_mut()[field::HS_JOB].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Sets the rank field.
+    pub fn set_rank(&mut self, value: u32) {
+        self.buffer.as_mut()[field::HS_RANK].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Sets the reserved field.
+    pub fn set_reserved(&mut self, value: u32) {
+        self.buffer.as_mut()[field::HS_RESERVED].copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// A validated handshake: who the sender claims to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct HandshakeRepr {
+    /// The sender's job hash ([`job_hash`] of its job id).
+    pub job: u64,
+    /// The sender's rank in the job.
+    pub rank: u32,
+}
+
+impl HandshakeRepr {
+    /// Parses a handshake: magic, version, flags (0) and reserved (0) are
+    /// checked; `job` and `rank` are left for the caller to validate
+    /// against the job (see [`super::endpoint::Incoming`]).
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &HandshakePacket<&T>) -> Result<Self, WireError> {
+        packet.check_len()?;
+        let magic = packet.magic();
+        if magic != MAGIC {
+            return Err(WireError::BadMagic { found: magic });
+        }
+        let version = packet.version();
+        if version != VERSION {
+            return Err(WireError::BadVersion { found: version });
+        }
+        let flags = packet.flags();
+        if flags != 0 {
+            return Err(WireError::BadFlags { found: flags });
+        }
+        let reserved = packet.reserved();
+        if reserved != 0 {
+            return Err(WireError::ReservedNotZero { found: reserved });
+        }
+        Ok(Self {
+            job: packet.job(),
+            rank: packet.rank(),
+        })
+    }
+
+    /// Bytes [`Self::emit`] writes: [`HANDSHAKE_LEN`].
+    pub const fn buffer_len(&self) -> usize {
+        HANDSHAKE_LEN
+    }
+
+    /// Writes the handshake (magic, [`VERSION`], zero flags and reserved).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(
+        &self,
+        packet: &mut HandshakePacket<&mut T>,
+    ) {
+        packet.set_magic(MAGIC);
+        packet.set_version(VERSION);
+        packet.set_flags(0);
+        packet.set_job(self.job);
+        packet.set_rank(self.rank);
+        packet.set_reserved(0);
+    }
+
+    /// The handshake as bytes, ready to write.
+    pub fn to_bytes(&self) -> [u8; HANDSHAKE_LEN] {
+        let mut out = [0u8; HANDSHAKE_LEN];
+        self.emit(&mut HandshakePacket::new_unchecked(&mut out[..]));
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Frame header.
+
+/// The kind of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[repr(u8)]
+pub enum FrameType {
+    /// An active message: the payload goes to the handler of `tag`.
+    Send = 1,
+    /// Write into a registered region: RMA sub-header, then the data.
+    Put = 2,
+    /// Read from a registered region: RMA sub-header only.
+    Get = 3,
+    /// The data of a GET (error flag: the GET was refused; no data).
+    GetResp = 4,
+    /// Completion of a PUT (empty; error flag: the PUT was refused).
+    PutAck = 5,
+    /// Clean close: the sender sends nothing more on this connection.
+    Fin = 6,
+}
+
+impl TryFrom<u8> for FrameType {
+    type Error = WireError;
+
+    fn try_from(value: u8) -> Result<Self, WireError> {
+        Ok(match value {
+            1 => Self::Send,
+            2 => Self::Put,
+            3 => Self::Get,
+            4 => Self::GetResp,
+            5 => Self::PutAck,
+            6 => Self::Fin,
+            found => return Err(WireError::BadType { found }),
+        })
+    }
+}
+
+/// A read/write view of a frame header.
+#[derive(Debug, Clone, Copy)]
+pub struct FrameHeader<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> FrameHeader<T> {
+    /// Wraps `buffer` without checking its length: accessors panic if it is
+    /// shorter than [`FRAME_HEADER_LEN`]. Prefer [`Self::new_checked`].
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+
+    /// Wraps `buffer`, which must hold at least [`FRAME_HEADER_LEN`] bytes;
+    /// no accessor of the result can panic.
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let header = Self::new_unchecked(buffer);
+        header.check_len()?;
+        Ok(header)
+    }
+
+    /// Checks that the buffer holds a whole frame header.
+    pub fn check_len(&self) -> Result<(), WireError> {
+        check(self.buffer.as_ref(), FRAME_HEADER_LEN)
+    }
+
+    /// The wrapped buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// The raw frame type byte.
+    pub fn frame_type(&self) -> u8 {
+        self.buffer.as_ref()[field::FR_TYPE]
+    }
+
+    /// The tag byte.
+    pub fn tag(&self) -> u8 {
+        self.buffer.as_ref()[field::FR_TAG]
+    }
+
+    /// The flags field.
+    pub fn flags(&self) -> u16 {
+        u16::from_le_bytes(read(self.buffer.as_ref(), field::FR_FLAGS))
+    }
+
+    /// The payload length field.
+    pub fn payload_len(&self) -> u32 {
+        u32::from_le_bytes(read(self.buffer.as_ref(), field::FR_LEN))
+    }
+
+    /// The request id field.
+    pub fn id(&self) -> u64 {
+        u64::from_le_bytes(read(self.buffer.as_ref(), field::FR_ID))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> FrameHeader<T> {
+    /// Sets the raw frame type byte.
+    pub fn set_frame_type(&mut self, value: u8) {
+        self.buffer.as_mut()[field::FR_TYPE] = value;
+    }
+
+    /// Sets the tag byte.
+    pub fn set_tag(&mut self, value: u8) {
+        self.buffer.as_mut()[field::FR_TAG] = value;
+    }
+
+    /// Sets the flags field.
+    pub fn set_flags(&mut self, value: u16) {
+        self.buffer.as_mut()[field::FR_FLAGS].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Sets the payload length field.
+    pub fn set_payload_len(&mut self, value: u32) {
+        self.buffer.as_mut()[field::FR_LEN].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Sets the request id field.
+    pub fn set_id(&mut self, value: u64) {
+        self.buffer.as_mut()[field::FR_ID].copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// A validated frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct FrameRepr {
+    /// The frame type.
+    pub kind: FrameType,
+    /// Active-message tag (meaningful for SEND).
+    pub tag: u8,
+    /// Error status ([`FLAG_ERROR`]).
+    pub error: bool,
+    /// Payload bytes following the header.
+    pub len: u32,
+    /// Request id: PUT/GET and their responses; 0 for SEND and FIN.
+    pub id: u64,
+}
+
+impl FrameRepr {
+    /// A SEND of `len` payload bytes to the handler of `tag`.
+    pub const fn send(tag: u8, len: u32) -> Self {
+        Self {
+            kind: FrameType::Send,
+            tag,
+            error: false,
+            len,
+            id: 0,
+        }
+    }
+
+    /// A FIN.
+    pub const fn fin() -> Self {
+        Self {
+            kind: FrameType::Fin,
+            tag: 0,
+            error: false,
+            len: 0,
+            id: 0,
+        }
+    }
+
+    /// Parses a frame header, refusing any payload length above
+    /// `max_frame` (before anything is allocated or read for it) and any
+    /// inconsistency: unknown type, undefined flag bits, a FIN or PUT-ACK
+    /// with payload, a GET whose payload is not exactly the RMA sub-header,
+    /// a PUT shorter than it, a SEND or FIN with a request id.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(
+        header: &FrameHeader<&T>,
+        max_frame: u32,
+    ) -> Result<Self, WireError> {
+        header.check_len()?;
+        let kind = FrameType::try_from(header.frame_type())?;
+        let flags = header.flags();
+        if flags & !FLAG_ERROR != 0 {
+            return Err(WireError::BadFlags { found: flags });
+        }
+        let len = header.payload_len();
+        if len > max_frame {
+            return Err(WireError::FrameTooLarge {
+                len,
+                max: max_frame,
+            });
+        }
+        let rma = RMA_HEADER_LEN as u32;
+        let len_ok = match kind {
+            FrameType::Send | FrameType::GetResp => true,
+            FrameType::Put => len >= rma,
+            FrameType::Get => len == rma,
+            FrameType::PutAck | FrameType::Fin => len == 0,
+        };
+        if !len_ok {
+            return Err(WireError::BadLength { kind, len });
+        }
+        let id = header.id();
+        if matches!(kind, FrameType::Send | FrameType::Fin) && id != 0 {
+            return Err(WireError::UnexpectedId { kind, id });
+        }
+        Ok(Self {
+            kind,
+            tag: header.tag(),
+            error: flags & FLAG_ERROR != 0,
+            len,
+            id,
+        })
+    }
+
+    /// Bytes [`Self::emit`] writes: [`FRAME_HEADER_LEN`] (the payload
+    /// follows, written by the caller).
+    pub const fn buffer_len(&self) -> usize {
+        FRAME_HEADER_LEN
+    }
+
+    /// Writes the header.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, header: &mut FrameHeader<&mut T>) {
+        header.set_frame_type(self.kind as u8);
+        header.set_tag(self.tag);
+        header.set_flags(if self.error { FLAG_ERROR } else { 0 });
+        header.set_payload_len(self.len);
+        header.set_id(self.id);
+    }
+
+    /// The header as bytes (e.g. the first `iovec` of a vectored write).
+    pub fn to_bytes(&self) -> [u8; FRAME_HEADER_LEN] {
+        let mut out = [0u8; FRAME_HEADER_LEN];
+        self.emit(&mut FrameHeader::new_unchecked(&mut out[..]));
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RMA sub-header.
+
+/// A read/write view of the RMA sub-header of a PUT or GET payload.
+#[derive(Debug, Clone, Copy)]
+pub struct RmaPacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> RmaPacket<T> {
+    /// Wraps `buffer` without checking its length: accessors panic if it is
+    /// shorter than [`RMA_HEADER_LEN`]. Prefer [`Self::new_checked`].
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+
+    /// Wraps `buffer`, which must hold at least [`RMA_HEADER_LEN`] bytes
+    /// (PUT data may follow); no accessor of the result can panic.
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let packet = Self::new_unchecked(buffer);
+        packet.check_len()?;
+        Ok(packet)
+    }
+
+    /// Checks that the buffer holds a whole sub-header.
+    pub fn check_len(&self) -> Result<(), WireError> {
+        check(self.buffer.as_ref(), RMA_HEADER_LEN)
+    }
+
+    /// The wrapped buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// The region id field.
+    pub fn region(&self) -> u32 {
+        u32::from_le_bytes(read(self.buffer.as_ref(), field::RMA_REGION))
+    }
+
+    /// The reserved field.
+    pub fn reserved(&self) -> u32 {
+        u32::from_le_bytes(read(self.buffer.as_ref(), field::RMA_RESERVED))
+    }
+
+    /// The byte offset field.
+    pub fn offset(&self) -> u64 {
+        u64::from_le_bytes(read(self.buffer.as_ref(), field::RMA_OFFSET))
+    }
+
+    /// The length field.
+    pub fn len(&self) -> u64 {
+        u64::from_le_bytes(read(self.buffer.as_ref(), field::RMA_LEN))
+    }
+
+    /// Whether the length field is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized> RmaPacket<&'a T> {
+    /// The bytes after the sub-header (a PUT's data).
+    pub fn data(&self) -> &'a [u8] {
+        &self.buffer.as_ref()[RMA_HEADER_LEN..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> RmaPacket<T> {
+    /// Sets the region id field.
+    pub fn set_region(&mut self, value: u32) {
+        self.buffer.as_mut()[field::RMA_REGION].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Sets the reserved field.
+    pub fn set_reserved(&mut self, value: u32) {
+        self.buffer.as_mut()[field::RMA_RESERVED].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Sets the byte offset field.
+    pub fn set_offset(&mut self, value: u64) {
+        self.buffer.as_mut()[field::RMA_OFFSET].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Sets the length field.
+    pub fn set_len(&mut self, value: u64) {
+        self.buffer.as_mut()[field::RMA_LEN].copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// A validated RMA sub-header: which bytes of which registered region.
+///
+/// Whether the region exists and the range lies inside it is for the
+/// target to check against its own table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct RmaRepr {
+    /// The target's region id.
+    pub region: u32,
+    /// Byte offset in the region.
+    pub offset: u64,
+    /// Bytes to write (PUT) or read (GET).
+    pub len: u64,
+}
+
+impl RmaRepr {
+    /// Parses a sub-header: reserved must be zero and `offset + len` must
+    /// not overflow.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &RmaPacket<&T>) -> Result<Self, WireError> {
+        packet.check_len()?;
+        let reserved = packet.reserved();
+        if reserved != 0 {
+            return Err(WireError::ReservedNotZero { found: reserved });
+        }
+        let (offset, len) = (packet.offset(), packet.len());
+        if offset.checked_add(len).is_none() {
+            return Err(WireError::RmaRangeOverflow { offset, len });
+        }
+        Ok(Self {
+            region: packet.region(),
+            offset,
+            len,
+        })
+    }
+
+    /// Checks this sub-header against the frame that carries it: a PUT's
+    /// `len` must equal the data it carries (payload minus sub-header);
+    /// other frame types are not checked here.
+    pub fn check_frame(&self, frame: &FrameRepr) -> Result<(), WireError> {
+        if frame.kind == FrameType::Put {
+            let carried = frame.len.saturating_sub(RMA_HEADER_LEN as u32);
+            if self.len != u64::from(carried) {
+                return Err(WireError::RmaLengthMismatch {
+                    announced: self.len,
+                    carried,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes [`Self::emit`] writes: [`RMA_HEADER_LEN`].
+    pub const fn buffer_len(&self) -> usize {
+        RMA_HEADER_LEN
+    }
+
+    /// Writes the sub-header (reserved zero).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut RmaPacket<&mut T>) {
+        packet.set_region(self.region);
+        packet.set_reserved(0);
+        packet.set_offset(self.offset);
+        packet.set_len(self.len);
+    }
+
+    /// The sub-header as bytes.
+    pub fn to_bytes(&self) -> [u8; RMA_HEADER_LEN] {
+        let mut out = [0u8; RMA_HEADER_LEN];
+        self.emit(&mut RmaPacket::new_unchecked(&mut out[..]));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// job 0x0102030405060708, rank 7.
+    const HANDSHAKE: [u8; 24] = [
+        b'B', b'T', b'L', b'T', // magic
+        0x01, 0x00, // version 1
+        0x00, 0x00, // flags
+        0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // job
+        0x07, 0x00, 0x00, 0x00, // rank
+        0x00, 0x00, 0x00, 0x00, // reserved
+    ];
+
+    /// PUT, tag 9, error flag, 0x30 payload bytes, id 0x1122334455667788.
+    const PUT_HEADER: [u8; 16] = [
+        0x02, 0x09, 0x01, 0x00, // type, tag, flags
+        0x30, 0x00, 0x00, 0x00, // len
+        0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // id
+    ];
+
+    /// region 3, offset 0x100, len 24.
+    const RMA: [u8; 24] = [
+        0x03, 0x00, 0x00, 0x00, // region
+        0x00, 0x00, 0x00, 0x00, // reserved
+        0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // offset
+        0x18, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // len
+    ];
+
+    fn parse_hs(bytes: &[u8]) -> Result<HandshakeRepr, WireError> {
+        HandshakeRepr::parse(&HandshakePacket::new_checked(bytes)?)
+    }
+
+    fn parse_frame(bytes: &[u8], max: u32) -> Result<FrameRepr, WireError> {
+        FrameRepr::parse(&FrameHeader::new_checked(bytes)?, max)
+    }
+
+    fn parse_rma(bytes: &[u8]) -> Result<RmaRepr, WireError> {
+        RmaRepr::parse(&RmaPacket::new_checked(bytes)?)
+    }
+
+    #[test]
+    fn fnv1a_fixtures() {
+        assert_eq!(job_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(job_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(job_hash(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn handshake_fixture() {
+        let repr = parse_hs(&HANDSHAKE).unwrap();
+        assert_eq!(
+            repr,
+            HandshakeRepr {
+                job: 0x0102_0304_0506_0708,
+                rank: 7
+            }
+        );
+        assert_eq!(repr.to_bytes(), HANDSHAKE);
+        assert_eq!(repr.buffer_len(), HANDSHAKE_LEN);
+        let view = HandshakePacket::new_checked(&HANDSHAKE[..]).unwrap();
+        assert_eq!(view.magic(), MAGIC);
+        assert_eq!(view.version(), 1);
+        assert_eq!((view.flags(), view.reserved()), (0, 0));
+        // Longer buffers are fine: only the first 24 bytes are read.
+        let mut long = [0xeeu8; 30];
+        long[..24].copy_from_slice(&HANDSHAKE);
+        assert_eq!(parse_hs(&long), Ok(repr));
+    }
+
+    #[test]
+    fn handshake_errors() {
+        for n in 0..HANDSHAKE_LEN {
+            assert_eq!(
+                parse_hs(&HANDSHAKE[..n]),
+                Err(WireError::Truncated { needed: 24, got: n })
+            );
+        }
+        let mut b = HANDSHAKE;
+        b[0] = b'X';
+        assert_eq!(parse_hs(&b), Err(WireError::BadMagic { found: *b"XTLT" }));
+        let mut b = HANDSHAKE;
+        b[4] = 2;
+        assert_eq!(parse_hs(&b), Err(WireError::BadVersion { found: 2 }));
+        let mut b = HANDSHAKE;
+        b[7] = 0x80;
+        assert_eq!(parse_hs(&b), Err(WireError::BadFlags { found: 0x8000 }));
+        let mut b = HANDSHAKE;
+        b[23] = 1;
+        assert_eq!(
+            parse_hs(&b),
+            Err(WireError::ReservedNotZero { found: 1 << 24 })
+        );
+        // An HTTP client or a port scanner, say.
+        assert!(matches!(
+            parse_hs(b"GET / HTTP/1.1\r\nHost: x\r\n"),
+            Err(WireError::BadMagic { .. })
+        ));
+    }
+
+    #[test]
+    fn frame_fixture() {
+        let repr = parse_frame(&PUT_HEADER, 1 << 20).unwrap();
+        assert_eq!(
+            repr,
+            FrameRepr {
+                kind: FrameType::Put,
+                tag: 9,
+                error: true,
+                len: 0x30,
+                id: 0x1122_3344_5566_7788
+            }
+        );
+        assert_eq!(repr.to_bytes(), PUT_HEADER);
+        assert_eq!(
+            FrameRepr::send(5, 3).to_bytes(),
+            [1, 5, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            FrameRepr::fin().to_bytes(),
+            [6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        // Every type round-trips.
+        for (kind, len, id) in [
+            (FrameType::Send, 0, 0),
+            (FrameType::Send, 100, 0),
+            (FrameType::Put, 24, 1),
+            (FrameType::Get, 24, 2),
+            (FrameType::GetResp, 77, 3),
+            (FrameType::PutAck, 0, 4),
+            (FrameType::Fin, 0, 0),
+        ] {
+            let r = FrameRepr {
+                kind,
+                tag: 1,
+                error: false,
+                len,
+                id,
+            };
+            assert_eq!(parse_frame(&r.to_bytes(), 100), Ok(r));
+        }
+    }
+
+    #[test]
+    fn frame_errors() {
+        for n in 0..FRAME_HEADER_LEN {
+            assert_eq!(
+                parse_frame(&PUT_HEADER[..n], 1 << 20),
+                Err(WireError::Truncated { needed: 16, got: n })
+            );
+        }
+        for t in [0u8, 7, 0x80, 0xff] {
+            let mut b = PUT_HEADER;
+            b[0] = t;
+            assert_eq!(
+                parse_frame(&b, 1 << 20),
+                Err(WireError::BadType { found: t })
+            );
+        }
+        let mut b = PUT_HEADER;
+        b[2] = 0x03;
+        assert_eq!(
+            parse_frame(&b, 1 << 20),
+            Err(WireError::BadFlags { found: 3 })
+        );
+        // 4 GiB - 1 announced: refused from the header alone.
+        let mut b = FrameRepr::send(0, 0).to_bytes();
+        b[4..8].copy_from_slice(&[0xff; 4]);
+        assert_eq!(
+            parse_frame(&b, 30 * 1024),
+            Err(WireError::FrameTooLarge {
+                len: u32::MAX,
+                max: 30 * 1024
+            })
+        );
+        assert_eq!(
+            parse_frame(&FrameRepr::send(0, 11).to_bytes(), 10),
+            Err(WireError::FrameTooLarge { len: 11, max: 10 })
+        );
+        assert!(parse_frame(&FrameRepr::send(0, 10).to_bytes(), 10).is_ok());
+        let bad_len = |kind, len| {
+            let r = FrameRepr {
+                kind,
+                tag: 0,
+                error: false,
+                len,
+                id: 1,
+            };
+            parse_frame(&r.to_bytes(), 1000)
+        };
+        assert_eq!(
+            bad_len(FrameType::Fin, 1),
+            Err(WireError::BadLength {
+                kind: FrameType::Fin,
+                len: 1
+            })
+        );
+        assert!(matches!(
+            bad_len(FrameType::PutAck, 8),
+            Err(WireError::BadLength { .. })
+        ));
+        assert!(matches!(
+            bad_len(FrameType::Get, 25),
+            Err(WireError::BadLength { .. })
+        ));
+        assert!(matches!(
+            bad_len(FrameType::Get, 0),
+            Err(WireError::BadLength { .. })
+        ));
+        assert!(matches!(
+            bad_len(FrameType::Put, 23),
+            Err(WireError::BadLength { .. })
+        ));
+        assert_eq!(
+            bad_len(FrameType::Send, 0),
+            Err(WireError::UnexpectedId {
+                kind: FrameType::Send,
+                id: 1
+            })
+        );
+        let mut fin = FrameRepr::fin().to_bytes();
+        fin[15] = 1;
+        assert!(matches!(
+            parse_frame(&fin, 10),
+            Err(WireError::UnexpectedId { .. })
+        ));
+    }
+
+    #[test]
+    fn rma_fixture() {
+        let repr = parse_rma(&RMA).unwrap();
+        assert_eq!(
+            repr,
+            RmaRepr {
+                region: 3,
+                offset: 0x100,
+                len: 24
+            }
+        );
+        assert_eq!(repr.to_bytes(), RMA);
+        let put = parse_frame(&PUT_HEADER, 1 << 20).unwrap();
+        assert_eq!(repr.check_frame(&put), Ok(()));
+        let mut payload = [0u8; 0x30];
+        payload[..24].copy_from_slice(&RMA);
+        payload[24..].fill(0xab);
+        let view = RmaPacket::new_checked(&payload[..]).unwrap();
+        assert_eq!(view.data(), &[0xab; 24]);
+        assert!(!view.is_empty());
+        let short = RmaRepr { len: 23, ..repr };
+        assert_eq!(
+            short.check_frame(&put),
+            Err(WireError::RmaLengthMismatch {
+                announced: 23,
+                carried: 24
+            })
+        );
+        let get = FrameRepr {
+            kind: FrameType::Get,
+            tag: 0,
+            error: false,
+            len: 24,
+            id: 9,
+        };
+        assert_eq!(short.check_frame(&get), Ok(()));
+    }
+
+    #[test]
+    fn rma_errors() {
+        for n in 0..RMA_HEADER_LEN {
+            assert_eq!(
+                parse_rma(&RMA[..n]),
+                Err(WireError::Truncated { needed: 24, got: n })
+            );
+        }
+        let mut b = RMA;
+        b[4] = 1;
+        assert_eq!(parse_rma(&b), Err(WireError::ReservedNotZero { found: 1 }));
+        let r = RmaRepr {
+            region: 0,
+            offset: u64::MAX,
+            len: 1,
+        };
+        assert_eq!(
+            parse_rma(&r.to_bytes()),
+            Err(WireError::RmaRangeOverflow {
+                offset: u64::MAX,
+                len: 1
+            })
+        );
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        // Every 1- and 2-byte variation of the fixtures at every position.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..if cfg!(miri) { 200 } else { 20_000 } {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut buf = [0u8; 24];
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = (x >> ((i % 8) * 8)) as u8 ^ HANDSHAKE[i];
+            }
+            let n = (x % 25) as usize;
+            let _ = parse_hs(&buf[..n]);
+            let _ = parse_frame(&buf[..n.min(20)], (x >> 40) as u32);
+            let _ = parse_rma(&buf[..n]);
+            let _ = FrameType::try_from(buf[0]);
+        }
+    }
+
+    #[test]
+    fn errors_display() {
+        use std::string::ToString;
+        assert_eq!(
+            WireError::FrameTooLarge { len: 5, max: 4 }.to_string(),
+            "frame announces 5 payload bytes, limit is 4"
+        );
+        assert!(WireError::BadMagic { found: *b"HTTP" }
+            .to_string()
+            .contains("48545450"));
+    }
+}

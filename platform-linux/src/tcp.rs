@@ -1,0 +1,1283 @@
+//! The TCP transport on Linux: kernel sockets (socket2), epoll-driven
+//! progress (rustix), and btl-core's sans-IO protocol (`btl_core::tcp`:
+//! wire formats, the incremental decoder, the endpoint state machine).
+//!
+//! - Every rank listens on one IPv4 port in `[port_min_v4,
+//!   port_min_v4 + port_range_v4)` (ports in use are skipped; no
+//!   `SO_REUSEADDR`), non-blocking, and publishes `ip:port` through the
+//!   job's wire-up ([`crate::wireup`]).
+//! - Connections open lazily on the first send to a peer; frames sent
+//!   meanwhile wait in that peer's queue (owned here; the core decides when
+//!   they may flow). A simultaneous connect keeps the connection started by
+//!   the lower rank; no queued frame is lost.
+//! - Header and payload go out in one `writev`; a read fills the decoder's
+//!   read-ahead buffer (`endpoint_cache`), from which several frames may
+//!   come. `TCP_NODELAY` unless `use_nagle`; `sndbuf`/`rcvbuf` applied.
+//! - Untrusted input: an accepted connection must identify itself (magic,
+//!   version, job, a known rank) within the handshake timeout or it is
+//!   dropped — logged once, the job goes on; a frame header announcing more
+//!   than `max_frame` bytes is refused before anything is allocated.
+//! - A peer whose connection breaks without a FIN is failed: its queued
+//!   frames are dropped and sends to it return [`TcpError::PeerFailed`]; a
+//!   FIN is a clean close.
+#![allow(clippy::too_many_lines)]
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::{self, IoSlice};
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use btl_core::tcp::decoder::{Decoder, Event};
+use btl_core::tcp::endpoint::{
+    Action, ConnId, Endpoint, EndpointState, Incoming, IncomingDecision, SendDecision,
+};
+use btl_core::tcp::params::TcpParams;
+use btl_core::tcp::wire::{job_hash, FrameRepr, FrameType, HandshakeRepr};
+use rustix::event::epoll;
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::job::JobEnv;
+use crate::wireup::{SessionWireup, WireupError};
+
+/// Largest user tag (as for shared memory).
+pub const MAX_USER_TAG: u8 = 239;
+const LISTENER: u64 = u64::MAX;
+/// Wire-up key of a rank's listen address.
+const ADDR_KEY: &str = "tcp-addr";
+
+type Handler = Box<dyn FnMut(u32, &[u8])>;
+
+/// Errors of the TCP transport.
+#[derive(Debug)]
+pub enum TcpError {
+    /// A parameter is malformed.
+    Param(String),
+    /// A socket operation failed.
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        source: io::Error,
+    },
+    /// No port free in the configured range.
+    NoPort {
+        /// First port tried.
+        min: u16,
+        /// Ports tried.
+        range: u16,
+    },
+    /// Address exchange failed.
+    Wireup(WireupError),
+    /// A peer published an address that does not parse.
+    BadAddress {
+        /// The peer.
+        peer: u32,
+    },
+    /// No such peer (or it is this rank).
+    InvalidPeer {
+        /// The rank given.
+        peer: u32,
+    },
+    /// The tag is reserved.
+    ReservedTag {
+        /// The tag.
+        tag: u8,
+    },
+    /// The message is larger than the largest frame.
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// The peer failed (connection lost without a clean close, handshake
+    /// timeout, refused identity).
+    PeerFailed {
+        /// The peer.
+        peer: u32,
+        /// Why.
+        why: String,
+    },
+    /// A blocking call timed out.
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+    },
+}
+
+impl fmt::Display for TcpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Param(e) => write!(f, "tcp parameters: {e}"),
+            Self::Io { what, source } => write!(f, "tcp: cannot {what}: {source}"),
+            Self::NoPort { min, range } => {
+                write!(
+                    f,
+                    "tcp: no free port in [{min}, {})",
+                    u32::from(*min) + u32::from(*range)
+                )
+            }
+            Self::Wireup(e) => write!(f, "tcp wire-up: {e}"),
+            Self::BadAddress { peer } => {
+                write!(f, "tcp: rank {peer} published a malformed address")
+            }
+            Self::InvalidPeer { peer } => write!(f, "tcp: no peer {peer}"),
+            Self::ReservedTag { tag } => {
+                write!(
+                    f,
+                    "tag {tag} is reserved (user tags are 0..={MAX_USER_TAG})"
+                )
+            }
+            Self::TooLarge { len, max } => {
+                write!(f, "tcp: message of {len} bytes exceeds max_frame ({max})")
+            }
+            Self::PeerFailed { peer, why } => write!(f, "tcp: peer {peer} failed: {why}"),
+            Self::Timeout { what } => write!(f, "tcp: timed out waiting for {what}"),
+        }
+    }
+}
+
+impl std::error::Error for TcpError {}
+
+fn io_err(what: &'static str) -> impl Fn(io::Error) -> TcpError {
+    move |source| TcpError::Io { what, source }
+}
+
+/// What the transport needs from the verified parameters.
+#[derive(Clone, Copy, Debug)]
+struct Config {
+    port_min: u16,
+    port_range: u16,
+    nodelay: bool,
+    sndbuf: usize,
+    rcvbuf: usize,
+    cache: usize,
+    max_frame: u32,
+    handshake_ms: u64,
+}
+
+impl Config {
+    fn from(p: &TcpParams) -> Self {
+        let port_min = u16::try_from(p.port_min_v4).unwrap_or(1024).max(1);
+        let default_range = 65535 - port_min;
+        let port_range = p
+            .port_range_v4
+            .and_then(|r| u16::try_from(r).ok())
+            .unwrap_or(default_range)
+            .clamp(1, 65535 - port_min + 1);
+        Self {
+            port_min,
+            port_range,
+            nodelay: !p.use_nagle,
+            sndbuf: usize::try_from(p.sndbuf).unwrap_or(0),
+            rcvbuf: usize::try_from(p.rcvbuf).unwrap_or(0),
+            cache: usize::try_from(p.endpoint_cache)
+                .unwrap_or(30 * 1024)
+                .max(64),
+            max_frame: p.max_frame.unwrap_or(p.max_send_size).max(p.max_send_size),
+            handshake_ms: u64::from(p.handshake_timeout),
+        }
+    }
+}
+
+/// Reads the `tcp` parameters from the environment (`BTL_TCP_*`,
+/// `OMPI_MCA_btl_tcp_*`) over the defaults, and verifies them.
+pub fn params_from_env() -> Result<TcpParams, TcpError> {
+    let mut p = TcpParams::default();
+    for (k, v) in std::env::vars_os() {
+        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+            continue;
+        };
+        p.set_from_env_var(k, v)
+            .map_err(|e| TcpError::Param(e.to_string()))?;
+    }
+    p.verify().map_err(|e| TcpError::Param(e.to_string()))?;
+    Ok(p)
+}
+
+/// One socket: a connection in any state.
+struct Conn {
+    sock: Socket,
+    /// The peer, once known (our connect, or an identified incoming).
+    peer: Option<u32>,
+    /// An accepted connection that has not identified itself yet.
+    incoming: Option<Incoming>,
+    /// Our connect is in progress (waiting for writability).
+    connecting: bool,
+    dec: Decoder<Box<[u8]>>,
+    /// Bytes to write, in order, and how much of the first is written.
+    out: VecDeque<Vec<u8>>,
+    out_off: usize,
+    write_armed: bool,
+    /// The frame being received: header and payload so far.
+    cur: Option<FrameRepr>,
+    payload: Vec<u8>,
+    /// Drop once `out` is written.
+    close_after_write: bool,
+    /// Peer address, for logs.
+    addr: String,
+}
+
+struct Peer {
+    ep: Endpoint,
+    /// Frames waiting for a connection.
+    queue: VecDeque<Vec<u8>>,
+    addr: Option<SocketAddr>,
+    failed: Option<String>,
+}
+
+/// The TCP transport of one process.
+pub struct Tcp {
+    me: u32,
+    n: u32,
+    job: u64,
+    cfg: Config,
+    epoll: OwnedFd,
+    listener: Socket,
+    local: SocketAddr,
+    conns: HashMap<u32, Conn>,
+    next_conn: u32,
+    peers: Vec<Peer>,
+    handlers: Vec<Option<Handler>>,
+    start: Instant,
+    events: Vec<epoll::Event>,
+    timeout: Duration,
+    /// Connections dropped for bad input (for tests and diagnostics).
+    rejected: u64,
+    barrier_epoch: u64,
+    barrier_arrivals: HashMap<u64, u32>,
+    /// Messages being reassembled, per sender: (tag, total, bytes so far).
+    partial: HashMap<u32, (u8, u64, Vec<u8>)>,
+}
+
+impl fmt::Debug for Tcp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tcp")
+            .field("me", &self.me)
+            .field("n", &self.n)
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+const TAG_BARRIER: u8 = 253;
+/// Internal tag of a chunk of a message larger than one frame: a 16-byte
+/// header (user tag u8, 7 bytes zero, total length u64, little endian) on
+/// the first chunk only, then data; chunks of one message follow each
+/// other on the connection (one connection per peer, in order).
+const TAG_CHUNK: u8 = 254;
+const CHUNK_HEADER: usize = 16;
+/// Largest message the receiving side reassembles (1 GiB).
+pub const MAX_MESSAGE: u64 = 1 << 30;
+
+/// Binds a non-blocking IPv4 listener on `ip` within the port range,
+/// skipping ports in use (no `SO_REUSEADDR`).
+fn listen_in_range(ip: IpAddr, cfg: &Config) -> Result<Socket, TcpError> {
+    for i in 0..u32::from(cfg.port_range) {
+        let port = u32::from(cfg.port_min) + i;
+        let Ok(port) = u16::try_from(port) else { break };
+        let domain = if ip.is_ipv4() {
+            Domain::IPV4
+        } else {
+            Domain::IPV6
+        };
+        let sock = Socket::new(domain, Type::STREAM.cloexec(), Some(Protocol::TCP))
+            .map_err(io_err("create a listening socket"))?;
+        if ip.is_ipv6() {
+            sock.set_only_v6(true).map_err(io_err("set IPV6_V6ONLY"))?;
+        }
+        match sock.bind(&SockAddr::from(SocketAddr::new(ip, port))) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+            Err(e) => {
+                return Err(TcpError::Io {
+                    what: "bind the listening socket",
+                    source: e,
+                })
+            }
+        }
+        sock.listen(1024).map_err(io_err("listen"))?;
+        sock.set_nonblocking(true)
+            .map_err(io_err("make the listener non-blocking"))?;
+        return Ok(sock);
+    }
+    Err(TcpError::NoPort {
+        min: cfg.port_min,
+        range: cfg.port_range,
+    })
+}
+
+fn tune(sock: &Socket, cfg: &Config) -> io::Result<()> {
+    sock.set_nonblocking(true)?;
+    sock.set_nodelay(cfg.nodelay)?;
+    if cfg.sndbuf > 0 {
+        sock.set_send_buffer_size(cfg.sndbuf)?;
+    }
+    if cfg.rcvbuf > 0 {
+        sock.set_recv_buffer_size(cfg.rcvbuf)?;
+    }
+    Ok(())
+}
+
+fn frame_bytes(repr: &FrameRepr, payload: &[&[u8]]) -> Vec<u8> {
+    let len: usize = payload.iter().map(|p| p.len()).sum();
+    let mut v = Vec::with_capacity(16 + len);
+    v.extend_from_slice(&repr.to_bytes());
+    for p in payload {
+        v.extend_from_slice(p);
+    }
+    v
+}
+
+impl Tcp {
+    /// Joins the job's TCP transport: listens (on `bind` — loopback for a
+    /// single machine, the selected interface's address otherwise),
+    /// publishes the address through the session directory and reads every
+    /// peer's. Connections open lazily.
+    pub fn init(job: &JobEnv, params: TcpParams, bind: IpAddr) -> Result<Tcp, TcpError> {
+        let cfg = Config::from(&params);
+        let listener = listen_in_range(bind, &cfg)?;
+        let local = listener
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .ok_or(TcpError::Io {
+                what: "read the listening address",
+                source: io::Error::other("not an inet address"),
+            })?;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| TcpError::Io {
+            what: "create an epoll instance",
+            source: e.into(),
+        })?;
+        epoll::add(
+            &epoll,
+            listener.as_fd(),
+            epoll::EventData::new_u64(LISTENER),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|e| TcpError::Io {
+            what: "register the listener",
+            source: e.into(),
+        })?;
+        let wireup = SessionWireup::new(&job.session_dir, job.rank);
+        wireup
+            .publish(ADDR_KEY, local.to_string().as_bytes())
+            .map_err(TcpError::Wireup)?;
+        let others: Vec<u32> = (0..job.size).collect();
+        let addrs = wireup
+            .get_all(&others, ADDR_KEY, Duration::from_secs(60))
+            .map_err(TcpError::Wireup)?;
+        let jh = job_hash(job.job.as_bytes());
+        let mut peers = Vec::with_capacity(job.size as usize);
+        for (r, a) in addrs.iter().enumerate() {
+            let addr = std::str::from_utf8(a)
+                .ok()
+                .and_then(|s| s.trim().parse::<SocketAddr>().ok())
+                .ok_or(TcpError::BadAddress { peer: r as u32 })?;
+            peers.push(Peer {
+                ep: Endpoint::new(job.rank, r as u32, jh, cfg.handshake_ms),
+                queue: VecDeque::new(),
+                addr: Some(addr),
+                failed: None,
+            });
+        }
+        Ok(Tcp {
+            me: job.rank,
+            n: job.size,
+            job: jh,
+            cfg,
+            epoll,
+            listener,
+            local,
+            conns: HashMap::new(),
+            next_conn: 0,
+            peers,
+            handlers: (0..256).map(|_| None).collect(),
+            start: Instant::now(),
+            events: Vec::with_capacity(64),
+            timeout: Duration::from_secs(300),
+            rejected: 0,
+            barrier_epoch: 0,
+            barrier_arrivals: HashMap::new(),
+            partial: HashMap::new(),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.me
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> u32 {
+        self.n
+    }
+
+    /// The address this rank listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Connections dropped because the other side sent something invalid
+    /// (bad handshake, unknown identity, oversized frame, timeout).
+    pub fn rejected_connections(&self) -> u64 {
+        self.rejected
+    }
+
+    /// Peers that failed so far, with the reason.
+    pub fn failed_peers(&self) -> Vec<(u32, String)> {
+        self.peers
+            .iter()
+            .enumerate()
+            .filter_map(|(r, p)| p.failed.clone().map(|w| (r as u32, w)))
+            .collect()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Registers `handler` for `tag` (as for shared memory).
+    pub fn on(
+        &mut self,
+        tag: u8,
+        handler: impl FnMut(u32, &[u8]) + 'static,
+    ) -> Result<(), TcpError> {
+        if tag > MAX_USER_TAG {
+            return Err(TcpError::ReservedTag { tag });
+        }
+        self.handlers[usize::from(tag)] = Some(Box::new(handler));
+        Ok(())
+    }
+
+    fn register(
+        &mut self,
+        sock: Socket,
+        peer: Option<u32>,
+        incoming: Option<Incoming>,
+        connecting: bool,
+        addr: String,
+    ) -> Result<ConnId, TcpError> {
+        let id = self.next_conn;
+        self.next_conn = self.next_conn.wrapping_add(1);
+        let flags = if connecting {
+            epoll::EventFlags::OUT
+        } else {
+            epoll::EventFlags::IN
+        };
+        epoll::add(
+            &self.epoll,
+            sock.as_fd(),
+            epoll::EventData::new_u64(u64::from(id)),
+            flags,
+        )
+        .map_err(|e| TcpError::Io {
+            what: "register a connection",
+            source: e.into(),
+        })?;
+        let dec = if incoming.is_some() || connecting {
+            Decoder::expecting_handshake(vec![0u8; self.cfg.cache].into_boxed_slice())
+        } else {
+            Decoder::new(vec![0u8; self.cfg.cache].into_boxed_slice())
+        }
+        .map_err(|e| TcpError::Param(e.to_string()))?;
+        self.conns.insert(
+            id,
+            Conn {
+                sock,
+                peer,
+                incoming,
+                connecting,
+                dec,
+                out: VecDeque::new(),
+                out_off: 0,
+                write_armed: connecting,
+                cur: None,
+                payload: Vec::new(),
+                close_after_write: false,
+                addr,
+            },
+        );
+        Ok(ConnId(id))
+    }
+
+    fn drop_conn(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.remove(&id.0) {
+            let _ = epoll::delete(&self.epoll, c.sock.as_fd());
+        }
+    }
+
+    fn start_connect(&mut self, peer: u32) -> Result<(), TcpError> {
+        let Some(addr) = self.peers[peer as usize].addr else {
+            return Err(TcpError::BadAddress { peer });
+        };
+        let domain = if addr.is_ipv4() {
+            Domain::IPV4
+        } else {
+            Domain::IPV6
+        };
+        let sock = Socket::new(domain, Type::STREAM.cloexec(), Some(Protocol::TCP))
+            .map_err(io_err("create a socket"))?;
+        tune(&sock, &self.cfg).map_err(io_err("configure a socket"))?;
+        // Outgoing connections leave from the address we listen on (the
+        // selected interface).
+        let _ = sock.bind(&SockAddr::from(SocketAddr::new(self.local.ip(), 0)));
+        match sock.connect(&SockAddr::from(addr)) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => {
+                let a = self.peers[peer as usize]
+                    .ep
+                    .on_connect_failed(ConnId(u32::MAX));
+                self.apply(peer, a);
+                return Err(TcpError::Io {
+                    what: "connect",
+                    source: e,
+                });
+            }
+        }
+        self.register(sock, Some(peer), None, true, addr.to_string())?;
+        Ok(())
+    }
+
+    /// Carries out an endpoint action for `peer`.
+    fn apply(&mut self, peer: u32, action: Action) {
+        match action {
+            Action::None => {}
+            Action::SendHandshake { conn, repr } => {
+                self.queue_bytes(conn, repr.to_bytes().to_vec());
+            }
+            Action::FlushQueue { conn } => {
+                let q = std::mem::take(&mut self.peers[peer as usize].queue);
+                for f in q {
+                    self.queue_bytes(conn, f);
+                }
+            }
+            Action::SendFin { conn } => {
+                self.queue_bytes(conn, FrameRepr::fin().to_bytes().to_vec());
+                if let Some(c) = self.conns.get_mut(&conn.0) {
+                    c.close_after_write = true;
+                }
+            }
+            Action::Close { conn } => {
+                let pending = self.conns.get(&conn.0).is_some_and(|c| !c.out.is_empty());
+                if pending {
+                    if let Some(c) = self.conns.get_mut(&conn.0) {
+                        c.close_after_write = true;
+                    }
+                } else {
+                    self.drop_conn(conn);
+                }
+            }
+            Action::Fail { close, reason } => {
+                if let Some(c) = close {
+                    self.drop_conn(c);
+                }
+                let p = &mut self.peers[peer as usize];
+                if !p.queue.is_empty() {
+                    log::warn!(
+                        "tcp: dropping {} queued frames to failed peer {peer}",
+                        p.queue.len()
+                    );
+                }
+                p.queue.clear();
+                p.failed = Some(reason.to_string());
+                log::error!("tcp: peer {peer} failed: {reason}");
+            }
+        }
+    }
+
+    /// Appends bytes to a connection's output and tries to write.
+    fn queue_bytes(&mut self, conn: ConnId, bytes: Vec<u8>) {
+        if let Some(c) = self.conns.get_mut(&conn.0) {
+            c.out.push_back(bytes);
+        }
+        self.flush_conn(conn);
+    }
+
+    /// Writes as much of a connection's output as the socket takes, arming
+    /// EPOLLOUT for the rest.
+    fn flush_conn(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return;
+        };
+        if c.connecting {
+            return;
+        }
+        let mut failed = false;
+        while let Some(front) = c.out.front() {
+            let slices: Vec<IoSlice<'_>> = c
+                .out
+                .iter()
+                .take(64)
+                .enumerate()
+                .map(|(i, b)| IoSlice::new(if i == 0 { &front[c.out_off..] } else { b }))
+                .collect();
+            match c.sock.send_vectored(&slices) {
+                Ok(mut n) => {
+                    while n > 0 {
+                        let Some(f) = c.out.front() else { break };
+                        let left = f.len() - c.out_off;
+                        if n >= left {
+                            n -= left;
+                            c.out.pop_front();
+                            c.out_off = 0;
+                        } else {
+                            c.out_off += n;
+                            n = 0;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        let want = !c.out.is_empty();
+        if want != c.write_armed && !failed {
+            c.write_armed = want;
+            let flags = if want {
+                epoll::EventFlags::IN | epoll::EventFlags::OUT
+            } else {
+                epoll::EventFlags::IN
+            };
+            let _ = epoll::modify(
+                &self.epoll,
+                c.sock.as_fd(),
+                epoll::EventData::new_u64(u64::from(conn.0)),
+                flags,
+            );
+        }
+        if failed {
+            self.conn_broken(conn, false);
+        } else if c.out.is_empty() && c.close_after_write {
+            self.drop_conn(conn);
+        }
+    }
+}
+
+impl Tcp {
+    /// A connection broke (error or EOF): tell its endpoint, or just drop
+    /// it if it never identified itself.
+    fn conn_broken(&mut self, conn: ConnId, eof_clean_possible: bool) {
+        let Some(c) = self.conns.get(&conn.0) else {
+            return;
+        };
+        let has_partial = c.dec.has_partial() || c.cur.is_some();
+        match c.peer {
+            Some(peer) if c.incoming.is_none() => {
+                let a = if eof_clean_possible {
+                    self.peers[peer as usize].ep.on_eof(conn, has_partial)
+                } else {
+                    self.peers[peer as usize].ep.on_error(conn)
+                };
+                self.drop_conn(conn);
+                let a = match a {
+                    Action::Close { conn: c2 } if c2 == conn => Action::None,
+                    Action::Fail {
+                        close: Some(c2),
+                        reason,
+                    } if c2 == conn => Action::Fail {
+                        close: None,
+                        reason,
+                    },
+                    other => other,
+                };
+                self.apply(peer, a);
+            }
+            _ => self.drop_conn(conn),
+        }
+    }
+
+    fn reject(&mut self, conn: ConnId, why: &dyn fmt::Display) {
+        let addr = self
+            .conns
+            .get(&conn.0)
+            .map(|c| c.addr.clone())
+            .unwrap_or_default();
+        log::warn!("tcp: dropped connection from {addr}: {why}");
+        self.rejected += 1;
+        self.drop_conn(conn);
+    }
+
+    fn accept_all(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            match self.listener.accept() {
+                Ok((sock, addr)) => {
+                    n += 1;
+                    let addr = addr.as_socket().map(|a| a.to_string()).unwrap_or_default();
+                    if let Err(e) = tune(&sock, &self.cfg) {
+                        log::warn!("tcp: cannot configure a connection from {addr}: {e}");
+                        continue;
+                    }
+                    let inc = Incoming::new(self.now_ms(), self.cfg.handshake_ms);
+                    if let Err(e) = self.register(sock, None, Some(inc), false, addr) {
+                        log::warn!("{e}");
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    log::warn!("tcp: accept failed: {e}");
+                    break;
+                }
+            }
+        }
+        n
+    }
+
+    /// Reads what the socket has (bounded), decoding every complete item.
+    fn read_conn(&mut self, conn: ConnId) -> usize {
+        let mut events = 0;
+        for _ in 0..16 {
+            let Some(c) = self.conns.get_mut(&conn.0) else {
+                return events;
+            };
+            let spare = c.dec.spare();
+            let r = io::Read::read(&mut &c.sock, spare);
+            match r {
+                Ok(0) => {
+                    self.conn_broken(conn, true);
+                    return events;
+                }
+                Ok(n) => {
+                    c.dec.filled(n);
+                    events += self.decode(conn);
+                    let full = n == self.conns.get(&conn.0).map_or(0, |c| c.dec.capacity());
+                    if !full {
+                        // Drained what the socket had (probably): stop here,
+                        // epoll says when there is more.
+                        return events;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return events,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.conn_broken(conn, false);
+                    return events;
+                }
+            }
+        }
+        events
+    }
+
+    /// Drains the decoder of `conn`.
+    fn decode(&mut self, conn: ConnId) -> usize {
+        enum Todo {
+            Nothing,
+            Handshake(HandshakeRepr, bool, Option<u32>),
+            Frame(u32, FrameRepr, Vec<u8>),
+            Error(btl_core::tcp::wire::WireError, Option<u32>),
+        }
+        let mut events = 0;
+        let max_frame = self.cfg.max_frame;
+        loop {
+            let todo = {
+                let Some(c) = self.conns.get_mut(&conn.0) else {
+                    return events;
+                };
+                match c.dec.next_event(max_frame) {
+                    None => return events,
+                    Some(Err(e)) => Todo::Error(e, c.peer.filter(|_| c.incoming.is_none())),
+                    Some(Ok(Event::Payload(bytes))) => {
+                        c.payload.extend_from_slice(bytes);
+                        Todo::Nothing
+                    }
+                    Some(Ok(Event::Header(h))) => {
+                        c.cur = Some(h);
+                        c.payload.clear();
+                        // `len` is at most max_frame (checked by the decoder).
+                        c.payload.reserve(h.len as usize);
+                        Todo::Nothing
+                    }
+                    Some(Ok(Event::Handshake(r))) => {
+                        Todo::Handshake(r, c.incoming.is_some(), c.peer)
+                    }
+                    Some(Ok(Event::FrameEnd)) => match (c.cur.take(), c.peer) {
+                        (Some(h), Some(p)) if c.incoming.is_none() => {
+                            Todo::Frame(p, h, std::mem::take(&mut c.payload))
+                        }
+                        _ => Todo::Nothing,
+                    },
+                }
+            };
+            events += 1;
+            match todo {
+                Todo::Nothing => {}
+                Todo::Error(e, Some(peer)) => {
+                    log::warn!("tcp: bad frame from peer {peer}: {e}");
+                    let a = self.peers[peer as usize].ep.on_protocol_error(conn, e);
+                    self.apply(peer, a);
+                    self.drop_conn(conn);
+                    return events;
+                }
+                Todo::Error(e, None) => {
+                    self.reject(conn, &e);
+                    return events;
+                }
+                Todo::Handshake(repr, true, _) => self.on_incoming_handshake(conn, repr),
+                Todo::Handshake(repr, false, Some(peer)) => {
+                    let a = self.peers[peer as usize].ep.on_handshake(conn, repr);
+                    self.apply(peer, a);
+                }
+                Todo::Handshake(_, false, None) => {}
+                Todo::Frame(peer, h, payload) => {
+                    self.on_frame(conn, peer, h, &payload);
+                    if let Some(c) = self.conns.get_mut(&conn.0) {
+                        c.payload = payload;
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_incoming_handshake(&mut self, conn: ConnId, repr: HandshakeRepr) {
+        let (me, n, job) = (self.me, self.n, self.job);
+        let verdict = {
+            let Some(c) = self.conns.get_mut(&conn.0) else {
+                return;
+            };
+            let Some(inc) = c.incoming.as_mut() else {
+                return;
+            };
+            let v = inc.on_handshake(repr, job, me, n);
+            if let Ok(peer) = v {
+                c.peer = Some(peer);
+                c.incoming = None;
+            }
+            v
+        };
+        let peer = match verdict {
+            Err(reason) => return self.reject(conn, &reason),
+            Ok(peer) => peer,
+        };
+        match self.peers[peer as usize].ep.on_incoming(conn, repr) {
+            IncomingDecision::Accept {
+                conn,
+                reply,
+                close_ours,
+            } => {
+                if let Some(o) = close_ours {
+                    self.drop_conn(o);
+                }
+                self.queue_bytes(conn, reply.to_bytes().to_vec());
+                self.apply(peer, Action::FlushQueue { conn });
+            }
+            IncomingDecision::Refuse { conn, reason } => {
+                self.reject(conn, &format_args!("it claims to be rank {peer}: {reason}"));
+            }
+        }
+    }
+
+    fn on_frame(&mut self, conn: ConnId, peer: u32, h: FrameRepr, payload: &[u8]) {
+        match h.kind {
+            FrameType::Send if h.tag == TAG_CHUNK => self.on_chunk(peer, payload),
+            FrameType::Send if h.tag == TAG_BARRIER => {
+                if let Ok(b) = <[u8; 8]>::try_from(payload) {
+                    *self
+                        .barrier_arrivals
+                        .entry(u64::from_le_bytes(b))
+                        .or_insert(0) += 1;
+                }
+            }
+            FrameType::Send => match self
+                .handlers
+                .get_mut(usize::from(h.tag))
+                .and_then(Option::as_mut)
+            {
+                Some(handler) => handler(peer, payload),
+                None => log::warn!(
+                    "tcp: message from {peer} with tag {}, which has no handler",
+                    h.tag
+                ),
+            },
+            FrameType::Fin => {
+                let a = self.peers[peer as usize].ep.on_fin(conn);
+                self.apply(peer, a);
+            }
+            other => log::warn!("tcp: {other:?} frames are not served by this version; ignored"),
+        }
+    }
+
+    fn timers(&mut self) {
+        let now = self.now_ms();
+        let expired: Vec<u32> = self
+            .conns
+            .iter_mut()
+            .filter_map(|(&id, c)| {
+                let inc = c.incoming.as_mut()?;
+                inc.on_timer(now).then_some(id)
+            })
+            .collect();
+        for id in expired {
+            self.reject(ConnId(id), &"no handshake within the handshake timeout");
+        }
+        for peer in 0..self.n {
+            let ep = &mut self.peers[peer as usize].ep;
+            if ep.deadline().is_some_and(|d| now >= d) {
+                let a = ep.on_timer(now);
+                self.apply(peer, a);
+            }
+        }
+    }
+
+    /// One pass of progress: waits up to `timeout` for socket events
+    /// (zero: just poll), handles them, checks timers. Returns the number
+    /// of events handled.
+    pub fn progress_timeout(&mut self, timeout: Duration) -> usize {
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        let ts = rustix::time::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let _ = epoll::wait(
+            &self.epoll,
+            rustix::buffer::spare_capacity(&mut events),
+            Some(&ts),
+        );
+        let mut n = 0;
+        for ev in &events {
+            let (flags, data) = (ev.flags, ev.data);
+            let token = data.u64();
+            if token == LISTENER {
+                n += self.accept_all();
+                continue;
+            }
+            let conn = ConnId(token as u32);
+            n += 1;
+            if flags.contains(epoll::EventFlags::OUT) {
+                self.on_writable(conn);
+            }
+            if flags
+                .intersects(epoll::EventFlags::IN | epoll::EventFlags::HUP | epoll::EventFlags::ERR)
+            {
+                n += self.read_conn(conn);
+            }
+        }
+        self.events = events;
+        self.timers();
+        n
+    }
+
+    /// One non-blocking pass of progress.
+    pub fn progress(&mut self) -> usize {
+        self.progress_timeout(Duration::ZERO)
+    }
+
+    fn on_writable(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return;
+        };
+        if c.connecting {
+            c.connecting = false;
+            let peer = c.peer.unwrap_or(0);
+            let err = c.sock.take_error().ok().flatten();
+            if let Some(e) = err {
+                log::debug!("tcp: connect to {peer} failed: {e}");
+                let a = self.peers[peer as usize].ep.on_connect_failed(conn);
+                self.drop_conn(conn);
+                self.apply(peer, a);
+                return;
+            }
+            let now = self.now_ms();
+            let a = self.peers[peer as usize].ep.on_connected(conn, now);
+            self.apply(peer, a);
+        }
+        self.flush_conn(conn);
+    }
+}
+
+impl Tcp {
+    /// Sends `data` to rank `peer` with `tag` (one frame, at most
+    /// `max_frame` bytes). The connection opens on the first send; until it
+    /// is up the frame waits in the peer's queue. Returns once the bytes are
+    /// written or queued (`data` may be reused).
+    pub fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), TcpError> {
+        if tag > MAX_USER_TAG {
+            return Err(TcpError::ReservedTag { tag });
+        }
+        let max = self.cfg.max_frame as usize;
+        if data.len() <= max {
+            return self.send_frame(peer, tag, data);
+        }
+        if data.len() as u64 > MAX_MESSAGE {
+            return Err(TcpError::TooLarge {
+                len: data.len(),
+                max: MAX_MESSAGE as u32,
+            });
+        }
+        // Larger than a frame: chunks on the internal tag.
+        let mut first = [0u8; CHUNK_HEADER];
+        first[0] = tag;
+        first[8..16].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        let step = max - CHUNK_HEADER;
+        let mut buf = Vec::with_capacity(max);
+        buf.extend_from_slice(&first);
+        buf.extend_from_slice(&data[..step]);
+        self.send_frame(peer, TAG_CHUNK, &buf)?;
+        for chunk in data[step..].chunks(max) {
+            self.send_frame(peer, TAG_CHUNK, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// A chunk of a large message arrived.
+    fn on_chunk(&mut self, peer: u32, payload: &[u8]) {
+        let entry = match self.partial.remove(&peer) {
+            Some(e) => Some(e),
+            None => {
+                let Some(h) = payload.get(..CHUNK_HEADER) else {
+                    log::warn!("tcp: short chunk header from {peer}");
+                    return;
+                };
+                let tag = h[0];
+                let total = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
+                if tag > MAX_USER_TAG || total > MAX_MESSAGE {
+                    log::warn!(
+                        "tcp: chunked message from {peer} with tag {tag}, length {total}: refused"
+                    );
+                    return;
+                }
+                let mut v = Vec::with_capacity(total as usize);
+                v.extend_from_slice(&payload[CHUNK_HEADER..]);
+                if v.len() as u64 > total {
+                    log::warn!("tcp: chunk from {peer} longer than its message");
+                    return;
+                }
+                self.partial.insert(peer, (tag, total, v));
+                None
+            }
+        };
+        if let Some((tag, total, mut v)) = entry {
+            if v.len() as u64 + payload.len() as u64 > total {
+                log::warn!("tcp: chunk from {peer} overruns its message; dropped");
+                return;
+            }
+            v.extend_from_slice(payload);
+            self.partial.insert(peer, (tag, total, v));
+        }
+        if self
+            .partial
+            .get(&peer)
+            .is_some_and(|(_, t, v)| v.len() as u64 == *t)
+        {
+            if let Some((tag, _, v)) = self.partial.remove(&peer) {
+                match self
+                    .handlers
+                    .get_mut(usize::from(tag))
+                    .and_then(Option::as_mut)
+                {
+                    Some(h) => h(peer, &v),
+                    None => {
+                        log::warn!("tcp: message from {peer} with tag {tag}, which has no handler")
+                    }
+                }
+            }
+        }
+    }
+
+    fn send_frame(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), TcpError> {
+        if peer >= self.n || peer == self.me {
+            return Err(TcpError::InvalidPeer { peer });
+        }
+        let len = u32::try_from(data.len())
+            .ok()
+            .filter(|&l| l <= self.cfg.max_frame)
+            .ok_or(TcpError::TooLarge {
+                len: data.len(),
+                max: self.cfg.max_frame,
+            })?;
+        let repr = FrameRepr::send(tag, len);
+        let now = self.now_ms();
+        match self.peers[peer as usize].ep.on_send_request(now) {
+            SendDecision::SendNow { conn } => self.write_frame(conn, &repr, data),
+            SendDecision::Queue => {
+                self.peers[peer as usize]
+                    .queue
+                    .push_back(frame_bytes(&repr, &[data]));
+                Ok(())
+            }
+            SendDecision::QueueAndConnect => {
+                self.peers[peer as usize]
+                    .queue
+                    .push_back(frame_bytes(&repr, &[data]));
+                self.start_connect(peer)
+            }
+            SendDecision::Refuse(reason) => Err(TcpError::PeerFailed {
+                peer,
+                why: reason.to_string(),
+            }),
+        }
+    }
+
+    /// Header and payload in one `writev` when nothing is queued ahead;
+    /// whatever the socket does not take is queued.
+    fn write_frame(&mut self, conn: ConnId, repr: &FrameRepr, data: &[u8]) -> Result<(), TcpError> {
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return Err(TcpError::Io {
+                what: "find the connection",
+                source: io::Error::other("connection vanished"),
+            });
+        };
+        let hdr = repr.to_bytes();
+        if !c.out.is_empty() || c.connecting {
+            c.out.push_back(frame_bytes(repr, &[data]));
+            self.flush_conn(conn);
+            return Ok(());
+        }
+        let total = hdr.len() + data.len();
+        let mut written = 0usize;
+        loop {
+            let bufs: [IoSlice<'_>; 2] = if written < hdr.len() {
+                [IoSlice::new(&hdr[written..]), IoSlice::new(data)]
+            } else {
+                [
+                    IoSlice::new(&data[written - hdr.len()..]),
+                    IoSlice::new(&[]),
+                ]
+            };
+            match c.sock.send_vectored(&bufs) {
+                Ok(n) => {
+                    written += n;
+                    if written >= total {
+                        return Ok(());
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.conn_broken(conn, false);
+                    return Ok(());
+                }
+            }
+        }
+        let mut rest = Vec::with_capacity(total - written);
+        if written < hdr.len() {
+            rest.extend_from_slice(&hdr[written..]);
+            rest.extend_from_slice(data);
+        } else {
+            rest.extend_from_slice(&data[written - hdr.len()..]);
+        }
+        c.out.push_back(rest);
+        self.flush_conn(conn);
+        Ok(())
+    }
+
+    /// Progresses until `done(self)`, busy-polling for a while (the
+    /// latency-sensitive case), then blocking in `epoll_wait` for up to a
+    /// millisecond at a time. `peer`'s failure ends the wait.
+    pub fn wait_until(
+        &mut self,
+        what: &'static str,
+        peer: Option<u32>,
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<(), TcpError> {
+        let start = Instant::now();
+        let mut idle = 0u32;
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            if let Some(p) = peer {
+                if let Some(why) = self.peers.get(p as usize).and_then(|x| x.failed.clone()) {
+                    return Err(TcpError::PeerFailed { peer: p, why });
+                }
+            }
+            let t = if idle < 2000 {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(1)
+            };
+            if self.progress_timeout(t) > 0 {
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+                if idle % 256 == 0 && start.elapsed() > self.timeout {
+                    return Err(TcpError::Timeout { what });
+                }
+            }
+        }
+    }
+
+    /// Waits until every other rank has called `barrier` as often.
+    pub fn barrier(&mut self) -> Result<(), TcpError> {
+        self.barrier_epoch += 1;
+        let epoch = self.barrier_epoch;
+        let me = self.me;
+        for peer in (0..self.n).filter(|&p| p != me) {
+            self.send_frame(peer, TAG_BARRIER, &epoch.to_le_bytes())?;
+        }
+        let need = self.n - 1;
+        self.wait_until("the other ranks at a barrier", None, |t| {
+            let failed = t.peers.iter().filter(|p| p.failed.is_some()).count() as u32;
+            t.barrier_arrivals.get(&epoch).copied().unwrap_or(0) + failed >= need
+        })?;
+        self.barrier_arrivals.remove(&epoch);
+        Ok(())
+    }
+
+    /// Progresses until every queued byte is written.
+    pub fn flush(&mut self) -> Result<(), TcpError> {
+        self.wait_until("queued frames to be written", None, |t| {
+            t.peers
+                .iter()
+                .all(|p| p.queue.is_empty() || p.failed.is_some())
+                && t.conns.values().all(|c| c.out.is_empty())
+        })
+    }
+}
+
+impl Drop for Tcp {
+    fn drop(&mut self) {
+        // Clean close: FIN on every established connection, written before
+        // the sockets go.
+        for peer in 0..self.n {
+            if self.peers[peer as usize].ep.state() == EndpointState::Connected {
+                let a = self.peers[peer as usize].ep.close();
+                self.apply(peer, a);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.conns.values().any(|c| !c.out.is_empty()) && Instant::now() < deadline {
+            self.progress_timeout(Duration::from_millis(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    #[test]
+    fn listener_skips_ports_in_use() {
+        let cfg = Config::from(&TcpParams::default());
+        let a = listen_in_range(IpAddr::V4(Ipv4Addr::LOCALHOST), &cfg).unwrap();
+        let pa = a.local_addr().unwrap().as_socket().unwrap().port();
+        let cfg2 = Config {
+            port_min: pa,
+            port_range: 50,
+            ..cfg
+        };
+        let b = listen_in_range(IpAddr::V4(Ipv4Addr::LOCALHOST), &cfg2).unwrap();
+        let pb = b.local_addr().unwrap().as_socket().unwrap().port();
+        assert!(pb > pa && pb < pa + 50);
+        let cfg3 = Config {
+            port_min: pa,
+            port_range: 1,
+            ..cfg
+        };
+        assert!(matches!(
+            listen_in_range(IpAddr::V4(Ipv4Addr::LOCALHOST), &cfg3),
+            Err(TcpError::NoPort { .. })
+        ));
+    }
+}

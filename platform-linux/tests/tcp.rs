@@ -1,0 +1,253 @@
+//! The TCP transport end to end, through the `btl` binary over loopback.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BTL: &str = env!("CARGO_BIN_EXE_btl");
+
+fn run(n: u32, args: &[&str]) -> Output {
+    Command::new(BTL)
+        .args(["run", "--timeout", "120", "-n", &n.to_string(), "--", BTL])
+        .args(args)
+        .env_remove("BTL_RANK")
+        .output()
+        .expect("run btl")
+}
+
+fn assert_intact(o: &Output, n: usize) -> String {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "status {:?}\n{out}\n{err}", o.status);
+    assert_eq!(
+        out.lines().filter(|l| l.ends_with("all intact")).count(),
+        n,
+        "{out}\n{err}"
+    );
+    assert_eq!(out.matches("over TCP").count(), n, "{out}");
+    out
+}
+
+#[test]
+fn stress_over_tcp_2_and_4_ranks() {
+    for (n, m) in [(2, 300), (4, 100)] {
+        let o = run(
+            n,
+            &[
+                "stress",
+                "--transport",
+                "tcp",
+                "--messages",
+                &m.to_string(),
+                "--max-size",
+                "1048576",
+            ],
+        );
+        assert_intact(&o, n as usize);
+    }
+}
+
+#[test]
+fn bench_over_tcp_prints_tcp_lines() {
+    let o = Command::new(BTL)
+        .args([
+            "bench",
+            "--transport",
+            "tcp",
+            "--quick",
+            "--sizes",
+            "8,200000",
+            "--json",
+        ])
+        .env_remove("BTL_RANK")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].starts_with(r#"{"transport":"tcp","size":8,"latency_us":"#),
+        "{out}"
+    );
+}
+
+/// Children of `pid` (from /proc).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+fn environ_var(pid: u32, var: &str) -> Option<String> {
+    let env = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0).find_map(|kv| {
+        let kv = String::from_utf8_lossy(kv);
+        kv.strip_prefix(&format!("{var}=")).map(str::to_owned)
+    })
+}
+
+/// Established TCP connections whose local port is `port` (from
+/// /proc/net/tcp: IPv4, this network namespace).
+fn established_to(port: u16) -> usize {
+    let table = fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3
+                && f[3] == "01"
+                && f[1]
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+                    == Some(port)
+        })
+        .count()
+}
+
+/// A 24-byte handshake.
+fn handshake(magic: &[u8; 4], version: u16, job: u64, rank: u32) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(magic);
+    v.extend_from_slice(&version.to_le_bytes());
+    v.extend_from_slice(&0u16.to_le_bytes());
+    v.extend_from_slice(&job.to_le_bytes());
+    v.extend_from_slice(&rank.to_le_bytes());
+    v.extend_from_slice(&0u32.to_le_bytes());
+    v
+}
+
+fn job_hash(job: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in job.as_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[test]
+fn hostile_clients_are_dropped_and_the_job_completes() {
+    let launcher = Command::new(BTL)
+        .args([
+            "run",
+            "--timeout",
+            "120",
+            "-n",
+            "2",
+            "--",
+            BTL,
+            "stress",
+            "--transport",
+            "tcp",
+        ])
+        .args(["--messages", "300000", "--max-size", "200"])
+        .env("BTL_TCP_HANDSHAKE_TIMEOUT", "1000")
+        .env_remove("BTL_RANK")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Find rank 0, its session directory and its published address.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (job, (addr, addr1)) = loop {
+        assert!(Instant::now() < deadline, "ranks did not start");
+        let found = children(launcher.id())
+            .into_iter()
+            .find_map(|p| (environ_var(p, "BTL_RANK")? == "0").then_some(p));
+        if let Some(p) = found {
+            let dir = environ_var(p, "BTL_SESSION_DIR").unwrap();
+            let a0 = fs::read_to_string(format!("{dir}/wireup/tcp-addr.0"));
+            let a1 = fs::read_to_string(format!("{dir}/wireup/tcp-addr.1"));
+            if let (Ok(a0), Ok(a1)) = (a0, a1) {
+                break (
+                    environ_var(p, "BTL_JOB").unwrap(),
+                    (a0.trim().to_string(), a1.trim().to_string()),
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // A connection to rank 1 that passes for rank 0 (valid handshake) and
+    // announces a 4 GiB frame. The lower rank's connection wins a tie, so
+    // the real rank 0 connects to rank 1's port; once it has, the impostor
+    // is refused at its handshake, dropped, and the job goes on.
+    let port1: u16 = addr1.rsplit(':').next().unwrap().parse().unwrap();
+    let t0 = Instant::now();
+    while established_to(port1) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "rank 0 never connected to rank 1"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut big = TcpStream::connect(&addr1).unwrap();
+    let _ = big.write_all(&handshake(b"BTLT", 1, job_hash(&job), 0));
+    let mut hdr = vec![1u8, 7, 0, 0];
+    hdr.extend_from_slice(&u32::MAX.to_le_bytes());
+    hdr.extend_from_slice(&0u64.to_le_bytes());
+    let _ = big.write_all(&hdr);
+    big.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sink = Vec::new();
+    let _ = big.read_to_end(&mut sink);
+
+    let hostile: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "random bytes",
+            (0..200u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect(),
+        ),
+        ("wrong magic", handshake(b"XXXX", 1, job_hash(&job), 1)),
+        ("wrong version", handshake(b"BTLT", 99, job_hash(&job), 1)),
+        (
+            "unknown identity",
+            handshake(b"BTLT", 1, job_hash(&job), 77),
+        ),
+        (
+            "wrong job",
+            handshake(b"BTLT", 1, job_hash("another-job"), 1),
+        ),
+    ];
+    for (what, bytes) in &hostile {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(bytes);
+        // The rank drops us: EOF or reset, not a hang.
+        let mut buf = [0u8; 64];
+        let r = s.read(&mut buf);
+        assert!(
+            matches!(r, Ok(0) | Err(_)),
+            "{what}: connection not dropped: {r:?}"
+        );
+    }
+    // A handshake that never finishes: dropped after the timeout (1 s).
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    slow.write_all(&handshake(b"BTLT", 1, job_hash(&job), 1)[..10])
+        .unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t0 = Instant::now();
+    let r = slow.read(&mut [0u8; 8]);
+    assert!(
+        matches!(r, Ok(0) | Err(_)) && t0.elapsed() < Duration::from_secs(8),
+        "{r:?}"
+    );
+    let o = launcher.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_intact(&o, 2);
+    // Each hostile connection is reported once (random bytes, wrong magic,
+    // wrong version, unknown identity, wrong job, unfinished handshake,
+    // impostor).
+    assert!(err.matches("dropped connection").count() >= 7, "{err}");
+}
