@@ -162,10 +162,68 @@ pub struct Component {
 }
 
 /// Every component `btl info` lists, in order.
-pub static COMPONENTS: &[Component] = &[Component {
-    name: btl_core::params::COMPONENT,
-    read: sm_params,
-}];
+pub static COMPONENTS: &[Component] = &[
+    Component {
+        name: btl_core::params::COMPONENT,
+        read: sm_params,
+    },
+    Component {
+        name: btl_core::tcp::params::COMPONENT,
+        read: tcp_params,
+    },
+];
+
+/// The `tcp` component's parameters: defaults, then every `BTL_TCP_*` /
+/// `OMPI_MCA_btl_tcp_*` variable of `vars`, then `TcpParams::verify`.
+/// Per-interface overrides (`BTL_TCP_BANDWIDTH_ETH0`) are checked here and
+/// applied by interface selection; they are not listed as rows.
+pub fn tcp_params(vars: &[(String, String)]) -> Result<Vec<ParamRow>, Vec<ParamProblem>> {
+    use btl_core::tcp::params::{TcpParam, TcpParams, TcpValue};
+    let mut params = TcpParams::default();
+    let mut problems = Vec::new();
+    for (var, value) in vars {
+        if let Err(e) = params.set_from_env_var(var, value) {
+            problems.push(ParamProblem {
+                var: Some((var.clone(), value.clone())),
+                message: e.to_string(),
+            });
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let verified = params.verify().map_err(|e| {
+        vec![ParamProblem {
+            var: None,
+            message: e.to_string(),
+        }]
+    })?;
+    let value = |v: TcpValue<'_>| match v {
+        TcpValue::Int(i) => ParamValue::Int(i),
+        TcpValue::Text(t) => ParamValue::Text(t.to_string()),
+    };
+    Ok(params
+        .iter()
+        .map(|info| {
+            let adjusted_from = match info.param {
+                TcpParam::Num(id) => verified.get(id).map(|a| ParamValue::Int(a.from)),
+                TcpParam::Text(_) => None,
+            };
+            ParamRow {
+                component: btl_core::tcp::params::COMPONENT,
+                name: info.param.name(),
+                value: value(info.value),
+                default: value(info.default),
+                source: info.source.to_string(),
+                env: info.param.env_name().to_string(),
+                level: info.param.level(),
+                help: info.param.help(),
+                accepts: info.param.accepts(),
+                adjusted_from,
+            }
+        })
+        .collect())
+}
 
 /// The `sm` component's parameters: defaults, then every `BTL_SM_*` /
 /// `OMPI_MCA_btl_sm_*` variable of `vars`, then [`SmParams::verify`].

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use btl_core::tcp::decoder::{Decoder, Event};
 use btl_core::tcp::endpoint::{
-    Action, ConnId, Endpoint, EndpointState, Incoming, IncomingDecision, SendDecision,
+    Action, ConnId, Endpoint, EndpointState, Incoming, IncomingDecision, RejectReason, SendDecision,
 };
 use btl_core::tcp::params::TcpParams;
 use btl_core::tcp::wire::{job_hash, FrameRepr, FrameType, HandshakeRepr};
@@ -196,6 +196,57 @@ pub fn params_from_env() -> Result<TcpParams, TcpError> {
     }
     p.verify().map_err(|e| TcpError::Param(e.to_string()))?;
     Ok(p)
+}
+
+/// The address to listen on and connect from: `BTL_TCP_BIND` if set;
+/// else, when `if_include` is given, the first interface instance that
+/// interface selection (`btl_core::tcp::ifsel`) picks from the machine's
+/// interfaces; else loopback — a job on one machine talks over loopback,
+/// and never leaves the machine unless told which interface to use.
+pub fn choose_bind(params: &TcpParams) -> Result<IpAddr, TcpError> {
+    use btl_core::tcp::ifsel::{select, Instance, Interface};
+    if let Ok(b) = std::env::var("BTL_TCP_BIND") {
+        return b.trim().parse().map_err(|_| {
+            TcpError::Param(format!(
+                "BTL_TCP_BIND={b:?}: accepts an IP address such as 127.0.0.1"
+            ))
+        });
+    }
+    if params.if_include().is_empty() {
+        return Ok(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    }
+    let ifs = crate::ifaddrs::interfaces().map_err(io_err("list the network interfaces"))?;
+    let list: Vec<Interface<'_>> = ifs
+        .iter()
+        .map(|i| Interface {
+            name: &i.name,
+            index: i.index,
+            addr: i.addr,
+            prefix_len: i.prefix_len,
+            up: i.up,
+            loopback: i.loopback,
+        })
+        .collect();
+    let empty = Instance {
+        if_name: "",
+        index: 0,
+        addr: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        addr_v4: None,
+        addr_v6: None,
+        link: 0,
+        bandwidth: 0,
+        latency: 0,
+    };
+    let mut out = vec![empty; list.len().max(1) * params.links.max(1) as usize];
+    let n = select(&list, params, &mut out, |w| {
+        log::warn!("tcp interface selection: {w}")
+    })
+    .map_err(|e| TcpError::Param(e.to_string()))?;
+    let first = out[..n]
+        .first()
+        .ok_or(TcpError::Param("tcp: no interface selected".into()))?;
+    log::debug!("tcp: using interface {} ({})", first.if_name, first.addr);
+    Ok(first.addr_v4.map(IpAddr::V4).unwrap_or(first.addr))
 }
 
 /// One socket: a connection in any state.
@@ -871,7 +922,19 @@ impl Tcp {
                 self.apply(peer, Action::FlushQueue { conn });
             }
             IncomingDecision::Refuse { conn, reason } => {
-                self.reject(conn, &format_args!("it claims to be rank {peer}: {reason}"));
+                if matches!(
+                    reason,
+                    RejectReason::TieBreak { .. } | RejectReason::AlreadyConnected
+                ) {
+                    // The normal end of a simultaneous connect: the
+                    // connection started by the lower rank wins and the
+                    // other one is dropped quietly. (A stranger repeating a
+                    // valid identity looks the same, and is dropped too.)
+                    log::debug!("tcp: second connection from {peer} dropped: {reason}");
+                    self.drop_conn(conn);
+                } else {
+                    self.reject(conn, &format_args!("it claims to be rank {peer}: {reason}"));
+                }
             }
         }
     }

@@ -3,7 +3,6 @@
 //! ([`crate::tcp::Tcp`]).
 
 use std::error::Error;
-use std::net::{IpAddr, Ipv4Addr};
 
 use crate::job::JobEnv;
 use crate::sm::Sm;
@@ -55,23 +54,14 @@ pub trait Transport {
 }
 
 /// Opens the transport `name` (`sm` or `tcp`) for `job`, with parameters
-/// from the environment. TCP listens on loopback: the single-machine case
-/// (multi-host selection is the job API's, with interface selection).
+/// from the environment (TCP's address: [`crate::tcp::choose_bind`]).
 pub fn open(name: &str, job: &JobEnv) -> Result<Box<dyn Transport>, BoxError> {
     match name {
         "sm" => Ok(Box::new(Sm::init(job, crate::sm::params_from_env()?)?)),
         "tcp" => {
-            let bind = std::env::var("BTL_TCP_BIND")
-                .ok()
-                .map(|s| s.parse::<IpAddr>())
-                .transpose()
-                .map_err(|_| "BTL_TCP_BIND: accepts an IP address such as 127.0.0.1")?
-                .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-            Ok(Box::new(Tcp::init(
-                job,
-                crate::tcp::params_from_env()?,
-                bind,
-            )?))
+            let params = crate::tcp::params_from_env()?;
+            let bind = crate::tcp::choose_bind(&params)?;
+            Ok(Box::new(Tcp::init(job, params, bind)?))
         }
         other => Err(format!("unknown transport {other:?} (accepts sm or tcp)").into()),
     }

@@ -85,9 +85,25 @@ fn json_lists_every_sm_parameter() {
     let out = info(&["--json"], &[]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let rows: Vec<_> = stdout.lines().map(parse_line).collect();
+    let rows: Vec<_> = stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"component\":\"sm\""))
+        .map(parse_line)
+        .collect();
     let names: Vec<&str> = rows.iter().map(|(n, _, _)| n.as_str()).collect();
     assert_eq!(names, SM_PARAMS);
+    // The tcp component follows: every seed parameter plus btl's own, the
+    // text ones as JSON strings.
+    let tcp: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"component\":\"tcp\""))
+        .collect();
+    assert_eq!(tcp.len(), 28, "{stdout}");
+    assert!(stdout.contains(
+        "{\"component\":\"tcp\",\"name\":\"if_exclude\",\"value\":\"127.0.0.1/8,sppp\",\
+         \"default\":\"127.0.0.1/8,sppp\",\"source\":\"default\",\"env\":\"BTL_TCP_IF_EXCLUDE\""
+    ));
+    assert!(stdout.contains("\"name\":\"port_min_v4\",\"value\":1024,"));
     let fifo = rows.iter().find(|(n, _, _)| n == "fifo_size").unwrap();
     assert_eq!((fifo.1.as_str(), fifo.2.as_str()), ("4096", "default"));
     assert!(stdout.contains(
@@ -162,4 +178,18 @@ fn every_bad_variable_is_reported() {
     ] {
         assert!(stderr.contains(needle), "{needle}: {stderr}");
     }
+}
+
+#[test]
+fn tcp_include_and_exclude_together_is_an_error_naming_both() {
+    let out = info(
+        &[],
+        &[("BTL_TCP_IF_INCLUDE", "eth0"), ("BTL_TCP_IF_EXCLUDE", "lo")],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("BTL_TCP_IF_INCLUDE") && err.contains("BTL_TCP_IF_EXCLUDE"),
+        "{err}"
+    );
 }
