@@ -464,7 +464,10 @@ mod tests {
     #[test]
     fn json_lines() {
         let out = run(true, &[("PATH", "/bin"), ("BTL_SM_FIFO_SIZE", "8192")]).unwrap();
-        assert_eq!(out.lines().count(), SM_PARAM_COUNT);
+        assert_eq!(
+            out.lines().count(),
+            SM_PARAM_COUNT + btl_core::tcp::params::TCP_PARAM_COUNT
+        );
         let fifo = out.lines().find(|l| l.contains("\"fifo_size\"")).unwrap();
         assert!(fifo.starts_with(
             "{\"component\":\"sm\",\"name\":\"fifo_size\",\"value\":8192,\"default\":4096,\
@@ -472,7 +475,10 @@ mod tests {
         ));
         assert!(fifo.ends_with("\"}"));
         // Quotes inside help texts are escaped.
-        let eager = out.lines().find(|l| l.contains("\"eager_limit\"")).unwrap();
+        let eager = out
+            .lines()
+            .find(|l| l.contains("\"sm\"") && l.contains("\"eager_limit\""))
+            .unwrap();
         assert!(eager.contains(r#"of \"short\" messages"#), "{eager}");
     }
 

@@ -20,7 +20,13 @@
 //! - A peer whose connection breaks without a FIN is failed: its queued
 //!   frames are dropped and sends to it return [`TcpError::PeerFailed`]; a
 //!   FIN is a clean close.
+//!
+//! # Safety
+//!
+//! One `unsafe` block: after `recv` into a `Vec`'s spare capacity, the
+//! length is set to cover exactly the bytes the kernel wrote.
 #![allow(clippy::too_many_lines)]
+#![allow(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -268,6 +274,9 @@ struct Conn {
     payload: Vec<u8>,
     /// Drop once `out` is written.
     close_after_write: bool,
+    /// A large frame is being written straight from the sender's buffer:
+    /// nothing else may be written on this connection meanwhile.
+    writing_in_place: bool,
     /// Peer address, for logs.
     addr: String,
 }
@@ -552,6 +561,7 @@ impl Tcp {
                 cur: None,
                 payload: Vec::new(),
                 close_after_write: false,
+                writing_in_place: false,
                 addr,
             },
         );
@@ -658,7 +668,7 @@ impl Tcp {
         let Some(c) = self.conns.get_mut(&conn.0) else {
             return;
         };
-        if c.connecting {
+        if c.connecting || c.writing_in_place {
             return;
         }
         let mut failed = false;
@@ -794,6 +804,34 @@ impl Tcp {
             let Some(c) = self.conns.get_mut(&conn.0) else {
                 return events;
             };
+            // A large payload in progress: read it straight into the frame's
+            // buffer (no read-ahead copy, one syscall per big piece).
+            let room = c.dec.direct_payload_room() as usize;
+            if room >= 4096 && c.cur.is_some() {
+                c.payload.reserve(room);
+                let len = c.payload.len();
+                let spare = &mut c.payload.spare_capacity_mut()[..room];
+                match c.sock.recv(spare) {
+                    Ok(0) => {
+                        self.conn_broken(conn, true);
+                        return events;
+                    }
+                    Ok(n) => {
+                        // SAFETY: recv initialised the first `n` bytes of
+                        // the spare capacity (n <= room <= spare length).
+                        unsafe { c.payload.set_len(len + n) };
+                        c.dec.payload_read_directly(n as u32);
+                        events += self.decode(conn);
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return events,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => {
+                        self.conn_broken(conn, false);
+                        return events;
+                    }
+                }
+            }
             let spare = c.dec.spare();
             let r = io::Read::read(&mut &c.sock, spare);
             match r {
@@ -1190,24 +1228,40 @@ impl Tcp {
         }
     }
 
-    /// Header and payload in one `writev` when nothing is queued ahead;
-    /// whatever the socket does not take is queued.
+    /// Header and payload in one `writev` when nothing is queued ahead.
+    /// A small remainder the socket does not take is queued (copied); a
+    /// large one is written straight from `data` while progressing
+    /// (reading what peers send, so two ranks sending to each other cannot
+    /// deadlock) — no user-space copy of bulk data, and `send` returns when
+    /// the kernel has it all.
     fn write_frame(&mut self, conn: ConnId, repr: &FrameRepr, data: &[u8]) -> Result<(), TcpError> {
-        let Some(c) = self.conns.get_mut(&conn.0) else {
-            return Err(TcpError::Io {
-                what: "find the connection",
-                source: io::Error::other("connection vanished"),
-            });
-        };
+        /// Remainders above this are written in place rather than queued.
+        const DIRECT_MIN: usize = 64 * 1024;
         let hdr = repr.to_bytes();
-        if !c.out.is_empty() || c.connecting {
-            c.out.push_back(frame_bytes(repr, &[data]));
-            self.flush_conn(conn);
-            return Ok(());
-        }
         let total = hdr.len() + data.len();
         let mut written = 0usize;
+        {
+            let Some(c) = self.conns.get_mut(&conn.0) else {
+                return Err(TcpError::Io {
+                    what: "find the connection",
+                    source: io::Error::other("connection vanished"),
+                });
+            };
+            if !c.out.is_empty() || c.connecting || c.writing_in_place {
+                c.out.push_back(frame_bytes(repr, &[data]));
+                self.flush_conn(conn);
+                return Ok(());
+            }
+        }
+        let start = Instant::now();
         loop {
+            let Some(c) = self.conns.get_mut(&conn.0) else {
+                // The connection broke meanwhile (its peer is failed now).
+                return Err(TcpError::Io {
+                    what: "write a frame",
+                    source: io::Error::other("connection lost"),
+                });
+            };
             let bufs: [IoSlice<'_>; 2] = if written < hdr.len() {
                 [IoSlice::new(&hdr[written..]), IoSlice::new(data)]
             } else {
@@ -1220,27 +1274,44 @@ impl Tcp {
                 Ok(n) => {
                     written += n;
                     if written >= total {
+                        c.writing_in_place = false;
+                        self.flush_conn(conn);
                         return Ok(());
                     }
+                    continue;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(_) => {
+                    c.writing_in_place = false;
                     self.conn_broken(conn, false);
                     return Ok(());
                 }
             }
+            if total - written <= DIRECT_MIN {
+                let mut rest = Vec::with_capacity(total - written);
+                if written < hdr.len() {
+                    rest.extend_from_slice(&hdr[written..]);
+                    rest.extend_from_slice(data);
+                } else {
+                    rest.extend_from_slice(&data[written - hdr.len()..]);
+                }
+                c.writing_in_place = false;
+                c.out.push_front(rest);
+                self.flush_conn(conn);
+                return Ok(());
+            }
+            // Large remainder: keep the connection to ourselves (frames
+            // queued meanwhile wait behind this one) and progress until the
+            // socket takes more.
+            c.writing_in_place = true;
+            if start.elapsed() > self.timeout {
+                return Err(TcpError::Timeout {
+                    what: "the socket to take a large frame",
+                });
+            }
+            self.progress_timeout(Duration::from_micros(200));
         }
-        let mut rest = Vec::with_capacity(total - written);
-        if written < hdr.len() {
-            rest.extend_from_slice(&hdr[written..]);
-            rest.extend_from_slice(data);
-        } else {
-            rest.extend_from_slice(&data[written - hdr.len()..]);
-        }
-        c.out.push_back(rest);
-        self.flush_conn(conn);
-        Ok(())
     }
 
     /// Progresses until `done(self)`, busy-polling for a while (the

@@ -268,6 +268,48 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Decoder<B> {
         self.end > self.start || matches!(self.stage, Stage::Payload { .. })
     }
 
+    /// Payload bytes of the current frame the adapter may read straight
+    /// from the socket into its own destination, skipping the read-ahead
+    /// buffer (one copy less for large frames): nonzero only while a
+    /// payload is in progress, nothing is buffered, and the RMA sub-header
+    /// (PUT/GET) has been delivered. Report what was read with
+    /// [`Self::payload_read_directly`].
+    pub fn direct_payload_room(&self) -> u32 {
+        match self.stage {
+            Stage::Payload {
+                remaining,
+                rma_pending: false,
+                ..
+            } if self.start == self.end && self.poison.is_none() => remaining,
+            _ => 0,
+        }
+    }
+
+    /// Records that `n` payload bytes (at most [`Self::direct_payload_room`];
+    /// more is clamped) were read directly by the adapter: they are part of
+    /// the current frame and produce no `Payload` event; `FrameEnd` follows
+    /// when the payload is complete.
+    pub fn payload_read_directly(&mut self, n: u32) {
+        let room = self.direct_payload_room();
+        debug_assert!(n <= room, "payload_read_directly({n}) with room {room}");
+        let n = n.min(room);
+        if let Stage::Payload {
+            frame, remaining, ..
+        } = self.stage
+        {
+            let remaining = remaining - n;
+            self.stage = if remaining == 0 {
+                Stage::End
+            } else {
+                Stage::Payload {
+                    frame,
+                    remaining,
+                    rma_pending: false,
+                }
+            };
+        }
+    }
+
     /// The error that poisoned the decoder, if any.
     pub fn error(&self) -> Option<WireError> {
         self.poison
@@ -342,6 +384,43 @@ pub fn decode_all(
         Err(WireError::UnexpectedEof)
     } else {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod direct_tests {
+    use super::*;
+    use crate::tcp::wire::FrameRepr;
+
+    #[test]
+    fn direct_payload_reads_skip_the_buffer() {
+        let mut buf = [0u8; 64];
+        let mut d = Decoder::new(&mut buf[..]).unwrap();
+        let hdr = FrameRepr::send(3, 100).to_bytes();
+        d.spare()[..16].copy_from_slice(&hdr);
+        d.filled(16);
+        assert!(matches!(d.next_event(1000), Some(Ok(Event::Header(_)))));
+        assert!(d.next_event(1000).is_none());
+        assert_eq!(d.direct_payload_room(), 100);
+        d.payload_read_directly(60);
+        assert_eq!(d.direct_payload_room(), 40);
+        // The rest arrives through the buffer, with the next header.
+        let mut tail = [7u8; 40].to_vec();
+        tail.extend_from_slice(&FrameRepr::send(4, 0).to_bytes());
+        d.spare()[..56].copy_from_slice(&tail);
+        d.filled(56);
+        assert_eq!(d.direct_payload_room(), 0);
+        assert!(matches!(d.next_event(1000), Some(Ok(Event::Payload(p))) if p.len() == 40));
+        assert_eq!(d.next_event(1000), Some(Ok(Event::FrameEnd)));
+        assert!(matches!(d.next_event(1000), Some(Ok(Event::Header(h))) if h.tag == 4));
+        assert_eq!(d.next_event(1000), Some(Ok(Event::FrameEnd)));
+        // Clamped, never past the frame.
+        let mut buf2 = [0u8; 64];
+        let mut d2 = Decoder::new(&mut buf2[..]).unwrap();
+        d2.spare()[..16].copy_from_slice(&FrameRepr::send(1, 10).to_bytes());
+        d2.filled(16);
+        let _ = d2.next_event(1000);
+        assert_eq!(d2.direct_payload_room(), 10);
     }
 }
 
