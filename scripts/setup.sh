@@ -31,6 +31,17 @@ for c in miri rust-src; do
     rustup +nightly component add "$c"
   fi
 done
+# iproute2 for the tests that make their own network namespaces (they skip,
+# saying why, where namespaces are not permitted).
+if ! command -v ip >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing iproute2"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2
+  else
+    log "iproute2 missing and cannot be installed here: the namespace tests will skip"
+  fi
+fi
+
 # Build miri's sysroot once, quietly (the first miri run would do it anyway).
 cargo +nightly miri setup >/dev/null 2>&1 || cargo +nightly miri setup
 log "ready"

@@ -391,6 +391,9 @@ struct State {
     cma_ok: Vec<bool>,
     /// Barrier arrivals per epoch.
     barrier_arrivals: HashMap<u64, u32>,
+    /// Peers declared failed (their fragments' errors are not reported one
+    /// by one).
+    peer_failed: Vec<bool>,
     /// Peer errors reported, for diagnostics (counted, logged).
     peer_errors: u64,
     /// Registered regions, get/put requests in both directions.
@@ -616,7 +619,15 @@ impl Dispatch for State {
 
     fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
         if cookie == 0 {
-            if !ok {
+            // Fragments failed along with their peer were reported once,
+            // with the peer.
+            if !ok
+                && !self
+                    .peer_failed
+                    .get(peer as usize)
+                    .copied()
+                    .unwrap_or(false)
+            {
                 log::warn!("local rank {peer} reported an error handling a message");
             }
             return;
@@ -943,6 +954,7 @@ impl Sm {
             pids,
             cma_ok,
             barrier_arrivals: HashMap::new(),
+            peer_failed: vec![false; nprocs as usize],
             peer_errors: 0,
             rma: rma::Rma::default(),
         };
@@ -1086,6 +1098,9 @@ impl Sm {
                 "local peer {peer} (pid {}) failed: {why}",
                 self.state.pids.get(peer as usize).copied().unwrap_or(0)
             );
+            if let Some(f) = self.state.peer_failed.get_mut(peer as usize) {
+                *f = true;
+            }
             self.engine.fail_peer(peer, &mut self.state);
             self.state.partial[peer as usize] = None;
             self.failed.push(peer);
@@ -1112,6 +1127,9 @@ impl Sm {
                 // lost: complete it with an error, and send nothing more.
                 if self.engine.in_flight_to(peer) > 0 {
                     log::warn!("local peer {peer} left the job with messages of ours unhandled");
+                }
+                if let Some(f) = self.state.peer_failed.get_mut(peer as usize) {
+                    *f = true;
                 }
                 self.engine.fail_peer(peer, &mut self.state);
                 self.departed.push(peer);

@@ -648,8 +648,8 @@ impl Tcp {
                     );
                 }
                 p.queue.clear();
+                // (The endpoint state machine logged the failure.)
                 p.failed = Some(reason.to_string());
-                log::error!("tcp: peer {peer} failed: {reason}");
             }
         }
     }
