@@ -18,8 +18,8 @@ use std::time::Instant;
 use crate::cma;
 use crate::job::JobEnv;
 use crate::launcher::{launch, LaunchSpec};
-use crate::sm::{RegionKey, RmaStatus, Sm, SmError};
-use crate::transport::{self, BoxError};
+use crate::sm::{RegionKey, SmError};
+use crate::transport::{self, BoxError, Transport};
 
 const TAG_STRESS: u8 = 7;
 const TAG_KEY: u8 = 8;
@@ -232,12 +232,13 @@ pub struct StressReport {
 /// The one-sided phase: every rank registers a region of one slot per rank,
 /// puts a pattern into its own slot of every peer's region, checks after a
 /// barrier that its region holds each peer's pattern, gets its slot back
-/// from every peer, and checks that a get past a region's end is refused.
+/// from every peer, and checks that a get or put past a region's end is
+/// refused (and, by the final content check, wrote nothing).
 fn rma_phase(
-    sm: &mut Sm,
+    sm: &mut dyn Transport,
     opts: &StressOpts,
     keys: &Rc<RefCell<Vec<Option<RegionKey>>>>,
-) -> Result<Vec<String>, SmError> {
+) -> Result<Vec<String>, BoxError> {
     let (me, n) = (sm.rank(), sm.size());
     let slot = opts.max_size.clamp(64, 1 << 20);
     let key = sm.register(n as usize * slot);
@@ -245,7 +246,7 @@ fn rma_phase(
     for &p in &peers {
         sm.send(p, TAG_KEY, &key.to_bytes())?;
     }
-    sm.wait_until("the peers' region keys", None, |_| {
+    sm.wait("the peers' region keys", None, &mut || {
         peers.iter().all(|&p| keys.borrow()[p as usize].is_some())
     })?;
     let keys: Vec<Option<RegionKey>> = keys.borrow().clone();
@@ -257,10 +258,12 @@ fn rma_phase(
     let mut errors = Vec::new();
     for &p in &peers {
         let k = keys[p as usize].unwrap_or(key);
-        sm.put(&k, u64::from(me) * slot as u64, &pattern(me, p))?;
+        if let Err(status) = sm.put(&k, u64::from(me) * slot as u64, &pattern(me, p))? {
+            errors.push(format!("put into rank {p}'s region refused: {status}"));
+        }
     }
     sm.barrier()?;
-    let region = sm.region(&key).map(<[u8]>::to_vec).unwrap_or_default();
+    let region = sm.region(&key).unwrap_or_default();
     for &p in &peers {
         let at = p as usize * slot;
         if region.get(at..at + slot) != Some(&pattern(p, me)[..]) {
@@ -271,19 +274,26 @@ fn rma_phase(
     let mut back = vec![0u8; slot];
     for &p in &peers {
         let k = keys[p as usize].unwrap_or(key);
-        sm.get(&k, u64::from(me) * slot as u64, &mut back)?;
-        if back != pattern(me, p) {
+        if let Err(status) = sm.get(&k, u64::from(me) * slot as u64, &mut back)? {
+            errors.push(format!("get from rank {p} refused: {status}"));
+        } else if back != pattern(me, p) {
             errors.push(format!("get from rank {p} returned the wrong bytes"));
         }
-        match sm.get(&k, k.len, &mut [0u8; 1]) {
-            Err(SmError::Rma {
-                status: RmaStatus::OutOfBounds,
-                ..
-            }) => {}
-            other => errors.push(format!(
-                "a get past the end of rank {p}'s region gave {other:?}"
-            )),
+        // The target refuses ranges outside its region: nothing is read
+        // or written there.
+        match sm.get(&k, k.len, &mut [0u8; 1])? {
+            Err(_) => {}
+            Ok(()) => errors.push(format!("a get past the end of rank {p}'s region succeeded")),
         }
+        match sm.put(&k, k.len - 1, &[0xee; 2])? {
+            Err(_) => {}
+            Ok(()) => errors.push(format!("a put past the end of rank {p}'s region succeeded")),
+        }
+    }
+    // The refused puts changed nothing in our region.
+    sm.barrier()?;
+    if sm.region(&key) != Some(region) {
+        errors.push("a refused put changed our region".to_string());
     }
     Ok(errors)
 }
@@ -350,10 +360,7 @@ pub fn run(
     })?;
     sm.flush()?;
     sm.barrier()?;
-    let (rma_errors, rma) = match sm.as_sm() {
-        Some(shm) => (rma_phase(shm, opts, &keys)?, ", get/put with each checked"),
-        None => (Vec::new(), ""),
-    };
+    let rma_errors = rma_phase(sm, opts, &keys)?;
     sm.flush()?;
     sm.barrier()?;
     let c = checker.borrow();
@@ -365,7 +372,7 @@ pub fn run(
     }
     let _ = writeln!(
         out,
-        "rank {me}: {received} messages ({} bytes) from {} peers {}{rma}, {:.2} s: {}",
+        "rank {me}: {received} messages ({} bytes) from {} peers {}, get/put with each checked, {:.2} s: {}",
         c.bytes,
         n - 1,
         sm.summary(),

@@ -41,11 +41,14 @@ use btl_core::tcp::endpoint::{
     Action, ConnId, Endpoint, EndpointState, Incoming, IncomingDecision, RejectReason, SendDecision,
 };
 use btl_core::tcp::params::TcpParams;
-use btl_core::tcp::wire::{job_hash, FrameRepr, FrameType, HandshakeRepr};
+use btl_core::tcp::wire::{
+    job_hash, FrameRepr, FrameType, HandshakeRepr, RmaPacket, RmaRepr, RMA_HEADER_LEN,
+};
 use rustix::event::epoll;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::job::JobEnv;
+use crate::sm::{RegionKey, RmaStatus};
 use crate::wireup::{SessionWireup, WireupError};
 
 /// Largest user tag (as for shared memory).
@@ -107,6 +110,13 @@ pub enum TcpError {
         /// Why.
         why: String,
     },
+    /// A get or put was refused by the target (outside its regions).
+    Rma {
+        /// The target.
+        peer: u32,
+        /// Why.
+        status: RmaStatus,
+    },
     /// A blocking call timed out.
     Timeout {
         /// What was waited for.
@@ -141,6 +151,7 @@ impl fmt::Display for TcpError {
                 write!(f, "tcp: message of {len} bytes exceeds max_frame ({max})")
             }
             Self::PeerFailed { peer, why } => write!(f, "tcp: peer {peer} failed: {why}"),
+            Self::Rma { peer, status } => write!(f, "tcp: get/put at rank {peer}: {status}"),
             Self::Timeout { what } => write!(f, "tcp: timed out waiting for {what}"),
         }
     }
@@ -311,6 +322,13 @@ pub struct Tcp {
     barrier_arrivals: HashMap<u64, u32>,
     /// Progress passes (timers run every 64).
     passes: u32,
+    /// Registered regions peers may get from and put into.
+    regions: HashMap<u32, Box<[u8]>>,
+    next_region: u32,
+    next_req: u64,
+    /// Our get/put requests waiting for their answer: status and, for a
+    /// get, the data.
+    rma_wait: HashMap<u64, (u32, Option<RmaStatus>, Vec<u8>)>,
     /// Messages being reassembled, per sender: (tag, total, bytes so far).
     partial: HashMap<u32, (u8, u64, Vec<u8>)>,
 }
@@ -466,6 +484,10 @@ impl Tcp {
             barrier_arrivals: HashMap::new(),
             partial: HashMap::new(),
             passes: 0,
+            regions: HashMap::new(),
+            next_region: 0,
+            next_req: 0,
+            rma_wait: HashMap::new(),
         })
     }
 
@@ -516,7 +538,7 @@ impl Tcp {
         Ok(())
     }
 
-    fn register(
+    fn add_conn(
         &mut self,
         sock: Socket,
         peer: Option<u32>,
@@ -603,7 +625,7 @@ impl Tcp {
                 });
             }
         }
-        self.register(sock, Some(peer), None, true, addr.to_string())?;
+        self.add_conn(sock, Some(peer), None, true, addr.to_string())?;
         Ok(())
     }
 
@@ -782,7 +804,7 @@ impl Tcp {
                         continue;
                     }
                     let inc = Incoming::new(self.now_ms(), self.cfg.handshake_ms);
-                    if let Err(e) = self.register(sock, None, Some(inc), false, addr) {
+                    if let Err(e) = self.add_conn(sock, None, Some(inc), false, addr) {
                         log::warn!("{e}");
                     }
                 }
@@ -1006,7 +1028,175 @@ impl Tcp {
                 let a = self.peers[peer as usize].ep.on_fin(conn);
                 self.apply(peer, a);
             }
-            other => log::warn!("tcp: {other:?} frames are not served by this version; ignored"),
+            FrameType::Put | FrameType::Get => self.serve_rma(peer, h, payload),
+            FrameType::GetResp | FrameType::PutAck => match self.rma_wait.get_mut(&h.id) {
+                Some((p, status, data)) if *p == peer => {
+                    *status = Some(if h.error {
+                        RmaStatus::OutOfBounds
+                    } else {
+                        RmaStatus::Ok
+                    });
+                    if h.kind == FrameType::GetResp {
+                        data.extend_from_slice(payload);
+                    }
+                }
+                _ => log::warn!("tcp: {:?} from {peer} for unknown request {}", h.kind, h.id),
+            },
+        }
+    }
+
+    /// A PUT or GET from `peer`: checked against our registered regions
+    /// (unknown region or a range outside it is refused: the peer never
+    /// writes or reads where it was not invited), then applied and answered.
+    fn serve_rma(&mut self, peer: u32, h: FrameRepr, payload: &[u8]) {
+        // The decoder validated the sub-header and, for PUT, that its length
+        // matches the data.
+        let parsed = payload
+            .get(..RMA_HEADER_LEN)
+            .ok_or(())
+            .and_then(|b| RmaRepr::parse(&RmaPacket::new_unchecked(b)).map_err(|_| ()));
+        let range = parsed.ok().and_then(|r| {
+            let region = self.regions.get_mut(&r.region)?;
+            let end = r.offset.checked_add(r.len)?;
+            (end <= region.len() as u64).then_some((r, region))
+        });
+        let (reply_kind, ok, data): (FrameType, bool, Vec<u8>) = match (h.kind, range) {
+            (FrameType::Put, Some((r, region))) => {
+                region[r.offset as usize..(r.offset + r.len) as usize]
+                    .copy_from_slice(&payload[RMA_HEADER_LEN..]);
+                (FrameType::PutAck, true, Vec::new())
+            }
+            (FrameType::Get, Some((r, region))) => (
+                FrameType::GetResp,
+                true,
+                region[r.offset as usize..(r.offset + r.len) as usize].to_vec(),
+            ),
+            (kind, None) => {
+                log::warn!("tcp: refused a {kind:?} from {peer} outside our registered regions");
+                let k = if kind == FrameType::Put {
+                    FrameType::PutAck
+                } else {
+                    FrameType::GetResp
+                };
+                (k, false, Vec::new())
+            }
+            _ => return,
+        };
+        let reply = FrameRepr {
+            kind: reply_kind,
+            tag: 0,
+            error: !ok,
+            len: data.len() as u32,
+            id: h.id,
+        };
+        if let Err(e) = self.send_repr(peer, reply, &data) {
+            log::warn!("tcp: cannot answer {peer}'s request: {e}");
+        }
+    }
+
+    /// Registers a zeroed region of `len` bytes peers may get from and put
+    /// into; send its key to them (as for shared memory).
+    pub fn register(&mut self, len: usize) -> RegionKey {
+        let id = self.next_region;
+        self.next_region += 1;
+        self.regions.insert(id, vec![0u8; len].into_boxed_slice());
+        RegionKey {
+            rank: self.me,
+            id,
+            len: len as u64,
+        }
+    }
+
+    /// The contents of one of our regions.
+    pub fn region(&self, key: &RegionKey) -> Option<&[u8]> {
+        (key.rank == self.me).then_some(())?;
+        self.regions.get(&key.id).map(|r| &r[..])
+    }
+
+    /// Sends one RMA request frame and waits for its answer.
+    fn rma_request(
+        &mut self,
+        peer: u32,
+        kind: FrameType,
+        rma: RmaRepr,
+        data: &[u8],
+    ) -> Result<Vec<u8>, TcpError> {
+        self.next_req += 1;
+        let id = self.next_req;
+        self.rma_wait.insert(id, (peer, None, Vec::new()));
+        let mut body = Vec::with_capacity(RMA_HEADER_LEN + data.len());
+        body.extend_from_slice(&rma.to_bytes());
+        body.extend_from_slice(data);
+        let repr = FrameRepr {
+            kind,
+            tag: 0,
+            error: false,
+            len: body.len() as u32,
+            id,
+        };
+        let sent = self.send_repr(peer, repr, &body).and_then(|()| {
+            self.wait_until("a get/put answer", Some(peer), |t| {
+                t.rma_wait.get(&id).is_some_and(|w| w.1.is_some())
+            })
+        });
+        let (_, status, data) = self
+            .rma_wait
+            .remove(&id)
+            .unwrap_or((peer, None, Vec::new()));
+        sent?;
+        match status {
+            Some(RmaStatus::Ok) => Ok(data),
+            Some(status) => Err(TcpError::Rma { peer, status }),
+            None => Err(TcpError::PeerFailed {
+                peer,
+                why: "no answer to a get/put".into(),
+            }),
+        }
+    }
+
+    /// Writes `src` at `offset` of the peer's region `key`; returns once the
+    /// peer applied it. A range outside the region is refused by the peer.
+    pub fn put(&mut self, key: &RegionKey, offset: u64, src: &[u8]) -> Result<(), TcpError> {
+        let step = (self.cfg.max_frame as usize - RMA_HEADER_LEN).max(1);
+        let mut done = 0usize;
+        loop {
+            let end = (done + step).min(src.len());
+            let rma = RmaRepr {
+                region: key.id,
+                offset: offset + done as u64,
+                len: (end - done) as u64,
+            };
+            self.rma_request(key.rank, FrameType::Put, rma, &src[done..end])?;
+            done = end;
+            if done >= src.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads `dst.len()` bytes at `offset` of the peer's region `key`.
+    pub fn get(&mut self, key: &RegionKey, offset: u64, dst: &mut [u8]) -> Result<(), TcpError> {
+        let step = self.cfg.max_frame as usize;
+        let mut done = 0usize;
+        loop {
+            let end = (done + step).min(dst.len());
+            let rma = RmaRepr {
+                region: key.id,
+                offset: offset + done as u64,
+                len: (end - done) as u64,
+            };
+            let data = self.rma_request(key.rank, FrameType::Get, rma, &[])?;
+            if data.len() != end - done {
+                return Err(TcpError::PeerFailed {
+                    peer: key.rank,
+                    why: "answered a get with the wrong length".into(),
+                });
+            }
+            dst[done..end].copy_from_slice(&data);
+            done = end;
+            if done >= dst.len() {
+                return Ok(());
+            }
         }
     }
 
@@ -1195,9 +1385,6 @@ impl Tcp {
     }
 
     fn send_frame(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), TcpError> {
-        if peer >= self.n || peer == self.me {
-            return Err(TcpError::InvalidPeer { peer });
-        }
         let len = u32::try_from(data.len())
             .ok()
             .filter(|&l| l <= self.cfg.max_frame)
@@ -1205,7 +1392,14 @@ impl Tcp {
                 len: data.len(),
                 max: self.cfg.max_frame,
             })?;
-        let repr = FrameRepr::send(tag, len);
+        self.send_repr(peer, FrameRepr::send(tag, len), data)
+    }
+
+    /// Sends one frame (`repr.len == data.len()`, at most `max_frame`).
+    fn send_repr(&mut self, peer: u32, repr: FrameRepr, data: &[u8]) -> Result<(), TcpError> {
+        if peer >= self.n || peer == self.me {
+            return Err(TcpError::InvalidPeer { peer });
+        }
         let now = self.now_ms();
         match self.peers[peer as usize].ep.on_send_request(now) {
             SendDecision::SendNow { conn } => self.write_frame(conn, &repr, data),

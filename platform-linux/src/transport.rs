@@ -5,8 +5,9 @@
 use std::error::Error;
 
 use crate::job::JobEnv;
-use crate::sm::Sm;
+use crate::sm::{RegionKey, RmaStatus, Sm, SmError};
 use crate::tcp::Tcp;
+use crate::tcp::TcpError;
 
 /// Errors of either transport.
 pub type BoxError = Box<dyn Error + Send + Sync>;
@@ -47,10 +48,24 @@ pub trait Transport {
     fn failed(&self) -> Option<u32>;
     /// Details for the stress summary line.
     fn summary(&self) -> String;
-    /// The shared-memory transport, for what only it offers (get/put).
-    fn as_sm(&mut self) -> Option<&mut Sm> {
-        None
-    }
+    /// Registers a region peers may get from and put into.
+    fn register(&mut self, len: usize) -> RegionKey;
+    /// The contents of one of our regions.
+    fn region(&self, key: &RegionKey) -> Option<Vec<u8>>;
+    /// Writes into a peer's region: `Ok(Err(status))` if the target refused.
+    fn put(
+        &mut self,
+        key: &RegionKey,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<Result<(), RmaStatus>, BoxError>;
+    /// Reads from a peer's region: `Ok(Err(status))` if the target refused.
+    fn get(
+        &mut self,
+        key: &RegionKey,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<Result<(), RmaStatus>, BoxError>;
 }
 
 /// Opens the transport `name` (`sm` or `tcp`) for `job`, with parameters
@@ -126,8 +141,35 @@ impl Transport for Sm {
             self.queued_total()
         )
     }
-    fn as_sm(&mut self) -> Option<&mut Sm> {
-        Some(self)
+    fn register(&mut self, len: usize) -> RegionKey {
+        Sm::register(self, len)
+    }
+    fn region(&self, key: &RegionKey) -> Option<Vec<u8>> {
+        Sm::region(self, key).map(<[u8]>::to_vec)
+    }
+    fn put(
+        &mut self,
+        key: &RegionKey,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<Result<(), RmaStatus>, BoxError> {
+        match Sm::put(self, key, offset, src) {
+            Ok(()) => Ok(Ok(())),
+            Err(SmError::Rma { status, .. }) => Ok(Err(status)),
+            Err(e) => Err(e.into()),
+        }
+    }
+    fn get(
+        &mut self,
+        key: &RegionKey,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<Result<(), RmaStatus>, BoxError> {
+        match Sm::get(self, key, offset, dst) {
+            Ok(()) => Ok(Ok(())),
+            Err(SmError::Rma { status, .. }) => Ok(Err(status)),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -183,5 +225,35 @@ impl Transport for Tcp {
             "over TCP ({} connection(s) from strangers dropped)",
             self.rejected_connections()
         )
+    }
+    fn register(&mut self, len: usize) -> RegionKey {
+        Tcp::register(self, len)
+    }
+    fn region(&self, key: &RegionKey) -> Option<Vec<u8>> {
+        Tcp::region(self, key).map(<[u8]>::to_vec)
+    }
+    fn put(
+        &mut self,
+        key: &RegionKey,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<Result<(), RmaStatus>, BoxError> {
+        match Tcp::put(self, key, offset, src) {
+            Ok(()) => Ok(Ok(())),
+            Err(TcpError::Rma { status, .. }) => Ok(Err(status)),
+            Err(e) => Err(e.into()),
+        }
+    }
+    fn get(
+        &mut self,
+        key: &RegionKey,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<Result<(), RmaStatus>, BoxError> {
+        match Tcp::get(self, key, offset, dst) {
+            Ok(()) => Ok(Ok(())),
+            Err(TcpError::Rma { status, .. }) => Ok(Err(status)),
+            Err(e) => Err(e.into()),
+        }
     }
 }
