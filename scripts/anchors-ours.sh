@@ -11,4 +11,8 @@ extra_all() {
     run_mpi btl_sm 120 "$BTL_BIN" bench --transport sm --format osu
     row btl_sm_nocma "btl sm, use_cma=0" "btl bench --transport sm with BTL_SM_USE_CMA=0: messages above 32 KiB pipelined through 32 KiB shared fragments"
     run_mpi btl_sm_nocma 120 env BTL_SM_USE_CMA=0 "$BTL_BIN" bench --transport sm --format osu
+    row btl_tcp "btl tcp (lo)" "btl bench --transport tcp over loopback, default parameters (sndbuf/rcvbuf 128 KiB as the seed)"
+    run_mpi btl_tcp 120 "$BTL_BIN" bench --transport tcp --format osu
+    row btl_tcp_auto "btl tcp (lo), kernel buffers" "btl bench --transport tcp with BTL_TCP_SNDBUF=0 BTL_TCP_RCVBUF=0 (kernel autotuning)"
+    run_mpi btl_tcp_auto 120 env BTL_TCP_SNDBUF=0 BTL_TCP_RCVBUF=0 "$BTL_BIN" bench --transport tcp --format osu
 }
