@@ -194,7 +194,7 @@ impl Config {
             cache: usize::try_from(p.endpoint_cache)
                 .unwrap_or(30 * 1024)
                 .max(64),
-            max_frame: p.max_frame.unwrap_or(p.max_send_size).max(p.max_send_size),
+            max_frame: p.max_frame(),
             handshake_ms: u64::from(p.handshake_timeout),
         }
     }
@@ -830,6 +830,7 @@ impl Tcp {
             // buffer (no read-ahead copy, one syscall per big piece).
             let room = c.dec.direct_payload_room() as usize;
             if room >= 4096 && c.cur.is_some() {
+                let room = room.min(4 << 20);
                 c.payload.reserve(room);
                 let len = c.payload.len();
                 let spare = &mut c.payload.spare_capacity_mut()[..room];
@@ -907,8 +908,10 @@ impl Tcp {
                     Some(Ok(Event::Header(h))) => {
                         c.cur = Some(h);
                         c.payload.clear();
-                        // `len` is at most max_frame (checked by the decoder).
-                        c.payload.reserve(h.len as usize);
+                        // `len` is at most max_frame (checked by the
+                        // decoder); memory grows as the data arrives, so a
+                        // header alone cannot make us allocate max_frame.
+                        c.payload.reserve((h.len as usize).min(1 << 20));
                         Todo::Nothing
                     }
                     Some(Ok(Event::Handshake(r))) => {
@@ -944,8 +947,15 @@ impl Tcp {
                 Todo::Handshake(_, false, None) => {}
                 Todo::Frame(peer, h, payload) => {
                     self.on_frame(conn, peer, h, &payload);
+                    // Give the buffer back for reuse — unless a nested
+                    // progress (a large reply written in place) already
+                    // started the next frame in a new one.
                     if let Some(c) = self.conns.get_mut(&conn.0) {
-                        c.payload = payload;
+                        if c.cur.is_none() && c.payload.capacity() == 0 {
+                            let mut payload = payload;
+                            payload.clear();
+                            c.payload = payload;
+                        }
                     }
                 }
             }
@@ -1226,8 +1236,11 @@ impl Tcp {
     /// (zero: just poll), handles them, checks timers. Returns the number
     /// of events handled.
     pub fn progress_timeout(&mut self, timeout: Duration) -> usize {
+        // (Progress can nest — a large write progresses while it waits —
+        // so the event list may have been taken by an outer call.)
         let mut events = std::mem::take(&mut self.events);
         events.clear();
+        events.reserve(64);
         let ts = rustix::time::Timespec {
             tv_sec: timeout.as_secs() as i64,
             tv_nsec: i64::from(timeout.subsec_nanos()),
@@ -1499,6 +1512,16 @@ impl Tcp {
             // queued meanwhile wait behind this one) and progress until the
             // socket takes more.
             c.writing_in_place = true;
+            if !c.write_armed {
+                // Wake up as soon as the socket takes more.
+                c.write_armed = true;
+                let _ = epoll::modify(
+                    &self.epoll,
+                    c.sock.as_fd(),
+                    epoll::EventData::new_u64(u64::from(conn.0)),
+                    epoll::EventFlags::IN | epoll::EventFlags::OUT,
+                );
+            }
             if start.elapsed() > self.timeout {
                 return Err(TcpError::Timeout {
                     what: "the socket to take a large frame",

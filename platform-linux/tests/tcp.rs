@@ -31,6 +31,30 @@ fn assert_intact(o: &Output, n: usize) -> String {
 }
 
 #[test]
+fn large_messages_travel_as_chains_of_frames() {
+    // max_frame at its minimum (max_send_size): 1 MiB messages are chunked.
+    let o = Command::new(BTL)
+        .args([
+            "run",
+            "--timeout",
+            "120",
+            "-n",
+            "2",
+            "--",
+            BTL,
+            "stress",
+            "--transport",
+            "tcp",
+        ])
+        .args(["--messages", "100", "--max-size", "1048576"])
+        .env("BTL_TCP_MAX_FRAME", "131072")
+        .env_remove("BTL_RANK")
+        .output()
+        .unwrap();
+    assert_intact(&o, 2);
+}
+
+#[test]
 fn stress_over_tcp_2_and_4_ranks() {
     for (n, m) in [(2, 300), (4, 100)] {
         let o = run(
