@@ -25,7 +25,6 @@
 //!
 //! One `unsafe` block: after `recv` into a `Vec`'s spare capacity, the
 //! length is set to cover exactly the bytes the kernel wrote.
-#![allow(clippy::too_many_lines)]
 #![allow(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};

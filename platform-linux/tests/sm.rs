@@ -8,6 +8,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{children, environ_var};
+
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
 fn uid() -> u32 {
@@ -251,27 +254,6 @@ fn stale_segment_of_a_dead_job_is_removed() {
     let o = run(2, &[], &["stress", "--messages", "5"]);
     assert_intact(&o, 2);
     assert!(!Path::new(&path).exists(), "stale {path} still there");
-}
-
-/// Children of `pid` (from /proc).
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(s) = fs::read_to_string(t.path().join("children")) {
-                out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-            }
-        }
-    }
-    out
-}
-
-fn environ_var(pid: u32, var: &str) -> Option<String> {
-    let env = fs::read(format!("/proc/{pid}/environ")).ok()?;
-    env.split(|&b| b == 0).find_map(|kv| {
-        let kv = String::from_utf8_lossy(kv);
-        kv.strip_prefix(&format!("{var}=")).map(str::to_owned)
-    })
 }
 
 #[test]

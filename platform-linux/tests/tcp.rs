@@ -6,6 +6,9 @@ use std::net::TcpStream;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{children, environ_var};
+
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
 fn run(n: u32, args: &[&str]) -> Output {
@@ -96,27 +99,6 @@ fn bench_over_tcp_prints_tcp_lines() {
         lines[0].starts_with(r#"{"transport":"tcp","size":8,"latency_us":"#),
         "{out}"
     );
-}
-
-/// Children of `pid` (from /proc).
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(s) = fs::read_to_string(t.path().join("children")) {
-                out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-            }
-        }
-    }
-    out
-}
-
-fn environ_var(pid: u32, var: &str) -> Option<String> {
-    let env = fs::read(format!("/proc/{pid}/environ")).ok()?;
-    env.split(|&b| b == 0).find_map(|kv| {
-        let kv = String::from_utf8_lossy(kv);
-        kv.strip_prefix(&format!("{var}=")).map(str::to_owned)
-    })
 }
 
 /// Established TCP connections whose local port is `port` (from
@@ -232,7 +214,7 @@ fn hostile_clients_are_dropped_and_the_job_completes() {
                 .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
                 .collect(),
         ),
-        ("wrong magic", handshake(b"XXXX", 1, job_hash(&job), 1)),
+        ("wrong magic", handshake(b"NOPE", 1, job_hash(&job), 1)),
         ("wrong version", handshake(b"BTLT", 99, job_hash(&job), 1)),
         (
             "unknown identity",
