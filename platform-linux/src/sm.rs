@@ -84,7 +84,7 @@ const TAG_BARRIER: u8 = 253;
 /// How often a blocking wait checks that its peers are alive.
 pub const LIVENESS_INTERVAL: Duration = Duration::from_millis(100);
 /// Default for how long start-up waits for the other local ranks
-/// (`BTL_SM_ATTACH_TIMEOUT`, seconds).
+/// (`BTL_ATTACH_TIMEOUT`, seconds).
 pub const DEFAULT_ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest message (1 GiB) the receiving side accepts (a hostile or buggy
 /// peer announcing more is refused instead of exhausting memory).
@@ -177,7 +177,7 @@ impl fmt::Display for SmError {
             Self::AttachTimeout { waited, missing } => write!(
                 f,
                 "sm start-up: local ranks {missing:?} did not attach within {:.1} s \
-                 (BTL_SM_ATTACH_TIMEOUT)",
+                 (BTL_ATTACH_TIMEOUT)",
                 waited.as_secs_f64()
             ),
             Self::PeerDiedAtStart { rank, pid } => {
@@ -674,7 +674,7 @@ pub struct Sm {
     failed: Vec<u32>,
     departed: Vec<u32>,
     last_liveness: Instant,
-    /// Timeout of blocking operations (`BTL_SM_TIMEOUT`, seconds).
+    /// Timeout of blocking operations (`BTL_TIMEOUT`, seconds).
     timeout: Duration,
     barrier_epoch: u64,
     /// Inside `progress`'s RMA service (which sends, and so progresses).
@@ -693,17 +693,24 @@ impl fmt::Debug for Sm {
     }
 }
 
-fn env_secs(var: &str, default: Duration) -> Result<Duration, SmError> {
+/// A duration in seconds from the environment variable `var` (`default`
+/// when unset); `None` if it is set but not a positive number of seconds.
+pub(crate) fn env_secs_opt(var: &str, default: Duration) -> Option<Duration> {
     match std::env::var(var) {
         Ok(v) => v
             .trim()
             .parse::<f64>()
             .ok()
             .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
-            .map(Duration::from_secs_f64)
-            .ok_or(SmError::Unsupported("a timeout variable (BTL_SM_ATTACH_TIMEOUT / BTL_SM_TIMEOUT) must be a positive number of seconds")),
-        Err(_) => Ok(default),
+            .map(Duration::from_secs_f64),
+        Err(_) => Some(default),
     }
+}
+
+fn env_secs(var: &str, default: Duration) -> Result<Duration, SmError> {
+    env_secs_opt(var, default).ok_or(SmError::Unsupported(
+        "a timeout variable (BTL_ATTACH_TIMEOUT / BTL_TIMEOUT) must be a positive number of seconds",
+    ))
 }
 
 /// Reads the `sm` parameters from the environment (`BTL_SM_*`,
@@ -714,9 +721,6 @@ pub fn params_from_env() -> Result<SmParams, SmError> {
         let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
             continue;
         };
-        if k == "BTL_SM_ATTACH_TIMEOUT" || k == "BTL_SM_TIMEOUT" {
-            continue;
-        }
         p.set_from_env_var(k, v)?;
     }
     p.verify()?;
@@ -733,8 +737,8 @@ impl Sm {
             ));
         }
         params.verify()?;
-        let attach_timeout = env_secs("BTL_SM_ATTACH_TIMEOUT", DEFAULT_ATTACH_TIMEOUT)?;
-        let timeout = env_secs("BTL_SM_TIMEOUT", Duration::from_secs(300))?;
+        let attach_timeout = env_secs("BTL_ATTACH_TIMEOUT", DEFAULT_ATTACH_TIMEOUT)?;
+        let timeout = env_secs("BTL_TIMEOUT", Duration::from_secs(300))?;
         let me = job.local_rank;
         let nprocs = job.local_size;
         let uid = rustix::process::getuid().as_raw();

@@ -2,10 +2,11 @@
 //! progress (rustix), and btl-core's sans-IO protocol (`btl_core::tcp`:
 //! wire formats, the incremental decoder, the endpoint state machine).
 //!
-//! - Every rank listens on one IPv4 port in `[port_min_v4,
-//!   port_min_v4 + port_range_v4)` (ports in use are skipped; no
-//!   `SO_REUSEADDR`), non-blocking, and publishes `ip:port` through the
-//!   job's wire-up ([`crate::wireup`]).
+//! - Every rank listens on one port per address family (IPv4 in
+//!   `[port_min_v4, port_min_v4 + port_range_v4)`, IPv6 likewise with
+//!   `IPV6_V6ONLY`; ports in use are skipped; no `SO_REUSEADDR`),
+//!   non-blocking, and publishes its addresses through the job's wire-up
+//!   ([`crate::wireup`]); a peer is reached on the first family both have.
 //! - Connections open lazily on the first send to a peer; frames sent
 //!   meanwhile wait in that peer's queue (owned here; the core decides when
 //!   they may flow). A simultaneous connect keeps the connection started by
@@ -167,6 +168,8 @@ fn io_err(what: &'static str) -> impl Fn(io::Error) -> TcpError {
 struct Config {
     port_min: u16,
     port_range: u16,
+    port_min6: u16,
+    port_range6: u16,
     nodelay: bool,
     sndbuf: usize,
     rcvbuf: usize,
@@ -177,16 +180,18 @@ struct Config {
 
 impl Config {
     fn from(p: &TcpParams) -> Self {
-        let port_min = u16::try_from(p.port_min_v4).unwrap_or(1024).max(1);
-        let default_range = 65535 - port_min;
-        let port_range = p
-            .port_range_v4
-            .and_then(|r| u16::try_from(r).ok())
-            .unwrap_or(default_range)
-            .clamp(1, 65535 - port_min + 1);
+        use btl_core::tcp::params::IpFamily;
+        let (v4, v6) = (p.listen_ports(IpFamily::V4), p.listen_ports(IpFamily::V6));
+        let span = |r: &std::ops::RangeInclusive<u16>| {
+            r.end().saturating_sub(*r.start()).saturating_add(1)
+        };
+        let (port_min, port_range) = (*v4.start(), span(&v4));
+        let (port_min6, port_range6) = (*v6.start(), span(&v6));
         Self {
             port_min,
             port_range,
+            port_min6,
+            port_range6,
             nodelay: !p.use_nagle,
             sndbuf: usize::try_from(p.sndbuf).unwrap_or(0),
             rcvbuf: usize::try_from(p.rcvbuf).unwrap_or(0),
@@ -214,55 +219,83 @@ pub fn params_from_env() -> Result<TcpParams, TcpError> {
     Ok(p)
 }
 
-/// The address to listen on and connect from: `BTL_TCP_BIND` if set;
-/// else, when `if_include` is given, the first interface instance that
-/// interface selection (`btl_core::tcp::ifsel`) picks from the machine's
-/// interfaces; else loopback — a job on one machine talks over loopback,
-/// and never leaves the machine unless told which interface to use.
-pub fn choose_bind(params: &TcpParams) -> Result<IpAddr, TcpError> {
+/// The addresses to listen on and connect from, one per address family
+/// (IPv4 first): `BTL_BIND` if set (one address); else, when
+/// `if_include` is given, the IPv4 and (global) IPv6 address of the first
+/// interface that interface selection (`btl_core::tcp::ifsel`) picks from
+/// the machine's interfaces; else loopback (127.0.0.1 and ::1) — a job on
+/// one machine never leaves it unless told which interface to use.
+/// `disable_family` drops a family.
+pub fn choose_binds(params: &TcpParams) -> Result<Vec<IpAddr>, TcpError> {
     use btl_core::tcp::ifsel::{select, Instance, Interface};
-    if let Ok(b) = std::env::var("BTL_TCP_BIND") {
-        return b.trim().parse().map_err(|_| {
+    use btl_core::tcp::params::IpFamily;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    if let Ok(b) = std::env::var("BTL_BIND") {
+        let ip: IpAddr = b.trim().parse().map_err(|_| {
             TcpError::Param(format!(
-                "BTL_TCP_BIND={b:?}: accepts an IP address such as 127.0.0.1"
+                "BTL_BIND={b:?}: accepts an IP address such as 127.0.0.1"
             ))
-        });
-    }
-    if params.if_include().is_empty() {
-        return Ok(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        })?;
+        return Ok(vec![ip]);
     }
     let ifs = crate::ifaddrs::interfaces().map_err(io_err("list the network interfaces"))?;
-    let list: Vec<Interface<'_>> = ifs
-        .iter()
-        .map(|i| Interface {
-            name: &i.name,
-            index: i.index,
-            addr: i.addr,
-            prefix_len: i.prefix_len,
-            up: i.up,
-            loopback: i.loopback,
+    let enabled = |ip: &IpAddr| params.family_enabled(IpFamily::of(ip));
+    let mut binds = Vec::new();
+    if params.if_include().is_empty() {
+        let v6_lo = ifs
+            .iter()
+            .any(|i| i.addr == IpAddr::V6(Ipv6Addr::LOCALHOST));
+        binds.push(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        if v6_lo {
+            binds.push(IpAddr::V6(Ipv6Addr::LOCALHOST));
+        }
+    } else {
+        let list: Vec<Interface<'_>> = ifs
+            .iter()
+            .map(|i| Interface {
+                name: &i.name,
+                index: i.index,
+                addr: i.addr,
+                prefix_len: i.prefix_len,
+                up: i.up,
+                loopback: i.loopback,
+            })
+            .collect();
+        let empty = Instance {
+            if_name: "",
+            index: 0,
+            addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            addr_v4: None,
+            addr_v6: None,
+            link: 0,
+            bandwidth: 0,
+            latency: 0,
+        };
+        let mut out = vec![empty; list.len().max(1) * params.links.max(1) as usize];
+        let n = select(&list, params, &mut out, |w| {
+            log::warn!("tcp interface selection: {w}")
         })
-        .collect();
-    let empty = Instance {
-        if_name: "",
-        index: 0,
-        addr: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-        addr_v4: None,
-        addr_v6: None,
-        link: 0,
-        bandwidth: 0,
-        latency: 0,
-    };
-    let mut out = vec![empty; list.len().max(1) * params.links.max(1) as usize];
-    let n = select(&list, params, &mut out, |w| {
-        log::warn!("tcp interface selection: {w}")
-    })
-    .map_err(|e| TcpError::Param(e.to_string()))?;
-    let first = out[..n]
-        .first()
-        .ok_or(TcpError::Param("tcp: no interface selected".into()))?;
-    log::debug!("tcp: using interface {} ({})", first.if_name, first.addr);
-    Ok(first.addr_v4.map(IpAddr::V4).unwrap_or(first.addr))
+        .map_err(|e| TcpError::Param(e.to_string()))?;
+        let first = out[..n]
+            .first()
+            .ok_or(TcpError::Param("tcp: no interface selected".into()))?;
+        log::debug!("tcp: using interface {} ({})", first.if_name, first.addr);
+        binds.extend(first.addr_v4.map(IpAddr::V4));
+        // A link-local IPv6 address needs a scope to be reached: skip it.
+        binds.extend(
+            first
+                .addr_v6
+                .filter(|a| (a.segments()[0] & 0xffc0) != 0xfe80)
+                .map(IpAddr::V6),
+        );
+    }
+    binds.retain(enabled);
+    if binds.is_empty() {
+        return Err(TcpError::Param(
+            "tcp: no address left to listen on (disable_family removed them all)".into(),
+        ));
+    }
+    Ok(binds)
 }
 
 /// One socket: a connection in any state.
@@ -295,7 +328,8 @@ struct Peer {
     ep: Endpoint,
     /// Frames waiting for a connection.
     queue: VecDeque<Vec<u8>>,
-    addr: Option<SocketAddr>,
+    /// Where to connect, and our address (same family) to connect from.
+    addr: Option<(SocketAddr, IpAddr)>,
     failed: Option<String>,
 }
 
@@ -306,8 +340,8 @@ pub struct Tcp {
     job: u64,
     cfg: Config,
     epoll: OwnedFd,
-    listener: Socket,
-    local: SocketAddr,
+    listeners: Vec<Socket>,
+    locals: Vec<SocketAddr>,
     conns: HashMap<u32, Conn>,
     next_conn: u32,
     peers: Vec<Peer>,
@@ -337,7 +371,7 @@ impl fmt::Debug for Tcp {
         f.debug_struct("Tcp")
             .field("me", &self.me)
             .field("n", &self.n)
-            .field("local", &self.local)
+            .field("locals", &self.locals)
             .finish()
     }
 }
@@ -355,8 +389,13 @@ pub const MAX_MESSAGE: u64 = 1 << 30;
 /// Binds a non-blocking IPv4 listener on `ip` within the port range,
 /// skipping ports in use (no `SO_REUSEADDR`).
 fn listen_in_range(ip: IpAddr, cfg: &Config) -> Result<Socket, TcpError> {
-    for i in 0..u32::from(cfg.port_range) {
-        let port = u32::from(cfg.port_min) + i;
+    let (port_min, port_range) = if ip.is_ipv4() {
+        (cfg.port_min, cfg.port_range)
+    } else {
+        (cfg.port_min6, cfg.port_range6)
+    };
+    for i in 0..u32::from(port_range) {
+        let port = u32::from(port_min) + i;
         let Ok(port) = u16::try_from(port) else { break };
         let domain = if ip.is_ipv4() {
             Domain::IPV4
@@ -384,8 +423,8 @@ fn listen_in_range(ip: IpAddr, cfg: &Config) -> Result<Socket, TcpError> {
         return Ok(sock);
     }
     Err(TcpError::NoPort {
-        min: cfg.port_min,
-        range: cfg.port_range,
+        min: port_min,
+        range: port_range,
     })
 }
 
@@ -416,34 +455,48 @@ impl Tcp {
     /// single machine, the selected interface's address otherwise),
     /// publishes the address through the session directory and reads every
     /// peer's. Connections open lazily.
-    pub fn init(job: &JobEnv, params: TcpParams, bind: IpAddr) -> Result<Tcp, TcpError> {
+    pub fn init(job: &JobEnv, params: TcpParams, binds: &[IpAddr]) -> Result<Tcp, TcpError> {
         let cfg = Config::from(&params);
-        let listener = listen_in_range(bind, &cfg)?;
-        let local = listener
-            .local_addr()
-            .ok()
-            .and_then(|a| a.as_socket())
-            .ok_or(TcpError::Io {
-                what: "read the listening address",
-                source: io::Error::other("not an inet address"),
+        let timeout =
+            crate::sm::env_secs_opt("BTL_TIMEOUT", Duration::from_secs(300)).ok_or_else(|| {
+                TcpError::Param("BTL_TIMEOUT: accepts a positive number of seconds".into())
             })?;
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| TcpError::Io {
             what: "create an epoll instance",
             source: e.into(),
         })?;
-        epoll::add(
-            &epoll,
-            listener.as_fd(),
-            epoll::EventData::new_u64(LISTENER),
-            epoll::EventFlags::IN,
-        )
-        .map_err(|e| TcpError::Io {
-            what: "register the listener",
-            source: e.into(),
-        })?;
+        let mut listeners = Vec::new();
+        let mut locals = Vec::new();
+        for (i, &bind) in binds.iter().enumerate() {
+            let listener = listen_in_range(bind, &cfg)?;
+            let local = listener
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .ok_or(TcpError::Io {
+                    what: "read the listening address",
+                    source: io::Error::other("not an inet address"),
+                })?;
+            epoll::add(
+                &epoll,
+                listener.as_fd(),
+                epoll::EventData::new_u64(LISTENER - i as u64),
+                epoll::EventFlags::IN,
+            )
+            .map_err(|e| TcpError::Io {
+                what: "register the listener",
+                source: e.into(),
+            })?;
+            listeners.push(listener);
+            locals.push(local);
+        }
+        if locals.is_empty() {
+            return Err(TcpError::Param("tcp: no address to listen on".into()));
+        }
         let wireup = SessionWireup::new(&job.session_dir, job.rank);
+        let published: Vec<String> = locals.iter().map(ToString::to_string).collect();
         wireup
-            .publish(ADDR_KEY, local.to_string().as_bytes())
+            .publish(ADDR_KEY, published.join(",").as_bytes())
             .map_err(TcpError::Wireup)?;
         let others: Vec<u32> = (0..job.size).collect();
         let addrs = wireup
@@ -452,14 +505,30 @@ impl Tcp {
         let jh = job_hash(job.job.as_bytes());
         let mut peers = Vec::with_capacity(job.size as usize);
         for (r, a) in addrs.iter().enumerate() {
-            let addr = std::str::from_utf8(a)
+            // The peer's addresses, each a `SocketAddr`; use the first of our
+            // families (IPv4 first) that it also listens on.
+            let theirs: Vec<SocketAddr> = std::str::from_utf8(a)
                 .ok()
-                .and_then(|s| s.trim().parse::<SocketAddr>().ok())
-                .ok_or(TcpError::BadAddress { peer: r as u32 })?;
+                .map(|s| s.trim().split(',').filter_map(|x| x.parse().ok()).collect())
+                .unwrap_or_default();
+            if theirs.is_empty() {
+                return Err(TcpError::BadAddress { peer: r as u32 });
+            }
+            let pick = locals.iter().find_map(|l| {
+                theirs
+                    .iter()
+                    .find(|t| t.is_ipv4() == l.is_ipv4())
+                    .map(|t| (*t, l.ip()))
+            });
+            if pick.is_none() && r as u32 != job.rank {
+                log::warn!(
+                    "tcp: rank {r} listens on {theirs:?}: no address family in common with ours"
+                );
+            }
             peers.push(Peer {
                 ep: Endpoint::new(job.rank, r as u32, jh, cfg.handshake_ms),
                 queue: VecDeque::new(),
-                addr: Some(addr),
+                addr: pick,
                 failed: None,
             });
         }
@@ -469,15 +538,15 @@ impl Tcp {
             job: jh,
             cfg,
             epoll,
-            listener,
-            local,
+            listeners,
+            locals,
             conns: HashMap::new(),
             next_conn: 0,
             peers,
             handlers: (0..256).map(|_| None).collect(),
             start: Instant::now(),
             events: Vec::with_capacity(64),
-            timeout: Duration::from_secs(300),
+            timeout,
             rejected: 0,
             barrier_epoch: 0,
             barrier_arrivals: HashMap::new(),
@@ -500,9 +569,9 @@ impl Tcp {
         self.n
     }
 
-    /// The address this rank listens on.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local
+    /// The addresses this rank listens on (one per address family).
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.locals
     }
 
     /// Connections dropped because the other side sent something invalid
@@ -596,7 +665,7 @@ impl Tcp {
     }
 
     fn start_connect(&mut self, peer: u32) -> Result<(), TcpError> {
-        let Some(addr) = self.peers[peer as usize].addr else {
+        let Some((addr, from)) = self.peers[peer as usize].addr else {
             return Err(TcpError::BadAddress { peer });
         };
         let domain = if addr.is_ipv4() {
@@ -609,7 +678,7 @@ impl Tcp {
         tune(&sock, &self.cfg).map_err(io_err("configure a socket"))?;
         // Outgoing connections leave from the address we listen on (the
         // selected interface).
-        let _ = sock.bind(&SockAddr::from(SocketAddr::new(self.local.ip(), 0)));
+        let _ = sock.bind(&SockAddr::from(SocketAddr::new(from, 0)));
         match sock.connect(&SockAddr::from(addr)) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -791,10 +860,13 @@ impl Tcp {
         self.drop_conn(conn);
     }
 
-    fn accept_all(&mut self) -> usize {
+    fn accept_all(&mut self, listener: usize) -> usize {
         let mut n = 0;
         loop {
-            match self.listener.accept() {
+            let Some(l) = self.listeners.get(listener) else {
+                return n;
+            };
+            match l.accept() {
                 Ok((sock, addr)) => {
                     n += 1;
                     let addr = addr.as_socket().map(|a| a.to_string()).unwrap_or_default();
@@ -1253,8 +1325,9 @@ impl Tcp {
         for ev in &events {
             let (flags, data) = (ev.flags, ev.data);
             let token = data.u64();
-            if token == LISTENER {
-                n += self.accept_all();
+            let nl = self.listeners.len() as u64;
+            if token > LISTENER - nl {
+                n += self.accept_all((LISTENER - token) as usize);
                 continue;
             }
             let conn = ConnId(token as u32);

@@ -69,14 +69,14 @@ pub trait Transport {
 }
 
 /// Opens the transport `name` (`sm` or `tcp`) for `job`, with parameters
-/// from the environment (TCP's address: [`crate::tcp::choose_bind`]).
+/// from the environment (TCP's address: [`crate::tcp::choose_binds`]).
 pub fn open(name: &str, job: &JobEnv) -> Result<Box<dyn Transport>, BoxError> {
     match name {
         "sm" => Ok(Box::new(Sm::init(job, crate::sm::params_from_env()?)?)),
         "tcp" => {
             let params = crate::tcp::params_from_env()?;
-            let bind = crate::tcp::choose_bind(&params)?;
-            Ok(Box::new(Tcp::init(job, params, bind)?))
+            let binds = crate::tcp::choose_binds(&params)?;
+            Ok(Box::new(Tcp::init(job, params, &binds)?))
         }
         other => Err(format!("unknown transport {other:?} (accepts sm or tcp)").into()),
     }
@@ -181,7 +181,11 @@ impl Transport for Tcp {
         format!(
             "transport tcp, {} ranks, listening on {}",
             self.size(),
-            self.local_addr()
+            self.local_addrs()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     }
     fn rank(&self) -> u32 {

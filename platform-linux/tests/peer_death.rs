@@ -26,7 +26,7 @@ fn spawn_rank(job: &str, dir: &str, rank: u32, transport: &str) -> Child {
         .env("BTL_LOCAL_SIZE", "2")
         .env("BTL_SESSION_DIR", dir)
         .env("BTL_NODE", "node")
-        .env("BTL_SM_TIMEOUT", "60")
+        .env("BTL_TIMEOUT", "60")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

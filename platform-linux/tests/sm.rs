@@ -228,7 +228,7 @@ fn a_rank_that_never_attaches_times_out_by_name() {
             "-c",
             &script,
         ])
-        .env("BTL_SM_ATTACH_TIMEOUT", "1")
+        .env("BTL_ATTACH_TIMEOUT", "1")
         .env_remove("BTL_RANK")
         .output()
         .unwrap();
