@@ -1041,24 +1041,26 @@ mod signals {
 
     use std::io;
     use std::ptr;
-    use std::sync::atomic::{AtomicI32, Ordering};
+    use btl_core::sync::{AtomicU32, Ordering};
 
-    /// The last signal received and not yet taken (0: none).
-    static PENDING: AtomicI32 = AtomicI32::new(0);
+    /// The last signal received and not yet taken (0: none). From the
+    /// core's atomics shim, like every atomic of the project; a lock-free
+    /// 32-bit store is async-signal-safe.
+    static PENDING: AtomicU32 = AtomicU32::new(0);
 
     /// The signals the launcher catches and forwards.
     const CAUGHT: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
     /// The signal handler: records the signal, nothing else.
     extern "C" fn record(sig: libc::c_int) {
-        PENDING.store(sig, Ordering::Relaxed);
+        PENDING.store(sig as u32, Ordering::Relaxed);
     }
 
     /// The signal received since the last call, if any.
     pub(super) fn take() -> Option<i32> {
         match PENDING.swap(0, Ordering::Relaxed) {
             0 => None,
-            sig => Some(sig),
+            sig => Some(sig as i32),
         }
     }
 
