@@ -1039,9 +1039,9 @@ fn ranks_running(n: usize) -> String {
 mod signals {
     #![allow(unsafe_code)]
 
+    use btl_core::sync::{AtomicU32, Ordering};
     use std::io;
     use std::ptr;
-    use btl_core::sync::{AtomicU32, Ordering};
 
     /// The last signal received and not yet taken (0: none). From the
     /// core's atomics shim, like every atomic of the project; a lock-free
