@@ -173,6 +173,36 @@ pub static COMPONENTS: &[Component] = &[
     },
 ];
 
+/// Sets every variable of `vars` through `set` (which ignores the ones that
+/// are not its component's); collects every error, naming the variable.
+fn apply_env<E: fmt::Display>(
+    vars: &[(String, String)],
+    mut set: impl FnMut(&str, &str) -> Result<(), E>,
+) -> Result<(), Vec<ParamProblem>> {
+    let problems: Vec<ParamProblem> = vars
+        .iter()
+        .filter_map(|(var, value)| {
+            set(var, value).err().map(|e| ParamProblem {
+                var: Some((var.clone(), value.clone())),
+                message: e.to_string(),
+            })
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+/// A verification error as the one problem of a component.
+fn one_problem(e: &dyn fmt::Display) -> Vec<ParamProblem> {
+    vec![ParamProblem {
+        var: None,
+        message: e.to_string(),
+    }]
+}
+
 /// The `tcp` component's parameters: defaults, then every `BTL_TCP_*` /
 /// `OMPI_MCA_btl_tcp_*` variable of `vars`, then `TcpParams::verify`.
 /// Per-interface overrides (`BTL_TCP_BANDWIDTH_ETH0`) are checked here and
@@ -180,24 +210,8 @@ pub static COMPONENTS: &[Component] = &[
 pub fn tcp_params(vars: &[(String, String)]) -> Result<Vec<ParamRow>, Vec<ParamProblem>> {
     use btl_core::tcp::params::{TcpParam, TcpParams, TcpValue};
     let mut params = TcpParams::default();
-    let mut problems = Vec::new();
-    for (var, value) in vars {
-        if let Err(e) = params.set_from_env_var(var, value) {
-            problems.push(ParamProblem {
-                var: Some((var.clone(), value.clone())),
-                message: e.to_string(),
-            });
-        }
-    }
-    if !problems.is_empty() {
-        return Err(problems);
-    }
-    let verified = params.verify().map_err(|e| {
-        vec![ParamProblem {
-            var: None,
-            message: e.to_string(),
-        }]
-    })?;
+    let verified = apply_env(vars, |k, v| params.set_from_env_var(k, v).map(|_| ()))
+        .and_then(|()| params.verify().map_err(|e| one_problem(&e)))?;
     let value = |v: TcpValue<'_>| match v {
         TcpValue::Int(i) => ParamValue::Int(i),
         TcpValue::Text(t) => ParamValue::Text(t.to_string()),
@@ -229,24 +243,8 @@ pub fn tcp_params(vars: &[(String, String)]) -> Result<Vec<ParamRow>, Vec<ParamP
 /// `OMPI_MCA_btl_sm_*` variable of `vars`, then [`SmParams::verify`].
 pub fn sm_params(vars: &[(String, String)]) -> Result<Vec<ParamRow>, Vec<ParamProblem>> {
     let mut params = SmParams::default();
-    let mut problems = Vec::new();
-    for (var, value) in vars {
-        if let Err(e) = params.set_from_env_var(var, value) {
-            problems.push(ParamProblem {
-                var: Some((var.clone(), value.clone())),
-                message: e.to_string(),
-            });
-        }
-    }
-    if !problems.is_empty() {
-        return Err(problems);
-    }
-    let verified = params.verify().map_err(|e| {
-        vec![ParamProblem {
-            var: None,
-            message: e.to_string(),
-        }]
-    })?;
+    let verified = apply_env(vars, |k, v| params.set_from_env_var(k, v).map(|_| ()))
+        .and_then(|()| params.verify().map_err(|e| one_problem(&e)))?;
     Ok(params
         .iter()
         .map(|info| {

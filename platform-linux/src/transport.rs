@@ -82,6 +82,21 @@ pub fn open(name: &str, job: &JobEnv) -> Result<Box<dyn Transport>, BoxError> {
     }
 }
 
+/// Splits a get/put result: a refusal by the target (`Ok(Err(status))`)
+/// from a transport failure (`Err`).
+fn refusal<E: Error + Send + Sync + 'static>(
+    r: Result<(), E>,
+    refused: impl FnOnce(&E) -> Option<RmaStatus>,
+) -> Result<Result<(), RmaStatus>, BoxError> {
+    match r {
+        Ok(()) => Ok(Ok(())),
+        Err(e) => match refused(&e) {
+            Some(status) => Ok(Err(status)),
+            None => Err(e.into()),
+        },
+    }
+}
+
 impl Transport for Sm {
     fn name(&self) -> &'static str {
         "sm"
@@ -153,11 +168,10 @@ impl Transport for Sm {
         offset: u64,
         src: &[u8],
     ) -> Result<Result<(), RmaStatus>, BoxError> {
-        match Sm::put(self, key, offset, src) {
-            Ok(()) => Ok(Ok(())),
-            Err(SmError::Rma { status, .. }) => Ok(Err(status)),
-            Err(e) => Err(e.into()),
-        }
+        refusal(Sm::put(self, key, offset, src), |e| match e {
+            SmError::Rma { status, .. } => Some(*status),
+            _ => None,
+        })
     }
     fn get(
         &mut self,
@@ -165,11 +179,10 @@ impl Transport for Sm {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<Result<(), RmaStatus>, BoxError> {
-        match Sm::get(self, key, offset, dst) {
-            Ok(()) => Ok(Ok(())),
-            Err(SmError::Rma { status, .. }) => Ok(Err(status)),
-            Err(e) => Err(e.into()),
-        }
+        refusal(Sm::get(self, key, offset, dst), |e| match e {
+            SmError::Rma { status, .. } => Some(*status),
+            _ => None,
+        })
     }
 }
 
@@ -242,11 +255,10 @@ impl Transport for Tcp {
         offset: u64,
         src: &[u8],
     ) -> Result<Result<(), RmaStatus>, BoxError> {
-        match Tcp::put(self, key, offset, src) {
-            Ok(()) => Ok(Ok(())),
-            Err(TcpError::Rma { status, .. }) => Ok(Err(status)),
-            Err(e) => Err(e.into()),
-        }
+        refusal(Tcp::put(self, key, offset, src), |e| match e {
+            TcpError::Rma { status, .. } => Some(*status),
+            _ => None,
+        })
     }
     fn get(
         &mut self,
@@ -254,10 +266,9 @@ impl Transport for Tcp {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<Result<(), RmaStatus>, BoxError> {
-        match Tcp::get(self, key, offset, dst) {
-            Ok(()) => Ok(Ok(())),
-            Err(TcpError::Rma { status, .. }) => Ok(Err(status)),
-            Err(e) => Err(e.into()),
-        }
+        refusal(Tcp::get(self, key, offset, dst), |e| match e {
+            TcpError::Rma { status, .. } => Some(*status),
+            _ => None,
+        })
     }
 }

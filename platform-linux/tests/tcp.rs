@@ -12,9 +12,15 @@ use common::{children, environ_var};
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
 fn run(n: u32, args: &[&str]) -> Output {
+    run_env(n, &[], args)
+}
+
+/// `btl run --timeout 120 -n N -- btl ARGS...` with extra environment.
+fn run_env(n: u32, env: &[(&str, &str)], args: &[&str]) -> Output {
     Command::new(BTL)
         .args(["run", "--timeout", "120", "-n", &n.to_string(), "--", BTL])
         .args(args)
+        .envs(env.iter().copied())
         .env_remove("BTL_RANK")
         .output()
         .expect("run btl")
@@ -36,24 +42,19 @@ fn assert_intact(o: &Output, n: usize) -> String {
 #[test]
 fn large_messages_travel_as_chains_of_frames() {
     // max_frame at its minimum (max_send_size): 1 MiB messages are chunked.
-    let o = Command::new(BTL)
-        .args([
-            "run",
-            "--timeout",
-            "120",
-            "-n",
-            "2",
-            "--",
-            BTL,
+    let o = run_env(
+        2,
+        &[("BTL_TCP_MAX_FRAME", "131072")],
+        &[
             "stress",
             "--transport",
             "tcp",
-        ])
-        .args(["--messages", "100", "--max-size", "1048576"])
-        .env("BTL_TCP_MAX_FRAME", "131072")
-        .env_remove("BTL_RANK")
-        .output()
-        .unwrap();
+            "--messages",
+            "100",
+            "--max-size",
+            "1048576",
+        ],
+    );
     assert_intact(&o, 2);
 }
 
@@ -277,24 +278,19 @@ fn stress_over_ipv6_loopback_when_ipv4_is_disabled() {
         eprintln!("SKIPPED: this machine has no ::1 (IPv6 disabled)");
         return;
     }
-    let o = Command::new(BTL)
-        .args([
-            "run",
-            "--timeout",
-            "120",
-            "-n",
-            "2",
-            "--",
-            BTL,
+    let o = run_env(
+        2,
+        &[("BTL_TCP_DISABLE_FAMILY", "4")],
+        &[
             "stress",
             "--transport",
             "tcp",
-        ])
-        .args(["--messages", "100", "--max-size", "300000"])
-        .env("BTL_TCP_DISABLE_FAMILY", "4")
-        .env_remove("BTL_RANK")
-        .output()
-        .unwrap();
+            "--messages",
+            "100",
+            "--max-size",
+            "300000",
+        ],
+    );
     assert_intact(&o, 2);
     // And both families when neither is disabled: the published records
     // carry two addresses; peers pick IPv4.
