@@ -14,7 +14,10 @@
 //!   status bit);
 //! - [`params`]: the `sm` component's parameters with the seed's names,
 //!   defaults, help texts and validation rules;
-//! - [`sizing`]: shared-segment sizing with overflow detection.
+//! - [`sizing`]: shared-segment sizing with overflow detection;
+//! - [`tcp`]: the TCP protocol as sans-IO state machines;
+//! - [`wireup`]: the wire-up trait and the key/value service's protocol
+//!   with a sans-IO client.
 //!
 //! Nothing here allocates; capacities are const generics or caller-provided
 //! memory. Every value read from shared memory is treated as untrusted: a
@@ -39,3 +42,4 @@ pub mod shm;
 pub mod sizing;
 pub mod sync;
 pub mod tcp;
+pub mod wireup;
