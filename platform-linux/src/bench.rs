@@ -15,9 +15,9 @@ use std::io::Write;
 use std::rc::Rc;
 use std::time::Instant;
 
-use crate::job::JobEnv;
 use crate::launcher::{launch, LaunchSpec};
-use crate::transport::{self, BoxError, Transport};
+use crate::transport::{BoxError, Transport};
+use crate::world::{Choice, World};
 
 /// Sizes measured by default (bytes).
 pub const DEFAULT_SIZES: [usize; 7] = [8, 64, 1024, 4096, 65536, 1_048_576, 4_194_304];
@@ -55,7 +55,7 @@ pub struct BenchOpts {
 impl Default for BenchOpts {
     fn default() -> Self {
         Self {
-            transport: "sm".into(),
+            transport: "auto".into(),
             sizes: DEFAULT_SIZES.to_vec(),
             format: Format::Human,
             quick: false,
@@ -64,7 +64,7 @@ impl Default for BenchOpts {
 }
 
 /// Usage of `btl bench`.
-pub const USAGE: &str = "usage: btl bench [--transport sm|tcp] [--sizes 8,64,...] [--json | --format human|json|osu] [--quick]";
+pub const USAGE: &str = "usage: btl bench [--transport auto|sm|tcp] [--sizes 8,64,...] [--json | --format human|json|osu] [--quick]";
 
 /// Parses `btl bench` arguments (after the subcommand name).
 pub fn parse_args(args: &[OsString]) -> Result<BenchOpts, String> {
@@ -75,8 +75,8 @@ pub fn parse_args(args: &[OsString]) -> Result<BenchOpts, String> {
         match a.as_str() {
             "--transport" => {
                 let t = value("--transport")?;
-                if t != "sm" && t != "tcp" {
-                    return Err(format!("--transport {t}: accepts sm or tcp"));
+                if Choice::parse(&t).is_none() {
+                    return Err(format!("--transport {t}: accepts auto, sm or tcp"));
                 }
                 o.transport = t;
             }
@@ -172,12 +172,13 @@ fn iterations(size: usize, quick: bool) -> (u64, u64) {
 
 /// Runs the benchmark inside a job of exactly two local ranks; rank 0
 /// prints. Returns the rows (rank 0) or nothing (rank 1).
-pub fn run(job: &JobEnv, opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<Row>, BoxError> {
-    if job.size != 2 {
+pub fn run(opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<Row>, BoxError> {
+    let choice = Choice::parse(&opts.transport).ok_or("--transport: accepts auto, sm or tcp")?;
+    let mut world = World::init(choice)?;
+    if world.size() != 2 {
         return Err("btl bench runs on exactly 2 ranks".into());
     }
-    let mut t = transport::open(&opts.transport, job)?;
-    let sm = t.as_mut();
+    let sm: &mut dyn Transport = &mut world;
     let me = sm.rank();
     let peer = 1 - me;
     let got = Rc::new(Cell::new(0u64));
@@ -245,7 +246,7 @@ pub fn run(job: &JobEnv, opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<R
             bandwidth_mbps,
         };
         if me == 0 {
-            let _ = writeln!(out, "{}", row.render(&opts.transport, opts.format));
+            let _ = writeln!(out, "{}", row.render(sm.name(), opts.format));
             let _ = out.flush();
             rows.push(row);
         }
@@ -266,12 +267,12 @@ pub fn cmd(args: &[OsString]) -> i32 {
             return 2;
         }
     };
-    match JobEnv::from_env() {
+    match crate::world::in_job() {
         Err(e) => {
             eprintln!("btl bench: {e}");
             1
         }
-        Ok(None) => {
+        Ok(false) => {
             let exe = match std::env::current_exe() {
                 Ok(p) => p,
                 Err(e) => {
@@ -293,15 +294,16 @@ pub fn cmd(args: &[OsString]) -> i32 {
                 }
             }
         }
-        Ok(Some(job)) => {
+        Ok(true) => {
             let mut out = std::io::stdout().lock();
-            match run(&job, &opts, &mut out) {
+            match run(&opts, &mut out) {
                 Ok(r) => {
                     let _ = r;
                     0
                 }
                 Err(e) => {
-                    eprintln!("btl bench: rank {}: {e}", job.rank);
+                    let rank = crate::world::rank_hint();
+                    eprintln!("btl bench: rank {rank}: {e}");
                     1
                 }
             }

@@ -123,6 +123,33 @@ pub fn is_valid_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// `s` as a valid name: every character outside `[A-Za-z0-9._-]`
+/// replaced by `_`; a name longer than 64 characters keeps its first 47
+/// and gets `-` and 16 hex digits of a hash of the whole (so long names
+/// stay distinct); `localhost` if `s` is empty.
+pub fn sanitize_name(s: &str) -> String {
+    let name: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.is_empty() {
+        return "localhost".to_owned();
+    }
+    if name.len() <= MAX_NAME_LEN {
+        return name;
+    }
+    let hash = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{}-{hash:016x}", &name[..MAX_NAME_LEN - 17])
+}
+
 impl JobEnv {
     /// Reads the job from the process environment: `Ok(None)` when
     /// `BTL_RANK` is unset (not in a job), an error naming the variable when

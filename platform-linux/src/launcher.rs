@@ -77,6 +77,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rustix::process::{Pid, Signal};
 use rustix::thread::CpuSet;
 
+use crate::wireup::kv::KvServer;
+
 use crate::job::{
     self, ENV_BIND_CPU, ENV_JOB, ENV_LOCAL_RANK, ENV_LOCAL_SIZE, ENV_NODE, ENV_RANK,
     ENV_SESSION_DIR, ENV_SIZE,
@@ -122,6 +124,46 @@ pub struct LaunchSpec {
     /// bench` turns it off so its table and `--json`/`--format osu` lines
     /// are printed exactly).
     pub tag_output: bool,
+    /// Hosts and their slots (`--host h1:2,h2:2`): ranks fill the slots in
+    /// order. Empty: every rank on this machine.
+    pub hosts: Vec<(String, u32)>,
+    /// The program that starts a rank on a host, as ssh does: `AGENT HOST
+    /// COMMAND` (`--agent`, default `ssh`).
+    pub agent: Option<OsString>,
+    /// The address of this machine the ranks reach the launcher's wire-up
+    /// service on (`--wireup-addr`; default 127.0.0.1, required with
+    /// `hosts`).
+    pub wireup_addr: Option<std::net::IpAddr>,
+}
+
+/// Parses `--host`'s value: `HOST[:SLOTS],...` (a host without `:SLOTS`
+/// has one slot).
+pub fn parse_hosts(s: &str) -> Result<Vec<(String, u32)>, String> {
+    let mut v = Vec::new();
+    for item in s.split(',') {
+        let (h, n) = match item.rsplit_once(':') {
+            Some((h, n)) => (
+                h,
+                n.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    format!("{item:?}: the slot count must be an integer above 0")
+                })?,
+            ),
+            None => (item, 1),
+        };
+        let ok = !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !ok {
+            return Err(format!("{item:?}: a host name is [A-Za-z0-9._-]+"));
+        }
+        v.push((h.to_owned(), n));
+    }
+    Ok(v)
+}
+
+/// `s` quoted for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 impl LaunchSpec {
@@ -136,6 +178,9 @@ impl LaunchSpec {
             extra_env: Vec::new(),
             timeout: None,
             tag_output: true,
+            hosts: Vec::new(),
+            agent: None,
+            wireup_addr: None,
         }
     }
 }
@@ -361,26 +406,7 @@ fn base36(mut v: u128) -> String {
 /// character outside `[A-Za-z0-9._-]` replaced by `_`, at most 64
 /// characters; `localhost` if the host name is empty.
 pub fn local_node_name() -> String {
-    sanitize_node_name(&rustix::system::uname().nodename().to_string_lossy())
-}
-
-fn sanitize_node_name(host: &str) -> String {
-    let name: String = host
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(job::MAX_NAME_LEN)
-        .collect();
-    if name.is_empty() {
-        "localhost".to_owned()
-    } else {
-        name
-    }
+    job::sanitize_name(&rustix::system::uname().nodename().to_string_lossy())
 }
 
 /// The name of signal `sig` (`"SIGKILL"`), if it is a standard one.
@@ -733,6 +759,24 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
             reason: "the program name is empty".to_owned(),
         });
     }
+    let slots: u64 = spec.hosts.iter().map(|(_, n)| u64::from(*n)).sum();
+    if !spec.hosts.is_empty() {
+        if slots < u64::from(spec.nprocs) {
+            return Err(LaunchError::InvalidSpec {
+                reason: format!(
+                    "{} ranks requested but the hosts have {slots} slots",
+                    spec.nprocs
+                ),
+            });
+        }
+        if spec.wireup_addr.is_none() {
+            return Err(LaunchError::InvalidSpec {
+                reason: "ranks on other hosts need --wireup-addr: an address of this machine \
+                         they can reach (the launcher's wire-up service listens there)"
+                    .to_owned(),
+            });
+        }
+    }
     let _launching = match LAUNCHING.try_lock() {
         Ok(guard) => guard,
         // A launch that panicked left nothing behind that matters here.
@@ -792,31 +836,87 @@ fn run_job(
         None
     };
 
+    // The job's wire-up service, alive until every rank is reaped.
+    let bind = std::net::SocketAddr::new(
+        spec.wireup_addr
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+        0,
+    );
+    let service = KvServer::start(bind, job, spec.nprocs).map_err(|source| LaunchError::Io {
+        action: "start the wire-up service",
+        source,
+    })?;
+    let wireup = format!("kv://{}", service.addr());
+    // Rank -> host (None: here).
+    let placement: Vec<Option<&str>> = if spec.hosts.is_empty() {
+        vec![None; spec.nprocs as usize]
+    } else {
+        spec.hosts
+            .iter()
+            .flat_map(|(h, n)| std::iter::repeat_n(Some(h.as_str()), *n as usize))
+            .take(spec.nprocs as usize)
+            .collect()
+    };
+    let local_of = |rank: u32| {
+        let host = placement[rank as usize];
+        let before = placement[..rank as usize]
+            .iter()
+            .filter(|h| **h == host)
+            .count();
+        let all = placement.iter().filter(|h| **h == host).count();
+        (before as u32, all as u32)
+    };
+
     let mut ranks = Ranks::default();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut readers: Vec<JoinHandle<()>> = Vec::new();
     let stdin_for_rank0 = !io::stdin().is_terminal();
     for rank in 0..spec.nprocs {
-        let mut cmd = Command::new(&spec.program);
-        cmd.args(&spec.args)
-            .envs(spec.extra_env.iter().map(|(k, v)| (k, v)))
-            .env(ENV_JOB, job)
-            .env(ENV_RANK, rank.to_string())
-            .env(ENV_SIZE, spec.nprocs.to_string())
-            .env(ENV_LOCAL_RANK, rank.to_string())
-            .env(ENV_LOCAL_SIZE, spec.nprocs.to_string())
-            .env(ENV_SESSION_DIR, session)
-            .env(ENV_NODE, node)
-            .stdin(if rank == 0 && stdin_for_rank0 {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
+        let (local_rank, local_size) = local_of(rank);
+        let mut cmd = match placement[rank as usize] {
+            None => {
+                let mut cmd = Command::new(&spec.program);
+                cmd.args(&spec.args)
+                    .envs(spec.extra_env.iter().map(|(k, v)| (k, v)))
+                    .env(ENV_JOB, job)
+                    .env(ENV_RANK, rank.to_string())
+                    .env(ENV_SIZE, spec.nprocs.to_string())
+                    .env(ENV_LOCAL_RANK, local_rank.to_string())
+                    .env(ENV_LOCAL_SIZE, local_size.to_string())
+                    .env(ENV_SESSION_DIR, session)
+                    .env(ENV_NODE, node)
+                    .env(crate::wireup::ENV_WIREUP, &wireup);
+                cmd
+            }
+            Some(host) => {
+                let mut cmd =
+                    Command::new(spec.agent.clone().unwrap_or_else(|| OsString::from("ssh")));
+                cmd.arg(host).arg(remote_command(
+                    spec,
+                    &[
+                        (ENV_JOB, job.to_owned()),
+                        (ENV_RANK, rank.to_string()),
+                        (ENV_SIZE, spec.nprocs.to_string()),
+                        (ENV_LOCAL_RANK, local_rank.to_string()),
+                        (ENV_LOCAL_SIZE, local_size.to_string()),
+                        (ENV_NODE, job::sanitize_name(host)),
+                        (crate::wireup::ENV_WIREUP, wireup.clone()),
+                    ],
+                ));
+                cmd
+            }
+        };
+        cmd.stdin(if rank == 0 && stdin_for_rank0 {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
         let mut restore = None;
-        if let Some((set, cpus)) = &bind_cpus {
+        let here = placement[rank as usize].is_none();
+        if let (Some((set, cpus)), true) = (&bind_cpus, here) {
             let cpu = cpus[rank as usize % cpus.len()];
             cmd.env(ENV_BIND_CPU, cpu.to_string());
             restore = Some(AffinityRestore(*set));
@@ -868,8 +968,50 @@ fn run_job(
 
     let report = supervise(&mut ranks, spec.timeout)?;
     drop(ranks);
+    drop(service);
     wait_for_output(&done_rx, readers);
     Ok(report)
+}
+
+/// The shell command that starts a rank on another host: into the
+/// launcher's working directory (if it exists there), then `env` with the
+/// job's variables, the spec's extra variables and every `BTL_*` variable
+/// of the launcher's environment (the job's own take precedence), then the
+/// program with its arguments. Every word is quoted.
+fn remote_command(spec: &LaunchSpec, job_vars: &[(&str, String)]) -> String {
+    let mut words: Vec<String> = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        words.push(format!(
+            "cd {} 2>/dev/null;",
+            shell_quote(&cwd.to_string_lossy())
+        ));
+    }
+    words.push("exec env".into());
+    let mut vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("BTL_"))
+        .collect();
+    vars.extend(spec.extra_env.iter().map(|(k, v)| {
+        (
+            k.to_string_lossy().into_owned(),
+            v.to_string_lossy().into_owned(),
+        )
+    }));
+    vars.extend(job_vars.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    // The last value of a variable wins, as with `env`; drop the others and
+    // the binding variable (it names a CPU of this machine).
+    let mut seen = std::collections::HashSet::new();
+    let mut keep: Vec<(String, String)> = vars
+        .into_iter()
+        .rev()
+        .filter(|(k, _)| k != ENV_BIND_CPU && k != ENV_SESSION_DIR && seen.insert(k.clone()))
+        .collect();
+    keep.reverse();
+    for (k, v) in keep {
+        words.push(shell_quote(&format!("{k}={v}")));
+    }
+    words.push(shell_quote(&spec.program.to_string_lossy()));
+    words.extend(spec.args.iter().map(|a| shell_quote(&a.to_string_lossy())));
+    words.join(" ")
 }
 
 /// Waits (at most [`KILL_GRACE`]) for the output threads to copy what the
@@ -1140,10 +1282,10 @@ mod tests {
 
     #[test]
     fn node_names() {
-        assert_eq!(sanitize_node_name("node-01.cluster"), "node-01.cluster");
-        assert_eq!(sanitize_node_name("my host/é"), "my_host__");
-        assert_eq!(sanitize_node_name(""), "localhost");
-        assert_eq!(sanitize_node_name(&"a".repeat(100)).len(), 64);
+        assert_eq!(job::sanitize_name("node-01.cluster"), "node-01.cluster");
+        assert_eq!(job::sanitize_name("my host/é"), "my_host__");
+        assert_eq!(job::sanitize_name(""), "localhost");
+        assert_eq!(job::sanitize_name(&"a".repeat(100)).len(), 64);
         assert!(job::is_valid_name(&local_node_name()));
     }
 

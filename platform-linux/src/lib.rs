@@ -15,6 +15,7 @@ pub mod stress;
 pub mod tcp;
 pub mod transport;
 pub mod wireup;
+pub mod world;
 
 /// True when this build can share btl-core's rings between processes: the
 /// shared-memory structures need lock-free 64-bit atomics (see

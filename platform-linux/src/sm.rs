@@ -1195,8 +1195,9 @@ impl Sm {
         }
     }
 
-    /// What to do on the `idle`-th consecutive empty poll.
-    fn idle(&mut self, idle: u32) {
+    /// What to do on the `idle`-th consecutive empty poll: spin, then
+    /// yield, then sleep 50 µs at a time.
+    pub(crate) fn idle(&mut self, idle: u32) {
         let spin = if self.oversubscribed { 8 } else { 2000 };
         if idle == spin {
             // Let writers blocked on a partial lazy-free batch go on.
@@ -1441,6 +1442,12 @@ impl Sm {
             id,
             len: len as u64,
         }
+    }
+
+    /// The table of our registered regions (the job API lends one table
+    /// to both transports).
+    pub(crate) fn regions_mut(&mut self) -> &mut HashMap<u32, Box<[u8]>> {
+        &mut self.state.rma.regions
     }
 
     /// The contents of one of our regions.

@@ -16,10 +16,10 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use crate::cma;
-use crate::job::JobEnv;
 use crate::launcher::{launch, LaunchSpec};
 use crate::sm::{RegionKey, SmError};
-use crate::transport::{self, BoxError, Transport};
+use crate::transport::{BoxError, Transport};
+use crate::world::{Choice, World};
 
 const TAG_STRESS: u8 = 7;
 const TAG_KEY: u8 = 8;
@@ -51,14 +51,14 @@ impl Default for StressOpts {
             max_size: 1 << 20,
             seed: 1,
             deny_cma: false,
-            transport: "sm".into(),
+            transport: "auto".into(),
         }
     }
 }
 
 /// Usage of `btl stress`.
 pub const USAGE: &str =
-    "usage: btl stress [-n N] [--transport sm|tcp] [--messages M] [--max-size BYTES] [--seed S] [--deny-cma]";
+    "usage: btl stress [-n N] [--transport auto|sm|tcp] [--messages M] [--max-size BYTES] [--seed S] [--deny-cma]";
 
 /// Parses `btl stress` arguments (after the subcommand name).
 pub fn parse_args(args: &[OsString]) -> Result<StressOpts, String> {
@@ -87,8 +87,8 @@ pub fn parse_args(args: &[OsString]) -> Result<StressOpts, String> {
             "--deny-cma" => o.deny_cma = true,
             "--transport" => {
                 let t = value("--transport")?;
-                if t != "sm" && t != "tcp" {
-                    return Err(format!("--transport {t}: accepts sm or tcp"));
+                if Choice::parse(&t).is_none() {
+                    return Err(format!("--transport {t}: accepts auto, sm or tcp"));
                 }
                 o.transport = t;
             }
@@ -299,19 +299,16 @@ fn rma_phase(
 }
 
 /// Runs the stress test inside a job; prints a one-line summary per rank.
-pub fn run(
-    job: &JobEnv,
-    opts: &StressOpts,
-    out: &mut impl Write,
-) -> Result<StressReport, BoxError> {
+pub fn run(opts: &StressOpts, out: &mut impl Write) -> Result<StressReport, BoxError> {
     if opts.deny_cma {
         cma::drop_ptrace_capability()
             .and_then(|()| cma::deny_cma_for_testing())
             .map_err(|_| SmError::Unsupported("--deny-cma: could not drop CAP_SYS_PTRACE"))?;
     }
     let started = Instant::now();
-    let mut t = transport::open(&opts.transport, job)?;
-    let sm = t.as_mut();
+    let choice = Choice::parse(&opts.transport).ok_or("--transport: accepts auto, sm or tcp")?;
+    let mut world = World::init(choice)?;
+    let sm: &mut dyn Transport = &mut world;
     let me = sm.rank();
     let n = sm.size();
     let checker = Rc::new(RefCell::new(Checker {
@@ -404,12 +401,12 @@ pub fn cmd(args: &[OsString]) -> i32 {
             return 2;
         }
     };
-    match JobEnv::from_env() {
+    match crate::world::in_job() {
         Err(e) => {
             eprintln!("btl stress: {e}");
             1
         }
-        Ok(None) => {
+        Ok(false) => {
             let exe = match std::env::current_exe() {
                 Ok(p) => p,
                 Err(e) => {
@@ -431,12 +428,13 @@ pub fn cmd(args: &[OsString]) -> i32 {
                 }
             }
         }
-        Ok(Some(job)) => {
+        Ok(true) => {
             let mut out = std::io::stdout().lock();
-            match run(&job, &opts, &mut out) {
+            match run(&opts, &mut out) {
                 Ok(r) => i32::from(!r.errors.is_empty()),
                 Err(e) => {
-                    eprintln!("btl stress: rank {}: {e}", job.rank);
+                    let rank = crate::world::rank_hint();
+                    eprintln!("btl stress: rank {rank}: {e}");
                     1
                 }
             }

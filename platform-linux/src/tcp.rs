@@ -47,15 +47,15 @@ use btl_core::tcp::wire::{
 use rustix::event::epoll;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::job::JobEnv;
 use crate::sm::{RegionKey, RmaStatus};
-use crate::wireup::{SessionWireup, WireupError};
+use crate::wireup::{Identity, WireupError};
 
 /// Largest user tag (as for shared memory).
 pub const MAX_USER_TAG: u8 = 239;
 const LISTENER: u64 = u64::MAX;
-/// Wire-up key of a rank's listen address.
-const ADDR_KEY: &str = "tcp-addr";
+/// Wire-up key of a rank's listen addresses (comma-separated socket
+/// addresses, one per address family).
+pub const ADDR_KEY: &str = "tcp-addr";
 
 type Handler = Box<dyn FnMut(u32, &[u8])>;
 
@@ -223,10 +223,12 @@ pub fn params_from_env() -> Result<TcpParams, TcpError> {
 /// (IPv4 first): `BTL_BIND` if set (one address); else, when
 /// `if_include` is given, the IPv4 and (global) IPv6 address of the first
 /// interface that interface selection (`btl_core::tcp::ifsel`) picks from
-/// the machine's interfaces; else loopback (127.0.0.1 and ::1) — a job on
-/// one machine never leaves it unless told which interface to use.
-/// `disable_family` drops a family.
-pub fn choose_binds(params: &TcpParams) -> Result<Vec<IpAddr>, TcpError> {
+/// the machine's interfaces; else, for a job on one machine, loopback
+/// (127.0.0.1 and ::1) — such a job never leaves the machine unless told
+/// which interface to use; for a job across machines (`multi_node`), the
+/// first interface the selection picks with the default exclusions
+/// (`127.0.0.1/8,sppp`). `disable_family` drops a family.
+pub fn choose_binds(params: &TcpParams, multi_node: bool) -> Result<Vec<IpAddr>, TcpError> {
     use btl_core::tcp::ifsel::{select, Instance, Interface};
     use btl_core::tcp::params::IpFamily;
     use std::net::{Ipv4Addr, Ipv6Addr};
@@ -241,7 +243,7 @@ pub fn choose_binds(params: &TcpParams) -> Result<Vec<IpAddr>, TcpError> {
     let ifs = crate::ifaddrs::interfaces().map_err(io_err("list the network interfaces"))?;
     let enabled = |ip: &IpAddr| params.family_enabled(IpFamily::of(ip));
     let mut binds = Vec::new();
-    if params.if_include().is_empty() {
+    if params.if_include().is_empty() && !multi_node {
         let v6_lo = ifs
             .iter()
             .any(|i| i.addr == IpAddr::V6(Ipv6Addr::LOCALHOST));
@@ -451,11 +453,12 @@ fn frame_bytes(repr: &FrameRepr, payload: &[&[u8]]) -> Vec<u8> {
 }
 
 impl Tcp {
-    /// Joins the job's TCP transport: listens (on `bind` — loopback for a
-    /// single machine, the selected interface's address otherwise),
-    /// publishes the address through the session directory and reads every
-    /// peer's. Connections open lazily.
-    pub fn init(job: &JobEnv, params: TcpParams, binds: &[IpAddr]) -> Result<Tcp, TcpError> {
+    /// Starts the job's TCP transport: listens on `binds` (loopback for a
+    /// single machine, the selected interface's addresses otherwise). The
+    /// caller publishes [`Self::published_addrs`] through the job's
+    /// wire-up and hands every peer's record to [`Self::set_peer_addrs`];
+    /// connections open lazily on the first send.
+    pub fn listen(job: &Identity, params: TcpParams, binds: &[IpAddr]) -> Result<Tcp, TcpError> {
         let cfg = Config::from(&params);
         let timeout =
             crate::sm::env_secs_opt("BTL_TIMEOUT", Duration::from_secs(300)).ok_or_else(|| {
@@ -493,45 +496,15 @@ impl Tcp {
         if locals.is_empty() {
             return Err(TcpError::Param("tcp: no address to listen on".into()));
         }
-        let wireup = SessionWireup::new(&job.session_dir, job.rank);
-        let published: Vec<String> = locals.iter().map(ToString::to_string).collect();
-        wireup
-            .publish(ADDR_KEY, published.join(",").as_bytes())
-            .map_err(TcpError::Wireup)?;
-        let others: Vec<u32> = (0..job.size).collect();
-        let addrs = wireup
-            .get_all(&others, ADDR_KEY, Duration::from_secs(60))
-            .map_err(TcpError::Wireup)?;
         let jh = job_hash(job.job.as_bytes());
-        let mut peers = Vec::with_capacity(job.size as usize);
-        for (r, a) in addrs.iter().enumerate() {
-            // The peer's addresses, each a `SocketAddr`; use the first of our
-            // families (IPv4 first) that it also listens on.
-            let theirs: Vec<SocketAddr> = std::str::from_utf8(a)
-                .ok()
-                .map(|s| s.trim().split(',').filter_map(|x| x.parse().ok()).collect())
-                .unwrap_or_default();
-            if theirs.is_empty() {
-                return Err(TcpError::BadAddress { peer: r as u32 });
-            }
-            let pick = locals.iter().find_map(|l| {
-                theirs
-                    .iter()
-                    .find(|t| t.is_ipv4() == l.is_ipv4())
-                    .map(|t| (*t, l.ip()))
-            });
-            if pick.is_none() && r as u32 != job.rank {
-                log::warn!(
-                    "tcp: rank {r} listens on {theirs:?}: no address family in common with ours"
-                );
-            }
-            peers.push(Peer {
-                ep: Endpoint::new(job.rank, r as u32, jh, cfg.handshake_ms),
+        let peers = (0..job.size)
+            .map(|r| Peer {
+                ep: Endpoint::new(job.rank, r, jh, cfg.handshake_ms),
                 queue: VecDeque::new(),
-                addr: pick,
+                addr: None,
                 failed: None,
-            });
-        }
+            })
+            .collect();
         Ok(Tcp {
             me: job.rank,
             n: job.size,
@@ -572,6 +545,42 @@ impl Tcp {
     /// The addresses this rank listens on (one per address family).
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.locals
+    }
+
+    /// The wire-up record of our addresses ([`ADDR_KEY`]'s value).
+    pub fn published_addrs(&self) -> String {
+        let v: Vec<String> = self.locals.iter().map(ToString::to_string).collect();
+        v.join(",")
+    }
+
+    /// Takes `peer`'s wire-up record (its [`ADDR_KEY`] value): we will
+    /// reach it on the first address family (IPv4 first) both of us listen
+    /// on. A record that does not parse is an error naming the peer.
+    pub fn set_peer_addrs(&mut self, peer: u32, record: &[u8]) -> Result<(), TcpError> {
+        let theirs: Vec<SocketAddr> = std::str::from_utf8(record)
+            .ok()
+            .map(|s| s.trim().split(',').map(|x| x.parse().ok()).collect())
+            .and_then(|v: Option<Vec<SocketAddr>>| v)
+            .unwrap_or_default();
+        let Some(p) = self.peers.get_mut(peer as usize) else {
+            return Err(TcpError::BadAddress { peer });
+        };
+        if theirs.is_empty() {
+            return Err(TcpError::BadAddress { peer });
+        }
+        let pick = self.locals.iter().find_map(|l| {
+            theirs
+                .iter()
+                .find(|t| t.is_ipv4() == l.is_ipv4())
+                .map(|t| (*t, l.ip()))
+        });
+        if pick.is_none() && peer != self.me {
+            log::warn!(
+                "tcp: rank {peer} listens on {theirs:?}: no address family in common with ours"
+            );
+        }
+        p.addr = pick;
+        Ok(())
     }
 
     /// Connections dropped because the other side sent something invalid
@@ -1186,6 +1195,12 @@ impl Tcp {
             id,
             len: len as u64,
         }
+    }
+
+    /// The table of our registered regions (the job API lends one table
+    /// to both transports).
+    pub(crate) fn regions_mut(&mut self) -> &mut HashMap<u32, Box<[u8]>> {
+        &mut self.regions
     }
 
     /// The contents of one of our regions.

@@ -24,17 +24,18 @@ const USAGE: &str = "\
 btl: a byte-transfer layer for HPC
 
 Usage:
-  btl run -n N [--bind-to core|none] [--timeout SECS] [--] PROGRAM [ARGS...]
+  btl run -n N [--bind-to core|none] [--timeout SECS]
+          [--host H[:SLOTS],... --wireup-addr IP [--agent PROG]] [--] PROGRAM [ARGS...]
   btl info [--json]
-  btl bench [--transport sm] [--sizes 8,64,...] [--json | --format osu]
-  btl stress [-n N] [--messages M] [--max-size BYTES]
+  btl bench [--transport auto|sm|tcp] [--sizes 8,64,...] [--json | --format osu]
+  btl stress [-n N] [--transport auto|sm|tcp] [--messages M] [--max-size BYTES]
   btl help | --help | -h
   btl --version
 
 Subcommands:
-  run      start N ranks of PROGRAM on this machine as one job
+  run      start N ranks of PROGRAM as one job (this machine, or --host)
   info     list every parameter with its value, default and source
-  bench    shared-memory latency and bandwidth between 2 pinned ranks
+  bench    latency and bandwidth between 2 pinned ranks
   stress   every rank sends M checked messages to every other rank
   help     show this text
 
@@ -43,11 +44,13 @@ debug|trace (default warn).
 ";
 
 const RUN_USAGE: &str = "\
-Usage: btl run -n N [--bind-to core|none] [--timeout SECS] [--] PROGRAM [ARGS...]
+Usage: btl run -n N [--bind-to core|none] [--timeout SECS]
+          [--host H[:SLOTS],... --wireup-addr IP [--agent PROG]] [--] PROGRAM [ARGS...]
 
-Starts N ranks (1 to 1024) of PROGRAM on this machine as one job and waits
-for them. Each rank gets BTL_JOB, BTL_RANK, BTL_SIZE, BTL_LOCAL_RANK,
-BTL_LOCAL_SIZE, BTL_SESSION_DIR and BTL_NODE; its output lines are printed
+Starts N ranks (1 to 1024) of PROGRAM as one job, on this machine or on the
+--host hosts, and waits for them. Each rank gets BTL_JOB, BTL_RANK, BTL_SIZE,
+BTL_LOCAL_RANK, BTL_LOCAL_SIZE, BTL_NODE, BTL_WIREUP (the launcher's wire-up
+service) and, on this machine, BTL_SESSION_DIR; its output lines are printed
 prefixed with `[RANK] `. The first rank that fails stops the job, whose exit
 status is that rank's (128 + N for signal N); 0 when all succeed.
 
@@ -55,6 +58,12 @@ Options:
   -n, --np N           number of ranks, 1 to 1024 (required)
   --bind-to core|none  bind rank r to the (r mod ncpus)-th CPU (default: none)
   --timeout SECS       stop the job after SECS seconds (exit status 124)
+  --host H[:S],...     run the ranks on these hosts, filling S slots of each in
+                       order (default: every rank on this machine)
+  --agent PROG         start a rank on a host with `PROG HOST COMMAND` (default
+                       ssh; e.g. a script entering a network namespace)
+  --wireup-addr IP     this machine's address the hosts reach the launcher's
+                       wire-up service on (required with --host)
   -h, --help           show this text
 ";
 
@@ -200,6 +209,9 @@ fn parse_run(args: &[OsString]) -> Result<RunRequest, UsageError> {
     let mut nprocs = None;
     let mut bind_cores = false;
     let mut timeout = None;
+    let mut hosts = Vec::new();
+    let mut agent = None;
+    let mut wireup_addr = None;
     loop {
         if a.flag(&["-h", "--help"]) {
             return Ok(RunRequest::Help);
@@ -235,6 +247,24 @@ fn parse_run(args: &[OsString]) -> Result<RunRequest, UsageError> {
             timeout = Some(t);
             continue;
         }
+        if let Some(h) = a.value_with(&["--host"], "HOST[:SLOTS],... ", |s| {
+            launcher::parse_hosts(s).ok()
+        })? {
+            hosts = h;
+            continue;
+        }
+        if let Some(p) = a.value_with(&["--agent"], "a program", |s| {
+            (!s.is_empty()).then(|| OsString::from(s))
+        })? {
+            agent = Some(p);
+            continue;
+        }
+        if let Some(ip) = a.value_with(&["--wireup-addr"], "an IP address", |s| {
+            s.parse::<std::net::IpAddr>().ok()
+        })? {
+            wireup_addr = Some(ip);
+            continue;
+        }
         if a.at_option() {
             return Err(a.unexpected());
         }
@@ -253,6 +283,9 @@ fn parse_run(args: &[OsString]) -> Result<RunRequest, UsageError> {
         extra_env: Vec::new(),
         timeout,
         tag_output: true,
+        hosts,
+        agent,
+        wireup_addr,
     }))
 }
 

@@ -1,124 +1,51 @@
 //! Wire-up through the job's session directory: each rank publishes small
-//! key/value records (its TCP listen addresses, for instance) as files, and
-//! reads its peers' records, waiting for them with a timeout.
+//! key/value records as files, and reads its peers' records, waiting for
+//! them with a timeout.
 //!
 //! This works wherever the ranks share the session directory's file system:
-//! one machine under `btl run`, and network namespaces of one machine (the
-//! multi-host tests). Across real machines the launcher's key/value service
-//! or PMIx takes this role.
+//! one machine under `btl run`, and network namespaces of one machine.
+//! Across machines the launcher's key/value service ([`super::kv`]) or PMIx
+//! ([`super::pmix`]) takes this role.
 //!
 //! A record is written to a temporary name and renamed into place, so a
-//! reader never sees half a record. Values are bytes read back with a size
-//! limit ([`MAX_VALUE`]); a peer's record is data, validated by the caller.
+//! reader never sees half a record. Values are read back with a size limit
+//! ([`MAX_VALUE`]); a peer's record is data, validated by the caller.
 
-use std::fmt;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Largest value accepted when reading a record.
-pub const MAX_VALUE: u64 = 64 * 1024;
-
-/// Wire-up failed.
-#[derive(Debug)]
-pub enum WireupError {
-    /// A key is empty or has characters other than `[A-Za-z0-9._-]`.
-    BadKey {
-        /// The key.
-        key: String,
-    },
-    /// Writing our record failed.
-    Publish {
-        /// The record's file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// Reading a record failed (other than "not there yet").
-    Read {
-        /// The record's file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// A record is larger than [`MAX_VALUE`].
-    TooLarge {
-        /// The record's file.
-        path: PathBuf,
-    },
-    /// These ranks did not publish `key` in time.
-    Timeout {
-        /// The key waited for.
-        key: String,
-        /// The ranks that never published it.
-        missing: Vec<u32>,
-        /// How long it waited.
-        waited: Duration,
-    },
-}
-
-impl fmt::Display for WireupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::BadKey { key } => write!(f, "wire-up key {key:?} is not [A-Za-z0-9._-]+"),
-            Self::Publish { path, source } => {
-                write!(
-                    f,
-                    "cannot publish wire-up record {}: {source}",
-                    path.display()
-                )
-            }
-            Self::Read { path, source } => {
-                write!(f, "cannot read wire-up record {}: {source}", path.display())
-            }
-            Self::TooLarge { path } => write!(
-                f,
-                "wire-up record {} is larger than {MAX_VALUE} bytes",
-                path.display()
-            ),
-            Self::Timeout {
-                key,
-                missing,
-                waited,
-            } => write!(
-                f,
-                "ranks {missing:?} did not publish {key:?} within {:.1} s",
-                waited.as_secs_f64()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for WireupError {}
+use super::{check_key, Wireup, WireupError, DEFAULT_TIMEOUT, MAX_VALUE};
 
 /// Key/value records of one job in its session directory.
 #[derive(Debug, Clone)]
 pub struct SessionWireup {
     dir: PathBuf,
     rank: u32,
-}
-
-fn check_key(key: &str) -> Result<(), WireupError> {
-    let ok = !key.is_empty()
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(WireupError::BadKey { key: key.into() })
-    }
+    size: u32,
+    timeout: Duration,
+    fences: u64,
 }
 
 impl SessionWireup {
-    /// Records of rank `rank` in `session_dir` (a `wireup` subdirectory is
-    /// created on first publish).
-    pub fn new(session_dir: &Path, rank: u32) -> Self {
+    /// Records of rank `rank` of `size` in `session_dir` (a `wireup`
+    /// subdirectory is created on first publish); waits time out after
+    /// [`DEFAULT_TIMEOUT`].
+    pub fn new(session_dir: &Path, rank: u32, size: u32) -> Self {
         Self {
             dir: session_dir.join("wireup"),
             rank,
+            size,
+            timeout: DEFAULT_TIMEOUT,
+            fences: 0,
         }
+    }
+
+    /// The same, with another timeout for [`Wireup::fence`].
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     fn path(&self, rank: u32, key: &str) -> PathBuf {
@@ -153,14 +80,17 @@ impl SessionWireup {
             Err(source) => return Err(WireupError::Read { path, source }),
         };
         let mut v = Vec::new();
-        f.take(MAX_VALUE + 1)
+        f.take(MAX_VALUE as u64 + 1)
             .read_to_end(&mut v)
             .map_err(|source| WireupError::Read {
                 path: path.clone(),
                 source,
             })?;
-        if v.len() as u64 > MAX_VALUE {
-            return Err(WireupError::TooLarge { path });
+        if v.len() > MAX_VALUE {
+            return Err(WireupError::TooLarge {
+                rank,
+                key: key.into(),
+            });
         }
         Ok(Some(v))
     }
@@ -187,20 +117,66 @@ impl SessionWireup {
                 return Ok(got.into_iter().flatten().collect());
             }
             if start.elapsed() > timeout {
-                let missing = ranks
+                let missing: Vec<u32> = ranks
                     .iter()
                     .zip(&got)
                     .filter(|(_, g)| g.is_none())
                     .map(|(&r, _)| r)
                     .collect();
                 return Err(WireupError::Timeout {
-                    key: key.into(),
+                    what: format!("the record {key:?}"),
+                    count: missing.len() as u32,
                     missing,
                     waited: start.elapsed(),
                 });
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Wireup for SessionWireup {
+    type Error = WireupError;
+
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    fn size(&self) -> u32 {
+        self.size
+    }
+
+    fn put(&mut self, key: &str, value: &[u8]) -> Result<(), WireupError> {
+        if value.len() > MAX_VALUE {
+            return Err(WireupError::TooLarge {
+                rank: self.rank,
+                key: key.into(),
+            });
+        }
+        self.publish(key, value)
+    }
+
+    /// Publishes a marker for this fence and waits for every rank's.
+    fn fence(&mut self) -> Result<(), WireupError> {
+        self.fences += 1;
+        let key = format!("fence-{}", self.fences);
+        self.publish(&key, b"")?;
+        let all: Vec<u32> = (0..self.size).collect();
+        self.get_all(&all, &key, self.timeout).map(drop)
+    }
+
+    fn get(&mut self, rank: u32, key: &str, out: &mut [u8]) -> Result<Option<usize>, WireupError> {
+        match self.try_get(rank, key)? {
+            None => Ok(None),
+            Some(v) if v.len() > out.len() => Err(WireupError::TooLarge {
+                rank,
+                key: key.into(),
+            }),
+            Some(v) => {
+                out[..v.len()].copy_from_slice(&v);
+                Ok(Some(v.len()))
+            }
         }
     }
 }
@@ -219,7 +195,7 @@ mod tests {
     #[test]
     fn publish_then_get() {
         let d = tmpdir("pg");
-        let (a, b) = (SessionWireup::new(&d, 0), SessionWireup::new(&d, 1));
+        let (a, b) = (SessionWireup::new(&d, 0, 2), SessionWireup::new(&d, 1, 2));
         a.publish("tcp-addr", b"127.0.0.1:5000").unwrap();
         assert_eq!(
             b.try_get(0, "tcp-addr").unwrap().as_deref(),
@@ -237,7 +213,7 @@ mod tests {
     #[test]
     fn missing_ranks_time_out_by_name() {
         let d = tmpdir("to");
-        let a = SessionWireup::new(&d, 0);
+        let a = SessionWireup::new(&d, 0, 2);
         a.publish("k", b"v").unwrap();
         match a.get_all(&[0, 3, 5], "k", Duration::from_millis(50)) {
             Err(WireupError::Timeout { missing, .. }) => assert_eq!(missing, vec![3, 5]),
@@ -249,7 +225,7 @@ mod tests {
     #[test]
     fn keys_and_sizes_are_checked() {
         let d = tmpdir("ks");
-        let a = SessionWireup::new(&d, 0);
+        let a = SessionWireup::new(&d, 0, 2);
         assert!(matches!(
             a.publish("../x", b"v"),
             Err(WireupError::BadKey { .. })
@@ -258,8 +234,7 @@ mod tests {
             a.publish("", b"v"),
             Err(WireupError::BadKey { .. })
         ));
-        a.publish("big", &vec![0u8; MAX_VALUE as usize + 1])
-            .unwrap();
+        a.publish("big", &vec![0u8; MAX_VALUE + 1]).unwrap();
         assert!(matches!(
             a.try_get(0, "big"),
             Err(WireupError::TooLarge { .. })
