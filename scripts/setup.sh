@@ -31,14 +31,20 @@ for c in miri rust-src; do
     rustup +nightly component add "$c"
   fi
 done
-# iproute2 for the tests that make their own network namespaces (they skip,
-# saying why, where namespaces are not permitted).
-if ! command -v ip >/dev/null; then
+# Debian packages of the tests that make their own hosts: iproute2 (network
+# namespaces, veth, bridges), util-linux (unshare), openmpi-bin (mpirun and
+# the PMIx library, for the run under mpirun). The tests skip, saying why,
+# where they are missing or namespaces are not permitted.
+need=()
+command -v ip >/dev/null || need+=(iproute2)
+command -v unshare >/dev/null || need+=(util-linux)
+command -v mpirun >/dev/null || need+=(openmpi-bin)
+if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing iproute2"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2
+    log "installing ${need[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
   else
-    log "iproute2 missing and cannot be installed here: the namespace tests will skip"
+    log "${need[*]} missing and cannot be installed here: the tests needing them will skip"
   fi
 fi
 

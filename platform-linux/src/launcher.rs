@@ -842,11 +842,23 @@ fn run_job(
             .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
         0,
     );
-    let service = KvServer::start(bind, job, spec.nprocs).map_err(|source| LaunchError::Io {
-        action: "start the wire-up service",
-        source,
-    })?;
-    let wireup = format!("kv://{}", service.addr());
+    // `BTL_WIREUP=dir` in the launcher's environment: records in the
+    // session directory instead (no service).
+    let use_dir = std::env::var(crate::wireup::ENV_WIREUP).is_ok_and(|v| v == "dir");
+    let service = if use_dir {
+        None
+    } else {
+        Some(
+            KvServer::start(bind, job, spec.nprocs).map_err(|source| LaunchError::Io {
+                action: "start the wire-up service",
+                source,
+            })?,
+        )
+    };
+    let wireup = match &service {
+        Some(s) => format!("kv://{}", s.addr()),
+        None => "dir".to_owned(),
+    };
     // Rank -> host (None: here).
     let placement: Vec<Option<&str>> = if spec.hosts.is_empty() {
         vec![None; spec.nprocs as usize]

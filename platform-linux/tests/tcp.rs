@@ -35,7 +35,8 @@ fn assert_intact(o: &Output, n: usize) -> String {
         n,
         "{out}\n{err}"
     );
-    assert_eq!(out.matches("over TCP").count(), n, "{out}");
+    let tcp = format!("TCP to {} rank(s)", n - 1);
+    assert_eq!(out.matches(&tcp).count(), n, "{out}");
     out
 }
 
@@ -160,6 +161,9 @@ fn hostile_clients_are_dropped_and_the_job_completes() {
         ])
         .args(["--messages", "300000", "--max-size", "200"])
         .env("BTL_TCP_HANDSHAKE_TIMEOUT", "1000")
+        // Records in the session directory, where this test reads the
+        // ranks' addresses.
+        .env("BTL_WIREUP", "dir")
         .env_remove("BTL_RANK")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use btl_core::sync::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -692,10 +692,11 @@ mod tests {
                         assert_eq!(&buf[..n], format!("value-of-{p}").as_bytes());
                     }
                     assert_eq!(w.get(0, "nothing", &mut buf).unwrap(), None);
-                    // A second round.
-                    w.put("addr", b"x").unwrap();
+                    // A second round (a new key: a value may be replaced
+                    // before slower ranks read it).
+                    w.put("round2", b"x").unwrap();
                     w.fence().unwrap();
-                    assert_eq!(w.get((r + 1) % 4, "addr", &mut buf).unwrap(), Some(1));
+                    assert_eq!(w.get((r + 1) % 4, "round2", &mut buf).unwrap(), Some(1));
                 })
             })
             .collect();

@@ -1,0 +1,180 @@
+//! Several "hosts" on one machine, made by the test itself: a bridge in the
+//! root namespace (the launcher's side) and one network namespace per host
+//! joined to it by a veth pair, with private addresses; each rank runs in
+//! its host's namespace and, through `scripts/netns-agent.sh`, in its own
+//! UTS namespace named after the host — so ranks of one host share memory
+//! and ranks of different hosts talk TCP. Everything is removed afterwards.
+//! Skipped, saying why, where namespaces cannot be made (or, for the
+//! mpirun run, where Open MPI is missing).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const BTL: &str = env!("CARGO_BIN_EXE_btl");
+
+fn agent() -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns-agent.sh");
+    p.canonicalize().unwrap().to_string_lossy().into_owned()
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// A bridge and `n` host namespaces on `10.X.Y.0/24`; removed on drop.
+struct Cluster {
+    bridge: String,
+    hosts: Vec<String>,
+    dir: PathBuf,
+    head: String,
+    cidr: String,
+}
+
+impl Cluster {
+    /// `None` (after saying why) where namespaces cannot be made.
+    fn new(tag: u32, n: usize) -> Option<Cluster> {
+        let id = std::process::id();
+        let x = 150 + id % 50;
+        let probe = format!("btlp{tag}{}", id % 100_000);
+        if !ip(&["netns", "add", &probe]) {
+            eprintln!(
+                "SKIPPED: cannot create network namespaces here (`ip netns add` failed: needs \
+                 root / CAP_SYS_ADMIN and iproute2)"
+            );
+            return None;
+        }
+        ip(&["netns", "del", &probe]);
+        let dir = std::env::temp_dir().join(format!("btl-multihost-{id}-{tag}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = Cluster {
+            bridge: format!("btlbr{tag}{}", id % 10_000),
+            hosts: Vec::new(),
+            dir,
+            head: format!("10.{x}.{tag}.254"),
+            cidr: format!("10.{x}.{tag}.0/24"),
+        };
+        let br = c.bridge.clone();
+        assert!(ip(&["link", "add", &br, "type", "bridge"]), "bridge");
+        let head_cidr = format!("{}/24", c.head);
+        assert!(ip(&["addr", "add", &head_cidr, "dev", &br]));
+        assert!(ip(&["link", "set", &br, "up"]));
+        let mut hosts_file = format!("127.0.0.1 localhost\n{} head\n", c.head);
+        for i in 1..=n {
+            let h = format!("bh{tag}x{i}n{}", id % 100_000);
+            assert!(ip(&["netns", "add", &h]), "namespace {h}");
+            c.hosts.push(h.clone());
+            let v = format!("bv{tag}{i}{}", id % 100_000);
+            let addr = format!("10.{x}.{tag}.{i}");
+            let addr_cidr = format!("{addr}/24");
+            for args in [
+                vec![
+                    "link", "add", &v, "type", "veth", "peer", "name", "eth0", "netns", &h,
+                ],
+                vec!["link", "set", &v, "master", &br, "up"],
+                vec!["-n", &h, "addr", "add", &addr_cidr, "dev", "eth0"],
+                vec!["-n", &h, "link", "set", "eth0", "up"],
+                vec!["-n", &h, "link", "set", "lo", "up"],
+            ] {
+                assert!(ip(&args), "ip {args:?}");
+            }
+            hosts_file += &format!("{addr} {h}\n");
+        }
+        std::fs::write(c.dir.join("hosts"), hosts_file).unwrap();
+        Some(c)
+    }
+
+    fn hosts_file(&self) -> String {
+        self.dir.join("hosts").to_string_lossy().into_owned()
+    }
+
+    /// `h1:2,h2:2`.
+    fn host_list(&self, slots: u32) -> String {
+        self.hosts
+            .iter()
+            .map(|h| format!("{h}:{slots}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for h in &self.hosts {
+            ip(&["netns", "del", h]);
+        }
+        ip(&["link", "del", &self.bridge]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn check(o: &Output, ranks: usize, line: &str) {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "status {:?}\n{out}\n{err}", o.status);
+    println!("{out}");
+    assert_eq!(out.matches("all intact").count(), ranks, "{out}\n{err}");
+    assert_eq!(out.matches(line).count(), ranks, "{out}\n{err}");
+}
+
+fn stress_args() -> [&'static str; 5] {
+    ["stress", "--messages", "300", "--max-size", "300000"]
+}
+
+#[test]
+fn stress_across_hosts_under_btl_run() {
+    let Some(c) = Cluster::new(1, 2) else { return };
+    let o = Command::new(BTL)
+        .args(["run", "--timeout", "120", "-n", "4", "--host"])
+        .arg(c.host_list(2))
+        .args(["--agent", &agent(), "--wireup-addr", &c.head, "--", BTL])
+        .args(stress_args())
+        .env("BTL_TCP_IF_INCLUDE", &c.cidr)
+        .env("BTL_NETNS_HOSTS", c.hosts_file())
+        .env_remove("BTL_RANK")
+        .env_remove("BTL_WIREUP")
+        .output()
+        .unwrap();
+    // Every rank: its host-mate over shared memory, the other host's two
+    // ranks over TCP.
+    check(
+        &o,
+        4,
+        "on 2 node(s): shared memory to 1 rank(s), TCP to 2 rank(s)",
+    );
+    drop(c);
+}
+
+#[test]
+fn stress_across_three_hosts_under_mpirun() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: mpirun not found (scripts/setup.sh installs Debian's openmpi-bin)");
+        return;
+    }
+    let Some(c) = Cluster::new(2, 3) else { return };
+    let o = Command::new("mpirun")
+        .args(["--host", &c.host_list(2), "-n", "6"])
+        .args(["--mca", "plm_rsh_agent", &agent()])
+        .args(["--mca", "oob_tcp_if_include", &c.cidr])
+        .args(["-x", "BTL_TCP_IF_INCLUDE", "-x", "BTL_NETNS_HOSTS", BTL])
+        .args(stress_args())
+        .env("BTL_TCP_IF_INCLUDE", &c.cidr)
+        .env("BTL_NETNS_HOSTS", c.hosts_file())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("BTL_RANK")
+        .env_remove("BTL_WIREUP")
+        .output()
+        .unwrap();
+    // Wire-up through PMIx: each rank finds its host-mate by node name and
+    // the four others' addresses by PMIx_Get.
+    check(
+        &o,
+        6,
+        "on 3 node(s): shared memory to 1 rank(s), TCP to 4 rank(s)",
+    );
+    drop(c);
+}
