@@ -13,10 +13,10 @@
 //! `btl run` runs the service in the launcher; with a user-given rendezvous
 //! (`BTL_WIREUP=tcp://HOST:PORT`) rank 0 runs it in a thread.
 
+use btl_core::sync::{AtomicBool, Ordering};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use btl_core::sync::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
