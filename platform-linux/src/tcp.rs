@@ -53,6 +53,12 @@ use crate::wireup::{Identity, WireupError};
 /// Largest user tag (as for shared memory).
 pub const MAX_USER_TAG: u8 = 239;
 const LISTENER: u64 = u64::MAX;
+/// Most established connections for which a non-blocking progress pass
+/// reads the sockets directly instead of asking epoll first.
+const DIRECT_POLL_MAX: usize = 4;
+/// With direct polling, every this many passes go through epoll.
+const DIRECT_POLL_EVERY: u32 = 16;
+
 /// Wire-up key of a rank's listen addresses (comma-separated socket
 /// addresses, one per address family).
 pub const ADDR_KEY: &str = "tcp-addr";
@@ -350,6 +356,8 @@ pub struct Tcp {
     handlers: Vec<Option<Handler>>,
     start: Instant,
     events: Vec<epoll::Event>,
+    /// Connections polled directly this pass (see `progress_timeout`).
+    direct: Vec<ConnId>,
     timeout: Duration,
     /// Connections dropped for bad input (for tests and diagnostics).
     rejected: u64,
@@ -519,6 +527,7 @@ impl Tcp {
             handlers: (0..256).map(|_| None).collect(),
             start: Instant::now(),
             events: Vec::with_capacity(64),
+            direct: Vec::with_capacity(DIRECT_POLL_MAX + 1),
             timeout,
             rejected: 0,
             barrier_epoch: 0,
@@ -897,6 +906,36 @@ impl Tcp {
             }
         }
         n
+    }
+
+    /// The busy-polling fast path: with at most [`DIRECT_POLL_MAX`]
+    /// established connections, a non-blocking pass reads each of them
+    /// directly (one `recv` that usually says "nothing", instead of
+    /// `epoll_wait` and then `recv`: one system call less per message).
+    /// Every [`DIRECT_POLL_EVERY`]-th pass goes through epoll as usual, for
+    /// accepts, connects, writability and hang-ups. `None` when the fast
+    /// path does not apply.
+    fn poll_direct(&mut self) -> Option<usize> {
+        let mut ids = std::mem::take(&mut self.direct);
+        ids.clear();
+        for (&id, c) in &self.conns {
+            if c.connecting || c.incoming.is_some() || c.peer.is_none() {
+                continue;
+            }
+            ids.push(ConnId(id));
+            if ids.len() > DIRECT_POLL_MAX {
+                break;
+            }
+        }
+        let usable = !ids.is_empty() && ids.len() <= DIRECT_POLL_MAX;
+        let mut n = 0;
+        if usable {
+            for &id in &ids {
+                n += self.read_conn(id);
+            }
+        }
+        self.direct = ids;
+        usable.then_some(n)
     }
 
     /// Reads what the socket has (bounded), decoding every complete item.
@@ -1322,6 +1361,15 @@ impl Tcp {
     /// (zero: just poll), handles them, checks timers. Returns the number
     /// of events handled.
     pub fn progress_timeout(&mut self, timeout: Duration) -> usize {
+        if timeout.is_zero() && self.passes % DIRECT_POLL_EVERY != 0 {
+            if let Some(n) = self.poll_direct() {
+                self.passes = self.passes.wrapping_add(1);
+                if self.passes % 64 == 0 {
+                    self.timers();
+                }
+                return n;
+            }
+        }
         // (Progress can nest — a large write progresses while it waits —
         // so the event list may have been taken by an outer call.)
         let mut events = std::mem::take(&mut self.events);
