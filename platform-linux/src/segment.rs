@@ -687,14 +687,32 @@ fn pid_exists(pid: u32) -> bool {
 /// Where `/proc/<pid>/stat` cannot be read although the process exists
 /// (no `/proc`), the start time cannot be compared and the process is
 /// assumed to be alive.
+///
+/// A zombie (exited, not yet reaped by its parent) is dead: it will never
+/// handle a message again.
 pub fn process_alive(pid: u32, start_time: u64) -> bool {
     if pid == 0 {
         return false;
     }
-    match process_start_time(pid) {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return pid_exists(pid);
+    };
+    if exited(&stat) {
+        return false;
+    }
+    match parse_start_time(&stat) {
         Some(t) => t == start_time,
         None => pid_exists(pid),
     }
+}
+
+/// Whether a `/proc/<pid>/stat` line says the process has exited (state
+/// `Z`, zombie, or `X`, dead).
+fn exited(stat: &str) -> bool {
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_ascii_whitespace().next());
+    matches!(state, Some("Z" | "X"))
 }
 
 /// The identity to write into the header of a segment we create:
@@ -853,6 +871,15 @@ pub fn remove_stale(dir: &Path, uid: u32) -> Result<Vec<PathBuf>, SegmentError> 
 
 #[cfg(test)]
 mod tests {
+    use super::exited;
+
+    #[test]
+    fn zombies_are_dead() {
+        assert!(exited("12 (a) b)) Z 1 2 3"));
+        assert!(!exited("12 (a (Z)) S 1 2 3"));
+        assert!(!exited("garbage"));
+    }
+
     use super::*;
 
     #[test]

@@ -198,7 +198,10 @@ impl From<SmError> for WorldError {
 }
 impl From<TcpError> for WorldError {
     fn from(e: TcpError) -> Self {
-        Self::Tcp(e)
+        match e {
+            TcpError::PeerFailed { peer, why } => Self::PeerFailed { peer, why },
+            e => Self::Tcp(e),
+        }
     }
 }
 
@@ -540,11 +543,15 @@ impl World {
 
     /// Progresses until `done()`, idling politely (spin, yield, then short
     /// sleeps or `epoll_wait`), checking shared-memory peers' liveness
-    /// every 100 ms. Ends with an error when a peer fails or after
-    /// `BTL_TIMEOUT`.
+    /// every 100 ms. Ends with [`WorldError::PeerFailed`] when `peer` fails
+    /// — or, with `peer` `None`, when any peer fails (a wait whose
+    /// condition depends on one peer should name it, so that another
+    /// peer's failure does not end it) — and with [`WorldError::Timeout`]
+    /// after `BTL_TIMEOUT`.
     pub fn wait(
         &mut self,
         what: &'static str,
+        peer: Option<u32>,
         done: &mut dyn FnMut() -> bool,
     ) -> Result<(), WorldError> {
         let start = Instant::now();
@@ -563,8 +570,12 @@ impl World {
                         sm.check_peers();
                     }
                 }
-                if let Some((peer, why)) = self.failed_peers().into_iter().next() {
-                    return Err(WorldError::PeerFailed { peer, why });
+                if let Some((p, why)) = self
+                    .failed_peers()
+                    .into_iter()
+                    .find(|(p, _)| peer.is_none_or(|want| want == *p))
+                {
+                    return Err(WorldError::PeerFailed { peer: p, why });
                 }
                 if now.duration_since(start) > self.timeout {
                     return Err(WorldError::Timeout {
@@ -604,7 +615,7 @@ impl World {
             msg[8] = round;
             self.send_any(to, TAG_BARRIER, &msg)?;
             let arrivals = self.barrier_in.clone();
-            self.wait("the other ranks at a barrier", &mut || {
+            self.wait("the other ranks at a barrier", None, &mut || {
                 arrivals.borrow().get(&(epoch, round)).copied().unwrap_or(0) > 0
             })?;
             arrivals.borrow_mut().remove(&(epoch, round));
@@ -799,10 +810,10 @@ impl Transport for World {
     fn wait(
         &mut self,
         what: &'static str,
-        _peer: Option<u32>,
+        peer: Option<u32>,
         done: &mut dyn FnMut() -> bool,
     ) -> Result<(), BoxError> {
-        Ok(World::wait(self, what, done)?)
+        Ok(World::wait(self, what, peer, done)?)
     }
     fn barrier(&mut self) -> Result<(), BoxError> {
         Ok(World::barrier(self)?)

@@ -1,0 +1,140 @@
+//! The failure of one peer is reported for that peer, and the others go
+//! on: three ranks of the job API (started by this test through a
+//! rendezvous address, so no launcher stops the job), rank 2 vanishes
+//! without a goodbye after the first barrier, ranks 0 and 1 keep
+//! exchanging messages, see rank 2 reported failed, and a send to it is an
+//! error naming it. Over shared memory and over TCP.
+//!
+//! The ranks are this test binary itself, re-run with `BTL_TEST_ROLE` set
+//! (the `role` test does the rank's work then, and nothing otherwise).
+
+use std::cell::Cell;
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use btl_linux::world::{Choice, World, WorldError};
+
+const ROUNDS: u64 = 2000;
+
+fn rank_main(choice: Choice) -> Result<String, String> {
+    let mut w = World::init(choice).map_err(|e| e.to_string())?;
+    let me = w.rank();
+    let got = Rc::new(Cell::new(0u64));
+    let g = got.clone();
+    w.on(1, Box::new(move |_, _| g.set(g.get() + 1)))
+        .map_err(|e| e.to_string())?;
+    w.barrier().map_err(|e| e.to_string())?;
+    if me == 2 {
+        // Vanish: no clean close, no goodbye.
+        std::process::exit(0);
+    }
+    let peer = 1 - me;
+    for i in 0..ROUNDS {
+        if me == 0 {
+            w.send(peer, 1, &i.to_le_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+        w.wait("the ping-pong", Some(peer), &mut || got.get() > i)
+            .map_err(|e| format!("round {i}: {e}"))?;
+        if me == 1 {
+            w.send(peer, 1, &i.to_le_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    // Rank 2's failure is noticed (liveness over shared memory, EOF
+    // without FIN over TCP).
+    let why = match w.wait("rank 2's failure", Some(2), &mut || false) {
+        Err(WorldError::PeerFailed { peer: 2, why }) => why,
+        other => {
+            return Err(format!(
+                "waiting for rank 2 to be reported failed: {other:?}"
+            ))
+        }
+    };
+    match w.send(2, 1, b"anyone?") {
+        Err(WorldError::PeerFailed { peer: 2, .. }) => {}
+        other => return Err(format!("send to the failed rank 2: {other:?}")),
+    }
+    // And the two of us still talk.
+    w.send(peer, 1, b"still here").map_err(|e| e.to_string())?;
+    w.wait("the last message", Some(peer), &mut || got.get() > ROUNDS)
+        .map_err(|e| e.to_string())?;
+    Ok(format!(
+        "SURVIVOR rank {me}: {ROUNDS} round trips with rank {peer}, rank 2 failed ({why}), still talking"
+    ))
+}
+
+#[test]
+fn role() {
+    let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
+        return;
+    };
+    let choice = Choice::parse(&role).expect("role is a transport choice");
+    match rank_main(choice) {
+        Ok(line) => println!("{line}"),
+        Err(e) => panic!("rank failed: {e}"),
+    }
+}
+
+fn run(choice: &str) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
+                .env("BTL_TEST_ROLE", choice)
+                .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
+                .env("BTL_RANK", r.to_string())
+                .env("BTL_SIZE", "3")
+                .env("BTL_JOB", format!("surv{}{choice}", std::process::id()))
+                .env("BTL_TIMEOUT", "60")
+                .env_remove("BTL_SESSION_DIR")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut outs = Vec::new();
+    for mut c in children {
+        while c.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("a rank hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        outs.push(c.wait_with_output().unwrap());
+    }
+    for (r, o) in outs.iter().enumerate().take(2) {
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "rank {r}:\n{out}\n{err}");
+        assert!(
+            out.contains(&format!("SURVIVOR rank {r}:")),
+            "rank {r}:\n{out}\n{err}"
+        );
+    }
+}
+
+#[test]
+fn survivors_go_on_over_shared_memory() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run("sm");
+    }
+}
+
+#[test]
+fn survivors_go_on_over_tcp() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run("tcp");
+    }
+}
