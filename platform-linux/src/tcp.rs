@@ -52,7 +52,7 @@ use crate::sm::{RegionKey, RmaStatus};
 use crate::wireup::{SessionWireup, WireupError};
 
 /// Largest user tag (as for shared memory).
-pub const MAX_USER_TAG: u8 = 239;
+pub const MAX_USER_TAG: u8 = btl_core::tcp::wire::MAX_USER_TAG;
 const LISTENER: u64 = u64::MAX;
 /// Wire-up key of a rank's listen address.
 const ADDR_KEY: &str = "tcp-addr";
@@ -376,13 +376,10 @@ impl fmt::Debug for Tcp {
     }
 }
 
-const TAG_BARRIER: u8 = 253;
-/// Internal tag of a chunk of a message larger than one frame: a 16-byte
-/// header (user tag u8, 7 bytes zero, total length u64, little endian) on
-/// the first chunk only, then data; chunks of one message follow each
-/// other on the connection (one connection per peer, in order).
-const TAG_CHUNK: u8 = 254;
-const CHUNK_HEADER: usize = 16;
+// The internal tags and the chunk header are the protocol's (btl-core), so
+// that every adapter speaks them alike: chunks of one message follow each
+// other on the connection (one connection per peer, in order).
+use btl_core::tcp::wire::{CHUNK_HEADER_LEN as CHUNK_HEADER, TAG_BARRIER, TAG_CHUNK};
 /// Largest message the receiving side reassembles (1 GiB).
 pub const MAX_MESSAGE: u64 = 1 << 30;
 
