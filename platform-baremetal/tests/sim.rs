@@ -275,7 +275,7 @@ fn msg(src: u32, seq: u64) -> Vec<u8> {
 struct Inbox {
     next: Vec<u64>,
     errors: Vec<String>,
-    failed: Vec<(u32, FailReason, u64)>,
+    failed: Failures,
     other: Vec<String>,
 }
 
@@ -408,7 +408,10 @@ fn run(
 
 /// Two nodes with a 3 s socket timeout and 1 s keep-alive exchange a
 /// message each way; then rank 1 vanishes (not polled, its packets gone).
-fn vanish(send_after: bool) -> (u64, Vec<(u32, FailReason, u64)>, Result<(), SendError>) {
+/// Failures seen: (peer, reason, simulated ms).
+type Failures = Vec<(u32, FailReason, u64)>;
+
+fn vanish(send_after: bool) -> (u64, Failures, Result<(), SendError>) {
     let tune = |c: &mut Config| {
         c.timeout_ms = Some(3000);
         c.keep_alive_ms = Some(1000);
@@ -503,8 +506,8 @@ fn simultaneous_incoming_connections_are_all_accepted() {
         nodes[0].0.send(r, 0, &msg(0, 0)).unwrap();
     }
     run(&hub, &mut nodes, &mut inboxes, &[true; 4], 100);
-    for r in 1..4 {
-        assert_eq!(inboxes[r].next[0], 1);
+    for inbox in &inboxes[1..] {
+        assert_eq!(inbox.next[0], 1);
     }
     assert_eq!(nodes[0].0.stats().connected, 0);
 }
