@@ -177,7 +177,20 @@ pub fn run(job: &JobEnv, opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<R
         return Err("btl bench runs on exactly 2 ranks".into());
     }
     let mut t = transport::open(&opts.transport, job)?;
-    let sm = t.as_mut();
+    run_on(t.as_mut(), opts, out)
+}
+
+/// Runs the benchmark as one of two ranks over an open transport (any
+/// [`Transport`]: btl-baremetal's hosted smoltcp node runs it this way).
+/// Rows are labelled with `opts.transport`.
+pub fn run_on(
+    sm: &mut dyn Transport,
+    opts: &BenchOpts,
+    out: &mut impl Write,
+) -> Result<Vec<Row>, BoxError> {
+    if sm.size() != 2 {
+        return Err("btl bench runs on exactly 2 ranks".into());
+    }
     let me = sm.rank();
     let peer = 1 - me;
     let got = Rc::new(Cell::new(0u64));

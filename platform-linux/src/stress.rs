@@ -311,7 +311,18 @@ pub fn run(
     }
     let started = Instant::now();
     let mut t = transport::open(&opts.transport, job)?;
-    let sm = t.as_mut();
+    run_on(t.as_mut(), opts, started, out)
+}
+
+/// Runs the stress test as one rank over an open transport (any
+/// [`Transport`]: btl-baremetal's hosted smoltcp node runs it this way);
+/// `started` is when the rank started, for the summary line.
+pub fn run_on(
+    sm: &mut dyn Transport,
+    opts: &StressOpts,
+    started: Instant,
+    out: &mut impl Write,
+) -> Result<StressReport, BoxError> {
     let me = sm.rank();
     let n = sm.size();
     let checker = Rc::new(RefCell::new(Checker {
