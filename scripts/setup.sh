@@ -48,6 +48,16 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+# binutils' `size` prints the bare-metal firmware's sections (no_std step).
+if ! command -v size >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing binutils"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq binutils
+  else
+    echo "binutils (size) missing and cannot be installed here" >&2; exit 1
+  fi
+fi
+
 # Build miri's sysroot once, quietly (the first miri run would do it anyway).
 cargo +nightly miri setup >/dev/null 2>&1 || cargo +nightly miri setup
 log "ready"

@@ -51,10 +51,18 @@ miri() {
 step miri miri
 
 # no_std: Cortex-M4F (32-bit atomics, 64-bit ones through portable-atomic's
-# fallback) and Cortex-M0 (no compare-and-swap: critical-section feature).
+# fallback) and Cortex-M0 (no compare-and-swap: critical-section feature),
+# the core and the smoltcp adapter on both, with each logging choice; then
+# a minimal Cortex-M4F firmware image of the adapter (the footprint
+# example), printed with `size`.
 nostd() {
   cargo build -p btl-core -p btl-baremetal --locked --target thumbv7em-none-eabihf
+  cargo build -p btl-baremetal --locked --target thumbv7em-none-eabihf --no-default-features --features defmt
   cargo build -p btl-core --locked --target thumbv6m-none-eabi --features critical-section
+  cargo build -p btl-baremetal --locked --target thumbv6m-none-eabi --features btl-core/critical-section
+  cargo build -p btl-baremetal --locked --release --target thumbv7em-none-eabihf \
+    --no-default-features --example footprint
+  size target/thumbv7em-none-eabihf/release/examples/footprint
 }
 step no_std nostd
 

@@ -178,7 +178,19 @@ pub fn run(opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<Row>, BoxError>
     if world.size() != 2 {
         return Err("btl bench runs on exactly 2 ranks".into());
     }
-    let sm: &mut dyn Transport = &mut world;
+    run_on(&mut world, opts, out)
+}
+
+/// Runs the benchmark as one of two ranks over an open transport (any
+/// [`Transport`]: btl-baremetal's hosted smoltcp node runs it this way).
+pub fn run_on(
+    sm: &mut dyn Transport,
+    opts: &BenchOpts,
+    out: &mut impl Write,
+) -> Result<Vec<Row>, BoxError> {
+    if sm.size() != 2 {
+        return Err("btl bench runs on exactly 2 ranks".into());
+    }
     let me = sm.rank();
     let peer = 1 - me;
     let got = Rc::new(Cell::new(0u64));

@@ -308,7 +308,18 @@ pub fn run(opts: &StressOpts, out: &mut impl Write) -> Result<StressReport, BoxE
     let started = Instant::now();
     let choice = Choice::parse(&opts.transport).ok_or("--transport: accepts auto, sm or tcp")?;
     let mut world = World::init(choice)?;
-    let sm: &mut dyn Transport = &mut world;
+    run_on(&mut world, opts, started, out)
+}
+
+/// Runs the stress test as one rank over an open transport (any
+/// [`Transport`]: btl-baremetal's hosted smoltcp node runs it this way);
+/// `started` is when the rank started, for the summary line.
+pub fn run_on(
+    sm: &mut dyn Transport,
+    opts: &StressOpts,
+    started: Instant,
+    out: &mut impl Write,
+) -> Result<StressReport, BoxError> {
     let me = sm.rank();
     let n = sm.size();
     let checker = Rc::new(RefCell::new(Checker {

@@ -51,7 +51,7 @@ use crate::sm::{RegionKey, RmaStatus};
 use crate::wireup::{Identity, WireupError};
 
 /// Largest user tag (as for shared memory).
-pub const MAX_USER_TAG: u8 = 239;
+pub const MAX_USER_TAG: u8 = btl_core::tcp::wire::MAX_USER_TAG;
 const LISTENER: u64 = u64::MAX;
 /// Most established connections for which a non-blocking progress pass
 /// reads the sockets directly instead of asking epoll first.
@@ -362,7 +362,8 @@ pub struct Tcp {
     /// Connections dropped for bad input (for tests and diagnostics).
     rejected: u64,
     barrier_epoch: u64,
-    barrier_arrivals: HashMap<u64, u32>,
+    /// Peers that announced each barrier epoch.
+    barrier_arrivals: HashMap<u64, Vec<u32>>,
     /// Progress passes (timers run every 64).
     passes: u32,
     /// Registered regions peers may get from and put into.
@@ -386,13 +387,10 @@ impl fmt::Debug for Tcp {
     }
 }
 
-const TAG_BARRIER: u8 = 253;
-/// Internal tag of a chunk of a message larger than one frame: a 16-byte
-/// header (user tag u8, 7 bytes zero, total length u64, little endian) on
-/// the first chunk only, then data; chunks of one message follow each
-/// other on the connection (one connection per peer, in order).
-const TAG_CHUNK: u8 = 254;
-const CHUNK_HEADER: usize = 16;
+// The internal tags and the chunk header are the protocol's (btl-core), so
+// that every adapter speaks them alike: chunks of one message follow each
+// other on the connection (one connection per peer, in order).
+use btl_core::tcp::wire::{CHUNK_HEADER_LEN as CHUNK_HEADER, TAG_BARRIER, TAG_CHUNK};
 /// Largest message the receiving side reassembles (1 GiB).
 pub const MAX_MESSAGE: u64 = 1 << 30;
 
@@ -1136,10 +1134,13 @@ impl Tcp {
             FrameType::Send if h.tag == TAG_CHUNK => self.on_chunk(peer, payload),
             FrameType::Send if h.tag == TAG_BARRIER => {
                 if let Ok(b) = <[u8; 8]>::try_from(payload) {
-                    *self
+                    let seen = self
                         .barrier_arrivals
                         .entry(u64::from_le_bytes(b))
-                        .or_insert(0) += 1;
+                        .or_default();
+                    if !seen.contains(&peer) {
+                        seen.push(peer);
+                    }
                 }
             }
             FrameType::Send => match self
@@ -1710,13 +1711,32 @@ impl Tcp {
         for peer in (0..self.n).filter(|&p| p != me) {
             self.send_frame(peer, TAG_BARRIER, &epoch.to_le_bytes())?;
         }
-        let need = self.n - 1;
+        // Every other rank arrived, or failed (a barrier of the survivors).
         self.wait_until("the other ranks at a barrier", None, |t| {
-            let failed = t.peers.iter().filter(|p| p.failed.is_some()).count() as u32;
-            t.barrier_arrivals.get(&epoch).copied().unwrap_or(0) + failed >= need
+            (0..t.n)
+                .filter(|&p| p != me)
+                .all(|p| t.barrier_arrived(epoch, p) || t.peers[p as usize].failed.is_some())
         })?;
         self.barrier_arrivals.remove(&epoch);
         Ok(())
+    }
+
+    /// Sends `peer` our arrival at barrier `epoch` (the TCP barrier's
+    /// frame, which the bare-metal node speaks too).
+    pub(crate) fn send_barrier(&mut self, peer: u32, epoch: u64) -> Result<(), TcpError> {
+        self.send_frame(peer, TAG_BARRIER, &epoch.to_le_bytes())
+    }
+
+    /// Whether `peer` has announced barrier `epoch`.
+    pub(crate) fn barrier_arrived(&self, epoch: u64, peer: u32) -> bool {
+        self.barrier_arrivals
+            .get(&epoch)
+            .is_some_and(|v| v.contains(&peer))
+    }
+
+    /// Forgets barrier `epoch`'s announcements.
+    pub(crate) fn barrier_forget(&mut self, epoch: u64) {
+        self.barrier_arrivals.remove(&epoch);
     }
 
     /// Progresses until every queued byte is written.

@@ -20,7 +20,7 @@
 //! ends the waits of [`World::wait`]); the other peers are served on.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -36,7 +36,7 @@ use crate::wireup::{self, DynWireup, Identity, WireupError};
 pub const MAX_USER_TAG: u8 = 238;
 const TAG_BARRIER: u8 = 239;
 /// Wire-up key of a rank's node name.
-const NODE_KEY: &str = "node";
+pub const NODE_KEY: &str = "node";
 
 /// Whether this process is a rank of a job (some wire-up source is set,
 /// see [`crate::wireup`]): `Ok(false)` when none is, an error when the
@@ -223,7 +223,9 @@ pub struct World {
     handlers: Vec<Option<Shared>>,
     to_self: VecDeque<(u8, Vec<u8>)>,
     barrier_epoch: u64,
-    barrier_in: Rc<RefCell<HashMap<(u64, u8), u32>>>,
+    /// Peers (global ranks) that announced each barrier epoch over shared
+    /// memory.
+    barrier_in: Rc<RefCell<HashMap<u64, HashSet<u32>>>>,
     /// Regions, when neither transport holds the table.
     own_regions: RegionTable,
     next_region: u32,
@@ -366,18 +368,23 @@ impl World {
             last_liveness: Instant::now(),
             choice,
         };
-        let arrivals = world.barrier_in.clone();
-        world.install(
-            TAG_BARRIER,
-            Box::new(move |_src, data: &[u8]| {
-                if let (Some(e), Some(&round)) = (data.get(..8), data.get(8)) {
-                    let epoch = u64::from_le_bytes(e.try_into().unwrap_or([0; 8]));
-                    *arrivals.borrow_mut().entry((epoch, round)).or_insert(0) += 1;
-                } else {
-                    log::warn!("malformed barrier message");
+        // Barrier arrivals over shared memory (over TCP, the TCP
+        // transport's own barrier frame carries them).
+        if let Some(sm) = &mut world.sm {
+            let (arrivals, local) = (world.barrier_in.clone(), world.local.clone());
+            sm.on(TAG_BARRIER, move |src, data: &[u8]| {
+                match (<[u8; 8]>::try_from(data), local.get(src as usize)) {
+                    (Ok(e), Some(&g)) => {
+                        arrivals
+                            .borrow_mut()
+                            .entry(u64::from_le_bytes(e))
+                            .or_default()
+                            .insert(g);
+                    }
+                    _ => log::warn!("malformed barrier message over shared memory"),
                 }
-            }),
-        )?;
+            })?;
+        }
         Ok(world)
     }
 
@@ -554,11 +561,26 @@ impl World {
         peer: Option<u32>,
         done: &mut dyn FnMut() -> bool,
     ) -> Result<(), WorldError> {
+        self.wait_with(
+            what,
+            &mut |_, p| peer.is_none_or(|want| want == p),
+            &mut |_| done(),
+        )
+    }
+
+    /// [`Self::wait`] with conditions that may look at the world: the wait
+    /// ends with an error when a failed peer `p` has `fatal(world, p)`.
+    fn wait_with(
+        &mut self,
+        what: &'static str,
+        fatal: &mut dyn FnMut(&World, u32) -> bool,
+        done: &mut dyn FnMut(&mut World) -> bool,
+    ) -> Result<(), WorldError> {
         let start = Instant::now();
         let mut idle = 0u32;
         let mut rounds = 0u32;
         loop {
-            if done() {
+            if done(self) {
                 return Ok(());
             }
             rounds = rounds.wrapping_add(1);
@@ -570,11 +592,8 @@ impl World {
                         sm.check_peers();
                     }
                 }
-                if let Some((p, why)) = self
-                    .failed_peers()
-                    .into_iter()
-                    .find(|(p, _)| peer.is_none_or(|want| want == *p))
-                {
+                let failed = self.failed_peers();
+                if let Some((p, why)) = failed.into_iter().find(|(p, _)| fatal(self, *p)) {
                     return Err(WorldError::PeerFailed { peer: p, why });
                 }
                 if now.duration_since(start) > self.timeout {
@@ -600,27 +619,41 @@ impl World {
         }
     }
 
-    /// Waits until every rank has called `barrier` as often (a
-    /// dissemination barrier over both transports: ⌈log2 n⌉ rounds).
+    /// Waits until every rank has called `barrier` as often: each rank
+    /// announces its arrival at epoch `k` to every other (over shared
+    /// memory on the job API's barrier tag, over TCP with the TCP
+    /// transport's barrier frame, which a bare-metal node speaks too) and
+    /// waits for the `n - 1` announcements of the others.
     pub fn barrier(&mut self) -> Result<(), WorldError> {
         self.barrier_epoch += 1;
         let epoch = self.barrier_epoch;
-        let n = self.id.size;
-        let mut dist = 1u32;
-        let mut round = 0u8;
-        while dist < n {
-            let to = (self.id.rank + dist) % n;
-            let mut msg = [0u8; 9];
-            msg[..8].copy_from_slice(&epoch.to_le_bytes());
-            msg[8] = round;
-            self.send_any(to, TAG_BARRIER, &msg)?;
-            let arrivals = self.barrier_in.clone();
-            self.wait("the other ranks at a barrier", None, &mut || {
-                arrivals.borrow().get(&(epoch, round)).copied().unwrap_or(0) > 0
-            })?;
-            arrivals.borrow_mut().remove(&(epoch, round));
-            dist *= 2;
-            round += 1;
+        let me = self.id.rank;
+        for p in (0..self.id.size).filter(|&p| p != me) {
+            match self.route_of(p)? {
+                Route::Tcp => match self.tcp.as_mut() {
+                    Some(t) => t.send_barrier(p, epoch)?,
+                    None => return Err(WorldError::InvalidPeer { peer: p }),
+                },
+                _ => self.send_any(p, TAG_BARRIER, &epoch.to_le_bytes())?,
+            }
+        }
+        let arrived = |w: &World, p: u32| {
+            w.barrier_in
+                .borrow()
+                .get(&epoch)
+                .is_some_and(|s| s.contains(&p))
+                || w.tcp.as_ref().is_some_and(|t| t.barrier_arrived(epoch, p))
+        };
+        // A peer that fails after announcing its arrival does not stop the
+        // barrier; one that fails before does (the error names it).
+        self.wait_with(
+            "the other ranks at a barrier",
+            &mut |w, p| !arrived(w, p),
+            &mut |w| (0..w.id.size).filter(|&p| p != me).all(|p| arrived(w, p)),
+        )?;
+        self.barrier_in.borrow_mut().remove(&epoch);
+        if let Some(t) = self.tcp.as_mut() {
+            t.barrier_forget(epoch);
         }
         Ok(())
     }

@@ -149,6 +149,21 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Decoder<B> {
         })
     }
 
+    /// Forgets everything of the previous stream (buffered bytes, the item
+    /// in progress, a poisoning error) and starts a new one over the same
+    /// buffer: with the peer's handshake when `expect_handshake`, else with
+    /// frames. For adapters that reuse static buffers across connections.
+    pub fn reset(&mut self, expect_handshake: bool) {
+        self.start = 0;
+        self.end = 0;
+        self.poison = None;
+        self.stage = if expect_handshake {
+            Stage::Handshake
+        } else {
+            Stage::Header
+        };
+    }
+
     /// The free tail of the buffer, to read socket bytes into. Moves the
     /// unconsumed bytes to the front first, so after a drain it is never
     /// empty.
@@ -391,6 +406,36 @@ pub fn decode_all(
 mod direct_tests {
     use super::*;
     use crate::tcp::wire::FrameRepr;
+
+    #[test]
+    fn reset_starts_a_new_stream_over_the_same_buffer() {
+        let mut buf = [0u8; 64];
+        let mut d = Decoder::expecting_handshake(&mut buf[..]).unwrap();
+        // A poisoned decoder with bytes buffered...
+        d.spare()[..24].copy_from_slice(&[0xee; 24]);
+        d.filled(24);
+        assert!(matches!(
+            d.next_event(100),
+            Some(Err(WireError::BadMagic { .. }))
+        ));
+        d.reset(false);
+        assert_eq!((d.buffered(), d.error(), d.has_partial()), (0, None, false));
+        assert!(!d.awaiting_handshake());
+        d.spare()[..16].copy_from_slice(&FrameRepr::send(9, 0).to_bytes());
+        d.filled(16);
+        assert!(matches!(d.next_event(100), Some(Ok(Event::Header(h))) if h.tag == 9));
+        assert_eq!(d.next_event(100), Some(Ok(Event::FrameEnd)));
+        // ...and back to expecting a handshake.
+        d.reset(true);
+        assert!(d.awaiting_handshake());
+        let hs = HandshakeRepr { job: 5, rank: 1 }.to_bytes();
+        d.spare()[..24].copy_from_slice(&hs);
+        d.filled(24);
+        assert_eq!(
+            d.next_event(100),
+            Some(Ok(Event::Handshake(HandshakeRepr { job: 5, rank: 1 })))
+        );
+    }
 
     #[test]
     fn direct_payload_reads_skip_the_buffer() {
