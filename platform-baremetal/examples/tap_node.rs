@@ -57,19 +57,8 @@ fn main() {
         usage()
     };
     let rest = &args[i + 1..];
-    let job = match btl_linux::job::JobEnv::from_env() {
-        Ok(Some(job)) => job,
-        Ok(None) => {
-            eprintln!("tap_node: not in a btl job (BTL_RANK is not set)");
-            std::process::exit(2)
-        }
-        Err(e) => {
-            eprintln!("tap_node: {e}");
-            std::process::exit(2)
-        }
-    };
     let started = Instant::now();
-    let mut node = match hosted::TapNode::open(&job, &tap, cidr, port) {
+    let mut node = match hosted::TapNode::open(&tap, cidr, port) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("tap_node: {e}");

@@ -273,7 +273,7 @@ fn var(name: &str) -> String {
 }
 
 fn run_child(role: &str) -> Result<(), BoxError> {
-    let job = JobEnv::from_env()?.ok_or("not in a job")?;
+    JobEnv::from_env()?.ok_or("not in a job")?;
     let name = var("BTL_BM_SCENARIO");
     let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
     if role == "linux" && name == "stress" {
@@ -303,7 +303,7 @@ fn run_child(role: &str) -> Result<(), BoxError> {
     let started = Instant::now();
     let mut t: Box<dyn Transport> = if role == "bm" {
         let cidr = BM_IP.parse().map_err(|_| "bad BM_IP")?;
-        Box::new(hosted::TapNode::open(&job, TAP, cidr, 7000)?)
+        Box::new(hosted::TapNode::open(TAP, cidr, 7000)?)
     } else {
         Box::new(btl_linux::world::World::init(
             btl_linux::world::Choice::Tcp,

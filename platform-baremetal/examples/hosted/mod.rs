@@ -1,8 +1,9 @@
 //! The bare-metal node hosted on Linux, for people and tests: a [`Node`] on
-//! a TAP device (smoltcp's `TunTapInterface`), its peers from the job's
-//! session-directory wire-up (btl-linux's `SessionWireup`, driven as
+//! a TAP device (smoltcp's `TunTapInterface`), its identity and peers from
+//! the job's wire-up (whatever source btl-linux's `wireup::open` finds: the
+//! launcher's service, a rendezvous, the session directory), driven as
 //! btl-linux's job API drives it: publish the node name, fence, publish
-//! `tcp-addr`, fence, read the others'),
+//! `tcp-addr`, fence, read the others',
 //! wrapped as a `btl_linux::transport::Transport` so that `btl stress` and
 //! `btl bench` run unchanged on it. Shared by the `tap_node` example and
 //! the interop test (`#[path]`).
@@ -16,10 +17,9 @@ use std::time::{Duration, Instant};
 
 use btl_baremetal::smoltcp;
 use btl_baremetal::{Config, Event, Node, RmaError, SendError, Sizes};
-use btl_linux::job::JobEnv;
 use btl_linux::sm::{RegionKey, RmaStatus};
 use btl_linux::transport::{BoxError, Handler, Transport};
-use btl_linux::wireup::{get_vec, SessionWireup, Wireup};
+use btl_linux::wireup::get_vec;
 use smoltcp::iface::{Interface, SocketStorage};
 use smoltcp::phy::{Medium, TunTapInterface};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, Ipv4Cidr};
@@ -63,7 +63,8 @@ impl TapNode {
     /// tap`), gives the node address `cidr` (e.g. 10.78.0.2/24) and
     /// `port`, publishes `tcp-addr` and reads every rank's. `BTL_TCP_*`
     /// parameters apply (`use_nagle`, `handshake_timeout`, `max_frame`).
-    pub fn open(job: &JobEnv, tap: &str, cidr: Ipv4Cidr, port: u16) -> Result<TapNode, BoxError> {
+    pub fn open(tap: &str, cidr: Ipv4Cidr, port: u16) -> Result<TapNode, BoxError> {
+        let (job, mut wireup) = btl_linux::wireup::open()?;
         let mut dev = TunTapInterface::new(tap, Medium::Ethernet)
             .map_err(|e| format!("cannot open TAP device {tap}: {e}"))?;
         let mac = EthernetAddress([0x02, 0x62, 0x74, 0x6c, 0, job.rank as u8]);
@@ -84,13 +85,12 @@ impl TapNode {
         let addr = format!("{}:{port}", cidr.address());
         // The job API's two rounds: where everybody is, then (as the node
         // is on its own node) the TCP addresses.
-        let mut wireup = SessionWireup::new(&job.session_dir, job.rank, job.size);
         wireup.put(btl_linux::world::NODE_KEY, job.node.as_bytes())?;
         wireup.fence()?;
         wireup.put(btl_linux::tcp::ADDR_KEY, addr.as_bytes())?;
         wireup.fence()?;
         for r in (0..job.size).filter(|&r| r != job.rank) {
-            let v = get_vec(&mut wireup, r, btl_linux::tcp::ADDR_KEY)?
+            let v = get_vec(wireup.as_mut(), r, btl_linux::tcp::ADDR_KEY)?
                 .ok_or_else(|| format!("rank {r} published no address"))?;
             let text = String::from_utf8_lossy(&v);
             let sa = text
