@@ -36,6 +36,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use btl_core::tcp::addr::{write_addr_record, AddrRecord};
 use btl_core::tcp::decoder::{Decoder, Event};
 use btl_core::tcp::endpoint::{
     Action, ConnId, Endpoint, EndpointState, Incoming, IncomingDecision, RejectReason, SendDecision,
@@ -494,9 +495,11 @@ impl Tcp {
             return Err(TcpError::Param("tcp: no address to listen on".into()));
         }
         let wireup = SessionWireup::new(&job.session_dir, job.rank);
-        let published: Vec<String> = locals.iter().map(ToString::to_string).collect();
+        let mut published = String::new();
+        // Writing to a String cannot fail.
+        let _ = write_addr_record(&mut published, locals.iter().copied());
         wireup
-            .publish(ADDR_KEY, published.join(",").as_bytes())
+            .publish(ADDR_KEY, published.as_bytes())
             .map_err(TcpError::Wireup)?;
         let others: Vec<u32> = (0..job.size).collect();
         let addrs = wireup
@@ -505,15 +508,16 @@ impl Tcp {
         let jh = job_hash(job.job.as_bytes());
         let mut peers = Vec::with_capacity(job.size as usize);
         for (r, a) in addrs.iter().enumerate() {
-            // The peer's addresses, each a `SocketAddr`; use the first of our
-            // families (IPv4 first) that it also listens on.
-            let theirs: Vec<SocketAddr> = std::str::from_utf8(a)
-                .ok()
-                .map(|s| s.trim().split(',').filter_map(|x| x.parse().ok()).collect())
-                .unwrap_or_default();
-            if theirs.is_empty() {
-                return Err(TcpError::BadAddress { peer: r as u32 });
-            }
+            // The peer's addresses (the whole record is refused if any
+            // entry is malformed); use the first of our families (IPv4
+            // first) that it also listens on.
+            let theirs: Vec<SocketAddr> = match AddrRecord::parse(a) {
+                Ok(record) => record.iter().collect(),
+                Err(e) => {
+                    log::error!("tcp: rank {r}'s address record: {e}");
+                    return Err(TcpError::BadAddress { peer: r as u32 });
+                }
+            };
             let pick = locals.iter().find_map(|l| {
                 theirs
                     .iter()
