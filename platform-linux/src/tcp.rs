@@ -1435,7 +1435,9 @@ impl Tcp {
                     );
                     return;
                 }
-                let mut v = Vec::with_capacity(total as usize);
+                // Memory grows as chunks arrive: the announced total alone
+                // (any peer can write it) reserves at most 1 MiB.
+                let mut v = Vec::with_capacity((total as usize).min(1 << 20));
                 v.extend_from_slice(&payload[CHUNK_HEADER..]);
                 if v.len() as u64 > total {
                     log::warn!("tcp: chunk from {peer} longer than its message");
