@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh machine with only rustup-managed
-# Rust: the no_std targets and the nightly toolchain with miri. Idempotent;
+# Rust: the no_std targets, the nightly toolchain with miri and rust-src
+# (miri, and -Zbuild-std for the sanitizers), and cargo-fuzz. Idempotent;
 # safe to run on every test run.
 set -euo pipefail
 
@@ -31,6 +32,11 @@ for c in miri rust-src; do
     rustup +nightly component add "$c"
   fi
 done
+# cargo-fuzz for the fuzz step (built from crates.io; a few minutes once).
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+  log "installing cargo-fuzz"
+  cargo install cargo-fuzz --locked
+fi
 # iproute2 for the tests that make their own network namespaces (they skip,
 # saying why, where namespaces are not permitted).
 if ! command -v ip >/dev/null; then
