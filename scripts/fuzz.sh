@@ -16,7 +16,8 @@ cd "$(dirname "$0")/../fuzz"
 
 secs=${FUZZ_SECS:-30}
 # The lock file is committed: refuse to run if the build would change it.
-cargo +nightly metadata --locked --format-version 1 >/dev/null
+host=$(rustc +nightly -vV | sed -n 's/^host: //p')
+cargo +nightly fetch --locked --target "$host" -q
 targets=${FUZZ_TARGETS:-$(cargo +nightly fuzz list)}
 cargo +nightly fuzz build
 
