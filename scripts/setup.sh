@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh machine with only rustup-managed
-# Rust: the no_std targets and the nightly toolchain with miri. Idempotent;
+# Rust: the no_std targets, the nightly toolchain with miri and rust-src
+# (miri, and -Zbuild-std for the sanitizers), and cargo-fuzz. Idempotent;
 # safe to run on every test run.
 set -euo pipefail
 
@@ -31,11 +32,18 @@ for c in miri rust-src; do
     rustup +nightly component add "$c"
   fi
 done
+# cargo-fuzz for the fuzz step (built from crates.io; a few minutes once).
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+  log "installing cargo-fuzz"
+  cargo install cargo-fuzz --locked
+fi
 # Debian packages of the tests that make their own hosts: iproute2 (network
 # namespaces, veth, bridges), util-linux (unshare), openmpi-bin (mpirun and
 # the PMIx library, for the run under mpirun). The tests skip, saying why,
-# where they are missing or namespaces are not permitted.
+# where they are missing or namespaces are not permitted. g++: libFuzzer
+# (the fuzz step) is C++.
 need=()
+command -v c++ >/dev/null || need+=(g++)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v mpirun >/dev/null || need+=(openmpi-bin)

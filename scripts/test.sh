@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: sets up a fresh machine (scripts/setup.sh),
 # then runs every check: formatting, clippy, the workspace tests, the loom
-# models, miri on the core, and the no_std builds. Exits non-zero on the
+# models, miri on the core, the no_std builds, every fuzz target for a
+# bounded time, and the sanitizers. Exits non-zero on the
 # first failure.
 #
 #   bash scripts/test.sh            # everything
@@ -44,9 +45,11 @@ loom() {
 }
 step loom loom
 
-# miri on the core's unit tests, with strict provenance.
+# miri on the core's unit tests and the FIFO benchmark (its threads, in a
+# short mode), with strict provenance.
 miri() {
   MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test -p btl-core --locked
+  MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test -p btl-core --locked --bench fifo -- --short
 }
 step miri miri
 
@@ -66,9 +69,13 @@ nostd() {
 }
 step no_std nostd
 
-# The fuzz targets (their own workspace) must keep building; running them
-# for a bounded time is part of the fuzzing work (see README).
-step fuzz-build cargo check --manifest-path fuzz/Cargo.toml --locked
+# Every fuzz target (fuzz/, its own workspace) for FUZZ_SECS (30) seconds
+# from its committed seed corpus; a crash fails the step.
+step fuzz bash scripts/fuzz.sh
+
+# The core's unit tests and the FIFO benchmark's threads under
+# ThreadSanitizer, the unit tests under AddressSanitizer.
+step sanitizers bash scripts/sanitizers.sh
 
 # The benchmark must keep building (it is run by hand, not here).
 step bench-build cargo bench -p btl-core --bench fifo --locked --no-run

@@ -9,7 +9,7 @@
 //!   reader pops; the figure is messages per second.
 //!
 //! Threads are pinned to cores 0 and 1 when the machine allows it (say so
-//! otherwise). Run: `cargo bench -p btl-core --bench fifo [-- --quick]`.
+//! otherwise). Run: `cargo bench -p btl-core --bench fifo [-- --quick | --short]`.
 //! Speed is measured here, never asserted in tests.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
@@ -189,8 +189,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // `--short`: a few thousand messages per row, for running the threads
+    // under a sanitizer (scripts/sanitizers.sh), not for the figures.
+    let short = std::env::args().any(|a| a == "--short");
     // `cargo bench` passes `--bench`; ignore it and anything else.
-    let (iters, msgs, reps) = if quick {
+    let (iters, msgs, reps) = if short && cfg!(miri) {
+        (20, 200, 1)
+    } else if short {
+        (2_000, 20_000, 1)
+    } else if quick {
         (20_000, 200_000, 3)
     } else {
         (200_000, 5_000_000, 5)

@@ -745,6 +745,9 @@ where
             self.free(idx);
             return Err(SendError::NoFragment);
         };
+        // Owner and capacity too: a header scribbled on by another process
+        // would otherwise fail validation at every receiver forever.
+        header.restamp(self.me as u16, desc.capacity);
         header.set_message(tag, len as u32, u64::from(idx), 0);
         // `me < MAX_LOCAL_RANKS` and offsets inside a part: always encodable.
         let Ok(frag) = ShmOffset::new(self.me as u16, desc.offset) else {

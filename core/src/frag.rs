@@ -242,6 +242,15 @@ impl FragHeader {
         self.flags.store(flags, Ordering::Relaxed);
     }
 
+    /// Writes the owner and capacity again (owner side, before each send):
+    /// they are set when the fragment is carved and never change, so
+    /// rewriting them undoes any corruption of the header by another
+    /// process, and the fragment is usable again from its next send on.
+    pub fn restamp(&self, owner: u16, capacity: u32) {
+        self.owner.store(u32::from(owner), Ordering::Relaxed);
+        self.capacity.store(capacity, Ordering::Relaxed);
+    }
+
     /// Reads each field once.
     pub fn snapshot(&self) -> (u32, u32, u32, u32, u64, u32) {
         (

@@ -362,6 +362,26 @@ impl BulkRates {
     }
 }
 
+/// Problems caused by peers' data logged one by one; after these, only
+/// every power of two is (a process corrupting the segment must not flood
+/// the log or slow the victim down with it).
+const PEER_LOG_FIRST: u64 = 16;
+
+/// Logs a problem caused by a peer's data (see [`PEER_LOG_FIRST`]), counting
+/// it in `State::peer_reports`.
+macro_rules! peer_log {
+    ($state:expr, $lvl:ident, $($arg:tt)+) => {{
+        $state.peer_reports += 1;
+        let n = $state.peer_reports;
+        if n <= PEER_LOG_FIRST || n.is_power_of_two() {
+            log::$lvl!($($arg)+);
+            if n == PEER_LOG_FIRST {
+                log::warn!("further problems with peers' data are logged at powers of two only");
+            }
+        }
+    }};
+}
+
 /// Completion state shared between a send and the progress engine.
 type Done = Rc<RefCell<Option<bool>>>;
 
@@ -396,6 +416,8 @@ struct State {
     peer_failed: Vec<bool>,
     /// Peer errors reported, for diagnostics (counted, logged).
     peer_errors: u64,
+    /// Problems with peers' data seen (for the log's rate limit).
+    peer_reports: u64,
     /// Registered regions, get/put requests in both directions.
     rma: rma::Rma,
 }
@@ -412,7 +434,11 @@ impl State {
                 true
             }
             None => {
-                log::warn!("message from local rank {peer} with tag {tag}, which has no handler");
+                peer_log!(
+                    self,
+                    warn,
+                    "message from local rank {peer} with tag {tag}, which has no handler"
+                );
                 false
             }
         }
@@ -421,14 +447,20 @@ impl State {
     fn recv_rndv(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let mut hdr = [0u8; Rndv::LEN];
         if frag.info.len as usize != Rndv::LEN || frag.copy_payload(&mut hdr).is_err() {
-            log::error!("malformed single-copy header from local rank {peer}");
+            peer_log!(
+                self,
+                error,
+                "malformed single-copy header from local rank {peer}"
+            );
             return false;
         }
         let Some(r) = Rndv::decode(&hdr) else {
             return false;
         };
         if r.tag > MAX_USER_TAG || r.len > MAX_MESSAGE {
-            log::error!(
+            peer_log!(
+                self,
+                error,
                 "single-copy request from local rank {peer} with tag {} and length {}",
                 r.tag,
                 r.len
@@ -462,7 +494,7 @@ impl State {
         let mut hdr = [0u8; Chunk::LEN];
         let len = frag.info.len as usize;
         if len < Chunk::LEN || frag.payload.read_bytes(0, &mut hdr).is_err() {
-            log::error!("malformed chunk header from local rank {peer}");
+            peer_log!(self, error, "malformed chunk header from local rank {peer}");
             return false;
         }
         let Some(c) = Chunk::decode(&hdr) else {
@@ -472,10 +504,16 @@ impl State {
         let data_len = (len - Chunk::LEN) as u64;
         if c.offset == 0 {
             if self.partial[p].is_some() {
-                log::error!("local rank {peer} started a new message before finishing the last");
+                peer_log!(
+                    self,
+                    error,
+                    "local rank {peer} started a new message before finishing the last"
+                );
             }
             if c.tag > MAX_USER_TAG || c.total > MAX_MESSAGE {
-                log::error!(
+                peer_log!(
+                    self,
+                    error,
                     "chunked message from local rank {peer}: tag {} length {}",
                     c.tag,
                     c.total
@@ -484,12 +522,11 @@ impl State {
                 return false;
             }
             self.partial[p] = Some((c.tag, c.total, 0));
-            if (self.bufs[p].len() as u64) < c.total {
-                self.bufs[p].resize(c.total as usize, 0);
-            }
         }
         let Some((tag, total, got)) = self.partial[p] else {
-            log::error!(
+            peer_log!(
+                self,
+                error,
                 "chunk at offset {} from local rank {peer} without a start",
                 c.offset
             );
@@ -497,9 +534,15 @@ impl State {
         };
         let end = got + data_len;
         if tag != c.tag || total != c.total || got != c.offset || end > total {
-            log::error!("out-of-order chunk from local rank {peer}");
+            peer_log!(self, error, "out-of-order chunk from local rank {peer}");
             self.partial[p] = None;
             return false;
+        }
+        // The buffer grows as data arrives (amortised doubling, kept for
+        // the next message): a chunk header alone, which any peer can
+        // write, cannot make us allocate and zero `MAX_MESSAGE` bytes.
+        if (self.bufs[p].len() as u64) < end {
+            self.bufs[p].resize(end as usize, 0);
         }
         let dst = &mut self.bufs[p][got as usize..end as usize];
         if frag.payload.read_bytes(Chunk::LEN as u64, dst).is_err() {
@@ -611,7 +654,7 @@ impl Dispatch for State {
                 ok
             }
             t => {
-                log::error!("local rank {peer} used reserved tag {t}");
+                peer_log!(self, error, "local rank {peer} used reserved tag {t}");
                 false
             }
         }
@@ -628,7 +671,11 @@ impl Dispatch for State {
                     .copied()
                     .unwrap_or(false)
             {
-                log::warn!("local rank {peer} reported an error handling a message");
+                peer_log!(
+                    self,
+                    warn,
+                    "local rank {peer} reported an error handling a message"
+                );
             }
             return;
         }
@@ -645,7 +692,12 @@ impl Dispatch for State {
 
     fn error(&mut self, error: PeerError) {
         self.peer_errors += 1;
-        log::error!("shared memory: {error}");
+        peer_log!(
+            self,
+            error,
+            "shared memory: {error} (peer error {})",
+            self.peer_errors
+        );
     }
 }
 
@@ -960,6 +1012,7 @@ impl Sm {
             barrier_arrivals: HashMap::new(),
             peer_failed: vec![false; nprocs as usize],
             peer_errors: 0,
+            peer_reports: 0,
             rma: rma::Rma::default(),
         };
         Ok(Parts {

@@ -36,6 +36,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use btl_core::tcp::addr::{write_addr_record, AddrRecord};
 use btl_core::tcp::decoder::{Decoder, Event};
 use btl_core::tcp::endpoint::{
     Action, ConnId, Endpoint, EndpointState, Incoming, IncomingDecision, RejectReason, SendDecision,
@@ -556,19 +557,24 @@ impl Tcp {
 
     /// The wire-up record of our addresses ([`ADDR_KEY`]'s value).
     pub fn published_addrs(&self) -> String {
-        let v: Vec<String> = self.locals.iter().map(ToString::to_string).collect();
-        v.join(",")
+        let mut published = String::new();
+        // Writing to a String cannot fail.
+        let _ = write_addr_record(&mut published, self.locals.iter().copied());
+        published
     }
 
     /// Takes `peer`'s wire-up record (its [`ADDR_KEY`] value): we will
     /// reach it on the first address family (IPv4 first) both of us listen
     /// on. A record that does not parse is an error naming the peer.
     pub fn set_peer_addrs(&mut self, peer: u32, record: &[u8]) -> Result<(), TcpError> {
-        let theirs: Vec<SocketAddr> = std::str::from_utf8(record)
-            .ok()
-            .map(|s| s.trim().split(',').map(|x| x.parse().ok()).collect())
-            .and_then(|v: Option<Vec<SocketAddr>>| v)
-            .unwrap_or_default();
+        // The whole record is refused if any entry is malformed.
+        let theirs: Vec<SocketAddr> = match AddrRecord::parse(record) {
+            Ok(r) => r.iter().collect(),
+            Err(e) => {
+                log::error!("tcp: rank {peer}'s address record: {e}");
+                return Err(TcpError::BadAddress { peer });
+            }
+        };
         let Some(p) = self.peers.get_mut(peer as usize) else {
             return Err(TcpError::BadAddress { peer });
         };
@@ -1495,7 +1501,9 @@ impl Tcp {
                     );
                     return;
                 }
-                let mut v = Vec::with_capacity(total as usize);
+                // Memory grows as chunks arrive: the announced total alone
+                // (any peer can write it) reserves at most 1 MiB.
+                let mut v = Vec::with_capacity((total as usize).min(1 << 20));
                 v.extend_from_slice(&payload[CHUNK_HEADER..]);
                 if v.len() as u64 > total {
                     log::warn!("tcp: chunk from {peer} longer than its message");

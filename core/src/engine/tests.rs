@@ -383,6 +383,39 @@ fn hostile_slots_and_headers_are_errors() {
     });
 }
 
+/// Found by the hostile shared-memory peer test: another process that
+/// overwrote the owner or capacity of a fragment header made every later
+/// use of that fragment fail validation at the receiver, so the sender
+/// lost every message that went through it, long after the corruption
+/// stopped. The owner now writes both again before each send.
+#[test]
+fn scribbled_owner_and_capacity_heal_on_the_next_send() {
+    with_job(2, 16, |e, region| {
+        let layout = segment_layout(&small_params(16), 2).unwrap();
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        let part0_at = layout.part_offset(0).unwrap();
+        let part0 = region
+            .subregion(part0_at as u64, layout.part_bytes)
+            .unwrap();
+        // The eager fragment rank 0 takes first (free lists are LIFO).
+        let frag_at = e[0].descs[e[0].free_eager as usize].offset;
+        for (field, value) in [(0u64, 7u32), (4, 1 << 30), (0, 1), (4, 0)] {
+            // owner (bytes 0..4) or capacity (4..8), as a stranger writes it.
+            part0
+                .write_bytes(frag_at + field, &value.to_le_bytes())
+                .unwrap();
+            e[0].send(1, 5, &[b"still here"], 1).unwrap();
+            e[1].progress(&mut r1);
+            assert!(r1.errors.is_empty(), "{:?}", r1.errors);
+            assert_eq!(r1.got, vec![(0, 5, b"still here".to_vec())]);
+            r1.got.clear();
+            e[0].progress(&mut r0);
+            assert_eq!(r0.done, vec![(1, 1, true)]);
+            r0.done.clear();
+        }
+    });
+}
+
 #[test]
 fn fragment_index_lookup_accepts_only_fragment_starts() {
     let g = PartGeometry {

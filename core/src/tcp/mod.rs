@@ -19,13 +19,15 @@
 //!   that has not identified itself yet;
 //! - [`params`]: the `tcp` component's parameters;
 //! - [`ifsel`]: interface selection as pure logic over a list of
-//!   interfaces.
+//!   interfaces;
+//! - [`addr`]: the listen-address record ranks exchange through wire-up.
 //!
 //! An adapter owns the sockets, a [`decoder::Decoder`] per socket, an
 //! [`endpoint::Endpoint`] per peer and a queue of frames per peer; it feeds
 //! socket events to the state machines and carries out the actions they
 //! return.
 
+pub mod addr;
 pub mod decoder;
 pub mod endpoint;
 pub mod ifsel;

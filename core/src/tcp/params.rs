@@ -2003,11 +2003,17 @@ fn split_override(name: &str) -> Option<(OverrideKind, &str)> {
     [OverrideKind::Bandwidth, OverrideKind::Latency]
         .into_iter()
         .find_map(|kind| {
-            let prefix = kind.name();
-            let head = name.get(..prefix.len() + 1)?;
-            let rest = name.get(prefix.len() + 1..)?;
-            let (word, sep) = head.split_at(prefix.len());
-            (word.eq_ignore_ascii_case(prefix) && sep == "_").then_some((kind, rest))
+            // Compared as bytes: `name` may hold any characters, and the
+            // prefix's length need not fall on one of their boundaries.
+            let prefix = kind.name().as_bytes();
+            let bytes = name.as_bytes();
+            let word = bytes.get(..prefix.len())?;
+            let sep = bytes.get(prefix.len())?;
+            if !word.eq_ignore_ascii_case(prefix) || *sep != b'_' {
+                return None;
+            }
+            // An ASCII prefix and `_` end on a character boundary.
+            Some((kind, name.get(prefix.len() + 1..)?))
         })
 }
 
@@ -2363,6 +2369,36 @@ mod tests {
         assert!(p.verify().unwrap().is_empty());
         p.port_min_v6 = 65535;
         assert_eq!(p.listen_ports(IpFamily::V6), 65535..=65535);
+    }
+
+    /// Found by the `params` fuzz target: a variable name with a
+    /// multi-byte character where the `bandwidth_` prefix would end
+    /// panicked (`split_at` inside a character) instead of being parsed.
+    #[test]
+    fn override_names_with_multibyte_characters() {
+        let mut p = TcpParams::new();
+        // "LATENCY_" + U+074D: byte 9 is inside the character.
+        assert_eq!(
+            p.set_from_env_var("BTL_TCP_LATENCY_\u{74d}L", "0"),
+            Ok(true)
+        );
+        assert_eq!(
+            p.override_value(OverrideKind::Latency, "\u{74d}L", None),
+            Some(0)
+        );
+        for var in [
+            "BTL_TCP_\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}",
+            "BTL_TCP_BANDWIDT\u{e9}_eth0",
+            "OMPI_MCA_btl_tcp_bandwidth\u{e9}",
+        ] {
+            assert!(
+                matches!(
+                    p.set_from_env_var(var, "1"),
+                    Err(TcpParamError::UnknownParam { .. })
+                ),
+                "{var}"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,347 @@
+//! The shared-memory progress engine against a hostile local peer.
+//!
+//! Three ranks share one in-memory segment: ranks 0 and 1 run real engines
+//! and exchange messages; rank 2 is hostile. The input interleaves honest
+//! sends and progress calls with what a hostile process that mapped the
+//! segment can do: scribble arbitrary bytes anywhere in any part (rings,
+//! ring counters, fragment headers and payloads), push arbitrary values
+//! into the victims' rings, forge fragments of its own and send them.
+//!
+//! Always: no panic, no out-of-bounds access (the fuzzer's AddressSanitizer
+//! watches), every completion names a cookie that was sent and arrives at
+//! most once, outstanding fragments never exceed the fragments a rank has,
+//! and every delivered payload fits a fragment. Without hostile actions
+//! (the honest baseline of the same input): no error is reported and every
+//! message arrives intact, in order, and completes successfully.
+#![no_main]
+
+use std::collections::{HashSet, VecDeque};
+
+use arbitrary::Arbitrary;
+use btl_core::engine::{init_part, Dispatch, FragDesc, PeerError, PeerSlot, SmEngine};
+use btl_core::fifo::{Consumer, Fifo};
+use btl_core::frag::{FragType, FragView, Slot};
+use btl_core::params::{fifo_map, SmParams};
+use btl_core::shm::{Region, ShmOffset};
+use btl_core::sizing::{segment_layout, SegmentLayout};
+use btl_core::sync::{CachePadded, CACHE_LINE};
+use libfuzzer_sys::fuzz_target;
+
+type Eng<'a> = SmEngine<'a, Vec<PeerSlot<'a>>, Vec<Option<Consumer<'a>>>, Vec<FragDesc>, Vec<u64>>;
+
+const NPROCS: u32 = 3;
+const HOSTILE: u32 = 2;
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Send {
+        from: bool,
+        tag: u8,
+        len: u16,
+    },
+    Progress {
+        who: bool,
+    },
+    Release {
+        who: bool,
+    },
+    /// Write `bytes` at `off` (modulo the part) in rank `part % 3`'s part.
+    Scribble {
+        part: u8,
+        off: u32,
+        bytes: Vec<u8>,
+    },
+    /// Push `value` into the victim's ring for the hostile rank.
+    PushRaw {
+        victim: bool,
+        value: u64,
+    },
+    /// Forge fragment `frag` of the hostile part's eager fragments with
+    /// these header fields, then push a slot of `kind` naming it (or the
+    /// same offset in the victim's part when `theirs`).
+    Forge {
+        victim: bool,
+        frag: u8,
+        owner: u32,
+        capacity: u32,
+        tag: u32,
+        len: u32,
+        kind: u8,
+        error: bool,
+        theirs: bool,
+    },
+    FailPeer {
+        who: bool,
+        peer: u8,
+    },
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    fifo_log2: u8,
+    fifos: u8,
+    ops: Vec<Op>,
+}
+
+#[derive(Default)]
+struct Rec {
+    got: Vec<(u32, u8, Vec<u8>)>,
+    done: Vec<(u32, u64, bool)>,
+    errors: Vec<PeerError>,
+    max_payload: u32,
+}
+
+impl Dispatch for Rec {
+    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
+        assert!(frag.info.len <= self.max_payload);
+        assert_eq!(frag.payload.len(), frag.info.len as usize);
+        let mut buf = vec![0; frag.info.len as usize];
+        frag.copy_payload(&mut buf).unwrap();
+        self.got.push((peer, tag, buf));
+        true
+    }
+    fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
+        self.done.push((peer, cookie, ok));
+    }
+    fn error(&mut self, error: PeerError) {
+        assert!(!error.to_string().is_empty());
+        self.errors.push(error);
+    }
+}
+
+/// What was sent and what came back.
+#[derive(Default)]
+struct Books {
+    /// Sent and not yet delivered, per direction (0 → 1, 1 → 0).
+    expect: [VecDeque<(u8, Vec<u8>)>; 2],
+    cookies: HashSet<u64>,
+    completed: HashSet<u64>,
+}
+
+impl Books {
+    fn check(&mut self, recs: &mut [Rec], engines: &mut [Eng<'_>], tainted: bool, descs: usize) {
+        for (who, rec) in recs.iter_mut().enumerate() {
+            let peer = 1 - who as u32;
+            for (p, cookie, ok) in rec.done.drain(..) {
+                assert!(
+                    self.cookies.contains(&cookie),
+                    "completion of unknown cookie {cookie}"
+                );
+                assert!(
+                    self.completed.insert(cookie),
+                    "cookie {cookie} completed twice"
+                );
+                if !tainted {
+                    assert!(ok && p == peer);
+                }
+            }
+            for (p, tag, data) in rec.got.drain(..) {
+                if tainted {
+                    continue;
+                }
+                assert_eq!(p, peer);
+                let (etag, edata) = self.expect[1 - who]
+                    .pop_front()
+                    .expect("unexpected message");
+                assert_eq!((tag, &data), (etag, &edata));
+            }
+            if !tainted {
+                assert!(rec.errors.is_empty(), "{:?}", rec.errors);
+            }
+            rec.errors.clear();
+            assert!(engines[who].outstanding() as usize <= descs);
+        }
+    }
+}
+
+fn payload(seq: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (seq as u8).wrapping_mul(31).wrapping_add(i as u8))
+        .collect()
+}
+
+fn params(fifo_log2: u8, fifos: u8) -> SmParams {
+    let mut p = SmParams::default();
+    p.fifo_size = 1 << (fifo_log2 % 5 + 1); // 2 ..= 32
+    p.fifo_lazy_free = (p.fifo_size / 4).max(1);
+    p.num_fifos = 1 << (fifos % 3); // 1, 2, 4
+    p.eager_limit = 64;
+    p.rndv_eager_limit = 64;
+    p.max_send_size = 256;
+    p.free_list_num = 2;
+    p.free_list_inc = 4;
+    p
+}
+
+fuzz_target!(|input: Input| {
+    let params = params(input.fifo_log2, input.fifos);
+    let layout = segment_layout(&params, NPROCS).unwrap();
+    let lines = layout.total_bytes.div_ceil(CACHE_LINE);
+    let mut mem: Vec<CachePadded<[u8; CACHE_LINE]>> =
+        (0..lines).map(|_| CachePadded([0; CACHE_LINE])).collect();
+    let len = lines * CACHE_LINE;
+    // SAFETY: CachePadded<[u8; CACHE_LINE]> is CACHE_LINE bytes without
+    // padding; `mem` stays exclusively borrowed by the region.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr().cast::<u8>(), len) };
+    let region = Region::from_mut_slice(bytes);
+    run(&region, &layout, &params, &input.ops);
+});
+
+fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: &[Op]) {
+    let sizes = Eng::storage_sizes(layout, NPROCS).unwrap();
+    for r in 0..NPROCS {
+        // SAFETY: single-threaded; nothing touches the parts yet.
+        unsafe { init_part(region, layout, params, r) }.unwrap();
+    }
+    let mut engines: Vec<Eng<'a>> = (0..2)
+        .map(|me| {
+            Eng::attach(
+                region,
+                layout,
+                params,
+                me,
+                NPROCS,
+                (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
+                (0..sizes.consumers).map(|_| None).collect(),
+                vec![FragDesc::new(); sizes.descs],
+                vec![0; sizes.pending],
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut recs: Vec<Rec> = (0..2)
+        .map(|_| Rec {
+            max_payload: params.max_send_size,
+            ..Rec::default()
+        })
+        .collect();
+    let num_fifos = params.num_fifos as u32;
+    // The hostile rank's writers on the victims' rings for it.
+    let hostile_ring = |victim: u32| -> Fifo<'a> {
+        let part = region
+            .subregion(
+                layout.part_offset(victim).unwrap() as u64,
+                layout.part_bytes,
+            )
+            .unwrap();
+        let at = layout
+            .ring_offset(victim, fifo_map(HOSTILE, num_fifos))
+            .unwrap()
+            - layout.part_offset(victim).unwrap();
+        Fifo::attach(&part, at as u64).unwrap()
+    };
+    let mut hostile_producers = [hostile_ring(0).producer(), hostile_ring(1).producer()];
+
+    let mut tainted = false;
+    let mut seq = 0u64;
+    let mut books = Books::default();
+    let descs = sizes.descs;
+
+    for op in ops.iter().take(1024) {
+        match op {
+            Op::Send { from, tag, len } => {
+                let from = usize::from(*from);
+                let len = usize::from(*len) % (params.max_send_size as usize + 8);
+                seq += 1;
+                let data = payload(seq, len);
+                if engines[from]
+                    .send(1 - from as u32, *tag, &[&data], seq)
+                    .is_ok()
+                {
+                    books.cookies.insert(seq);
+                    books.expect[from].push_back((*tag, data));
+                } else {
+                    assert!(
+                        len > params.max_send_size as usize
+                            || engines[from].outstanding() > 0
+                            || tainted
+                    );
+                }
+            }
+            Op::Progress { who } => {
+                let w = usize::from(*who);
+                engines[w].progress(&mut recs[w]);
+            }
+            Op::Release { who } => engines[usize::from(*who)].release_consumed(),
+            Op::Scribble { part, off, bytes } => {
+                let part = u32::from(*part) % NPROCS;
+                let base = layout.part_offset(part).unwrap();
+                let off = *off as usize % layout.part_bytes;
+                let n = bytes.len().min(layout.part_bytes - off).min(64);
+                region
+                    .write_bytes((base + off) as u64, &bytes[..n])
+                    .unwrap();
+                tainted = true;
+            }
+            Op::PushRaw { victim, value } => {
+                let _ = hostile_producers[usize::from(*victim)].push(*value);
+                tainted = true;
+            }
+            Op::Forge {
+                victim,
+                frag,
+                owner,
+                capacity,
+                tag,
+                len,
+                kind,
+                error,
+                theirs,
+            } => {
+                let victim = u32::from(*victim);
+                let owner_rank = if *theirs { victim } else { HOSTILE };
+                let i = u32::from(*frag) % layout.eager_frags.max(1);
+                let Ok(at) = layout.eager_frag_offset(owner_rank, i) else {
+                    continue;
+                };
+                let mut h = [0u8; 16];
+                h[0..4].copy_from_slice(&owner.to_le_bytes());
+                h[4..8].copy_from_slice(&capacity.to_le_bytes());
+                h[8..12].copy_from_slice(&tag.to_le_bytes());
+                h[12..16].copy_from_slice(&len.to_le_bytes());
+                if !*theirs {
+                    region.write_bytes(at as u64, &h).unwrap();
+                }
+                let rel = at - layout.part_offset(owner_rank).unwrap();
+                let kind = if kind & 1 == 0 {
+                    FragType::Send
+                } else {
+                    FragType::Ack
+                };
+                let frag = ShmOffset::new(owner_rank as u16, rel as u64).unwrap();
+                let value = Slot::new(kind, frag, *error).unwrap().encode();
+                let _ = hostile_producers[victim as usize].push(value);
+                tainted = true;
+            }
+            Op::FailPeer { who, peer } => {
+                let w = usize::from(*who);
+                let peer = u32::from(*peer) % NPROCS;
+                engines[w].fail_peer(peer, &mut recs[w]);
+                tainted |= peer != HOSTILE;
+            }
+        }
+        books.check(&mut recs, &mut engines, tainted, descs);
+    }
+
+    // Quiesce: everything honest arrives and completes.
+    for _ in 0..4096 {
+        let mut events = 0;
+        for w in 0..2 {
+            events += engines[w].progress(&mut recs[w]);
+            engines[w].release_consumed();
+        }
+        books.check(&mut recs, &mut engines, tainted, descs);
+        if events == 0
+            && engines
+                .iter()
+                .all(|e| e.outstanding() == 0 && e.pending() == 0)
+        {
+            break;
+        }
+    }
+    if !tainted {
+        assert!(books.expect.iter().all(VecDeque::is_empty), "messages lost");
+        assert_eq!(books.completed, books.cookies, "sends never completed");
+        assert!(engines.iter().all(|e| e.outstanding() == 0));
+    }
+}
