@@ -209,8 +209,17 @@ fn hostile(how: Attack) {
         .unwrap()
         .join(segment_file_name(uid, &job, "node").unwrap());
 
+    // Rank 0 creates the segment once the job's wire-up fence has passed;
+    // rank 1, the last to attach, unlinks it. To get in between, the
+    // attacker — any process of the user can — writes rank 1's wire-up
+    // records (its node name and its arrival at the first fence) into the
+    // session directory itself, so rank 0 goes ahead before rank 1 exists.
+    let records = dir.join("wireup");
+    std::fs::create_dir_all(&records).unwrap();
+    std::fs::write(records.join("node.1"), "node").unwrap();
+    std::fs::write(records.join("fence-1.1"), "").unwrap();
     let mut victims = vec![spawn_rank(&job, &dir, 0)];
-    // In before rank 1 attaches (the last to attach unlinks the file).
+    // In before rank 1 attaches.
     let mapping = open_segment(&path);
     victims.push(spawn_rank(&job, &dir, 1));
     // Drain the victims' stderr as they write (a full pipe would block them).
