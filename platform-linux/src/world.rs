@@ -32,7 +32,8 @@ use crate::tcp::{Tcp, TcpError};
 use crate::transport::{BoxError, Handler, Transport};
 use crate::wireup::{self, DynWireup, Identity, WireupError};
 
-/// Largest user tag of the job API (tag 239 carries its barrier).
+/// Largest user tag of the job API (tag 239 carries its barrier over
+/// shared memory).
 pub const MAX_USER_TAG: u8 = 238;
 const TAG_BARRIER: u8 = 239;
 /// Wire-up key of a rank's node name.
