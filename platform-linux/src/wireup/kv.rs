@@ -8,7 +8,10 @@
 //! fence when every rank has entered it. A client that breaks the protocol
 //! gets a REFUSED answer and is disconnected (logged once); the other ranks
 //! are served on. Reads and writes have timeouts, so a client that stops
-//! reading cannot stall the service.
+//! reading cannot stall the service; a connection must say HELLO within
+//! 10 s, and at most one connection per rank plus 64 are served at once
+//! (more are closed on arrival), so a flood of strangers cannot exhaust
+//! the launcher's threads.
 //!
 //! `btl run` runs the service in the launcher; with a user-given rendezvous
 //! (`BTL_WIREUP=tcp://HOST:PORT`) rank 0 runs it in a thread.
@@ -31,6 +34,10 @@ use super::{check_key, Identity, Wireup, WireupError, MAX_VALUE};
 pub const MAX_BYTES_PER_RANK: usize = 1 << 20;
 /// A client that sends nothing for this long (outside a fence) is dropped.
 const IDLE_LIMIT: Duration = Duration::from_secs(600);
+/// A connection that has not said HELLO after this long is dropped.
+const HELLO_LIMIT: Duration = Duration::from_secs(10);
+/// Connections served at once beyond one per rank (strangers, retries).
+const EXTRA_CONNECTIONS: usize = 64;
 /// Write timeout of the service's answers.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often blocked threads look at the stop flag.
@@ -159,12 +166,30 @@ impl Drop for KvServer {
 
 fn accept_loop(listener: TcpListener, store: Arc<Mutex<Store>>, stop: Arc<AtomicBool>) {
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    // One thread per connection, at most this many at once: a flood of
+    // connections cannot exhaust the launcher's threads.
+    let size = store.lock().map_or(0, |s| s.size as usize);
+    let cap = size + EXTRA_CONNECTIONS;
+    let mut refused = 0u64;
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, peer)) => {
+                workers.retain(|h| !h.is_finished());
+                if workers.len() >= cap {
+                    refused += 1;
+                    if refused.is_power_of_two() {
+                        log::warn!(
+                            "wire-up service: {cap} connections open, refusing {peer} \
+                             ({refused} refused so far)"
+                        );
+                    }
+                    drop(s);
+                    continue;
+                }
                 let (store, stop) = (store.clone(), stop.clone());
                 let spawned = std::thread::Builder::new()
                     .name("btl-wireup-conn".into())
+                    .stack_size(256 * 1024)
                     .spawn(move || serve(s, peer, store, stop));
                 match spawned {
                     Ok(h) => workers.push(h),
@@ -252,6 +277,9 @@ fn serve_inner(
                     let st = lock();
                     st.entered[me as usize] > st.answered[me as usize]
                 });
+                if rank.is_none() && last.elapsed() > HELLO_LIMIT {
+                    return Err((RefuseCode::Protocol, "no HELLO in time".into()));
+                }
                 if !in_fence && last.elapsed() > IDLE_LIMIT {
                     return Err((RefuseCode::Protocol, "idle for too long".into()));
                 }
@@ -783,6 +811,29 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_flood_of_connections_is_capped_and_the_rank_still_served() {
+        let server = KvServer::start(loopback(), "kvtest", 1).unwrap();
+        let addr = server.addr();
+        // One per rank plus EXTRA_CONNECTIONS are served; more are closed
+        // at once.
+        let idle: Vec<TcpStream> = (0..=EXTRA_CONNECTIONS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut extra = TcpStream::connect(addr).unwrap();
+        extra
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut b = [0u8; 8];
+        assert_eq!(extra.read(&mut b).unwrap_or(0), 0, "not closed");
+        // Once the strangers go, the real rank gets in.
+        drop(idle);
+        std::thread::sleep(Duration::from_millis(300));
+        let mut w = KvWireup::connect(addr, &id(0, 1), Duration::from_secs(5)).unwrap();
+        w.fence().unwrap();
     }
 
     #[test]
