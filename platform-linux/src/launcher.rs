@@ -1354,5 +1354,63 @@ mod tests {
             launch(&LaunchSpec::new(1, "")),
             Err(LaunchError::InvalidSpec { .. })
         ));
+        // Hosts: not enough slots; no address for the wire-up service.
+        let mut spec = LaunchSpec::new(3, "true");
+        spec.hosts = vec![("a".into(), 1), ("b".into(), 1)];
+        spec.wireup_addr = Some(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        match launch(&spec) {
+            Err(LaunchError::InvalidSpec { reason }) => {
+                assert!(reason.contains("2 slots"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        spec.nprocs = 2;
+        spec.wireup_addr = None;
+        match launch(&spec) {
+            Err(LaunchError::InvalidSpec { reason }) => {
+                assert!(reason.contains("--wireup-addr"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn host_lists() {
+        assert_eq!(
+            parse_hosts("h1:2,h2,node-3.x:16").unwrap(),
+            vec![
+                ("h1".to_string(), 2),
+                ("h2".to_string(), 1),
+                ("node-3.x".to_string(), 16)
+            ]
+        );
+        for bad in ["", "h1:0", "h1:x", ":2", "a b:1", "h1,,h2"] {
+            assert!(parse_hosts(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn remote_commands_are_quoted() {
+        let mut spec = LaunchSpec::new(1, "/opt/my prog");
+        spec.args = vec!["it's".into(), "$HOME".into()];
+        spec.extra_env = vec![("X".into(), "a b".into())];
+        let cmd = remote_command(&spec, &[("BTL_RANK", "0".into())]);
+        assert!(cmd.contains("exec env "), "{cmd}");
+        assert!(cmd.contains("'X=a b'"), "{cmd}");
+        assert!(cmd.contains("'BTL_RANK=0'"), "{cmd}");
+        assert!(cmd.ends_with("'/opt/my prog' 'it'\\''s' '$HOME'"), "{cmd}");
+        // Through a real shell, the words come back intact.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "printf '%s|' {}",
+                &cmd[cmd.find("'/opt").unwrap()..]
+            ))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "/opt/my prog|it's|$HOME|"
+        );
     }
 }
