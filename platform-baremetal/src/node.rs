@@ -1249,21 +1249,31 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
         }
     }
 
+    /// Whom slot `i` reads for: `Some(Some(peer))` for an identified
+    /// connection, `Some(None)` for an incoming one not identified yet;
+    /// `None` when the slot takes no input now (no connection, or an RMA
+    /// answer to its peer waits for room: no more input meanwhile).
+    fn reading_for(&self, i: usize) -> Option<Option<u32>> {
+        let peer = match self.slots[i].role {
+            Role::Conn(p) => Some(p),
+            Role::Incoming(_) => None,
+            _ => return None,
+        };
+        if peer.is_some_and(|p| self.peers[p as usize].reply.is_some()) {
+            return None;
+        }
+        Some(peer)
+    }
+
     /// Reads what slot `i`'s socket has, decoding as it goes; then notices
     /// EOF or a reset.
     fn read(&mut self, i: usize, on_event: &mut dyn FnMut(Event<'_>)) -> usize {
         let mut n = self.decode(i, on_event);
         for _ in 0..64 {
-            let s = &mut self.slots[i];
-            let peer = match s.role {
-                Role::Conn(p) => Some(p),
-                Role::Incoming(_) => None,
-                _ => return n,
-            };
-            if peer.is_some_and(|p| self.peers[p as usize].reply.is_some()) {
-                // An RMA answer waits for room: no more input meanwhile.
+            let Some(peer) = self.reading_for(i) else {
                 return n;
-            }
+            };
+            let s = &mut self.slots[i];
             let sock = self.sockets.get_mut::<tcp::Socket>(s.handle);
             if !sock.can_recv() {
                 break;
@@ -1293,15 +1303,10 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
             n += self.decode(i, on_event);
         }
         // End of the stream?
-        let s = &self.slots[i];
-        let peer = match s.role {
-            Role::Conn(p) => Some(p),
-            Role::Incoming(_) => None,
-            _ => return n,
-        };
-        if peer.is_some_and(|p| self.peers[p as usize].reply.is_some()) {
+        let Some(peer) = self.reading_for(i) else {
             return n;
-        }
+        };
+        let s = &self.slots[i];
         let sock = self.sockets.get::<tcp::Socket>(s.handle);
         let state = sock.state();
         let reset = state == tcp::State::Closed;

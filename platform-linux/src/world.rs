@@ -207,6 +207,21 @@ impl From<TcpError> for WorldError {
 }
 
 type Shared = Rc<RefCell<Handler>>;
+
+/// One side of a get or put.
+enum Rma<'a> {
+    Put(&'a [u8]),
+    Get(&'a mut [u8]),
+}
+
+impl Rma<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Rma::Put(b) => b.len(),
+            Rma::Get(b) => b.len(),
+        }
+    }
+}
 type RegionTable = HashMap<u32, Box<[u8]>>;
 
 /// One process's view of its job: every rank, over the right transport.
@@ -725,29 +740,7 @@ impl World {
         offset: u64,
         src: &[u8],
     ) -> Result<Result<(), RmaStatus>, WorldError> {
-        match self.route_of(key.rank)? {
-            Route::Me => Ok(self
-                .local_range(key, offset, src.len())
-                .map(|d| d.copy_from_slice(src))),
-            Route::Sm(l) => {
-                let k = RegionKey { rank: l, ..*key };
-                let sm = self
-                    .sm
-                    .as_mut()
-                    .ok_or(WorldError::InvalidPeer { peer: key.rank })?;
-                match sm.put(&k, offset, src) {
-                    Ok(()) => Ok(Ok(())),
-                    Err(SmError::Rma { status, .. }) => Ok(Err(status)),
-                    Err(e) => Err(self.sm_error(e)),
-                }
-            }
-            Route::Tcp => match self.with_tcp(|t| t.put(key, offset, src)) {
-                Some(Ok(())) => Ok(Ok(())),
-                Some(Err(TcpError::Rma { status, .. })) => Ok(Err(status)),
-                Some(Err(e)) => Err(e.into()),
-                None => Err(WorldError::InvalidPeer { peer: key.rank }),
-            },
-        }
+        self.rma(key, offset, Rma::Put(src))
     }
 
     /// Reads `dst.len()` bytes at `offset` of the region `key` (of any
@@ -758,27 +751,44 @@ impl World {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<Result<(), RmaStatus>, WorldError> {
+        self.rma(key, offset, Rma::Get(dst))
+    }
+
+    /// A get or put, by the route to the region's owner; a refusal by the
+    /// target is `Ok(Err(status))`, anything else an error.
+    fn rma(
+        &mut self,
+        key: &RegionKey,
+        offset: u64,
+        op: Rma<'_>,
+    ) -> Result<Result<(), RmaStatus>, WorldError> {
+        let missing = WorldError::InvalidPeer { peer: key.rank };
         match self.route_of(key.rank)? {
-            Route::Me => Ok(self
-                .local_range(key, offset, dst.len())
-                .map(|s| dst.copy_from_slice(s))),
+            Route::Me => Ok(self.local_range(key, offset, op.len()).map(|r| match op {
+                Rma::Put(src) => r.copy_from_slice(src),
+                Rma::Get(dst) => dst.copy_from_slice(r),
+            })),
             Route::Sm(l) => {
                 let k = RegionKey { rank: l, ..*key };
-                let sm = self
-                    .sm
-                    .as_mut()
-                    .ok_or(WorldError::InvalidPeer { peer: key.rank })?;
-                match sm.get(&k, offset, dst) {
+                let sm = self.sm.as_mut().ok_or(missing)?;
+                let r = match op {
+                    Rma::Put(src) => sm.put(&k, offset, src),
+                    Rma::Get(dst) => sm.get(&k, offset, dst),
+                };
+                match r {
                     Ok(()) => Ok(Ok(())),
                     Err(SmError::Rma { status, .. }) => Ok(Err(status)),
                     Err(e) => Err(self.sm_error(e)),
                 }
             }
-            Route::Tcp => match self.with_tcp(|t| t.get(key, offset, dst)) {
+            Route::Tcp => match self.with_tcp(|t| match op {
+                Rma::Put(src) => t.put(key, offset, src),
+                Rma::Get(dst) => t.get(key, offset, dst),
+            }) {
                 Some(Ok(())) => Ok(Ok(())),
                 Some(Err(TcpError::Rma { status, .. })) => Ok(Err(status)),
                 Some(Err(e)) => Err(e.into()),
-                None => Err(WorldError::InvalidPeer { peer: key.rank }),
+                None => Err(missing),
             },
         }
     }

@@ -16,7 +16,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{check_key, Wireup, WireupError, DEFAULT_TIMEOUT, MAX_VALUE};
+use super::{check_key, check_put, copy_value, Wireup, WireupError, DEFAULT_TIMEOUT, MAX_VALUE};
 
 /// Key/value records of one job in its session directory.
 #[derive(Debug, Clone)]
@@ -148,12 +148,7 @@ impl Wireup for SessionWireup {
     }
 
     fn put(&mut self, key: &str, value: &[u8]) -> Result<(), WireupError> {
-        if value.len() > MAX_VALUE {
-            return Err(WireupError::TooLarge {
-                rank: self.rank,
-                key: key.into(),
-            });
-        }
+        check_put(self.rank, key, value)?;
         self.publish(key, value)
     }
 
@@ -167,17 +162,8 @@ impl Wireup for SessionWireup {
     }
 
     fn get(&mut self, rank: u32, key: &str, out: &mut [u8]) -> Result<Option<usize>, WireupError> {
-        match self.try_get(rank, key)? {
-            None => Ok(None),
-            Some(v) if v.len() > out.len() => Err(WireupError::TooLarge {
-                rank,
-                key: key.into(),
-            }),
-            Some(v) => {
-                out[..v.len()].copy_from_slice(&v);
-                Ok(Some(v.len()))
-            }
-        }
+        let v = self.try_get(rank, key)?;
+        copy_value(rank, key, v.as_deref(), out)
     }
 }
 

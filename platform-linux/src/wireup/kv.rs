@@ -28,7 +28,7 @@ use btl_core::wireup::kv::{
     self as proto, Client, KvError, RefuseCode, Request, Response, MAX_FRAME,
 };
 
-use super::{check_key, Identity, Wireup, WireupError, MAX_VALUE};
+use super::{check_key, check_put, copy_value, Identity, Wireup, WireupError};
 
 /// Most bytes of values the service keeps for one rank.
 pub const MAX_BYTES_PER_RANK: usize = 1 << 20;
@@ -579,13 +579,7 @@ impl Wireup for KvWireup {
     }
 
     fn put(&mut self, key: &str, value: &[u8]) -> Result<(), WireupError> {
-        check_key(key)?;
-        if value.len() > MAX_VALUE {
-            return Err(WireupError::TooLarge {
-                rank: self.rank,
-                key: key.into(),
-            });
-        }
+        check_put(self.rank, key, value)?;
         let n = self
             .client
             .put(key, value, &mut self.out)
@@ -666,15 +660,7 @@ impl Wireup for KvWireup {
         self.send(n)?;
         let len = self.expect("a value from the service", Instant::now() + self.timeout)?;
         let result = match proto::parse_response(&self.buf[..len]).map_err(self.proto())? {
-            Response::Value(None) => Ok(None),
-            Response::Value(Some(v)) if v.len() > out.len() => Err(WireupError::TooLarge {
-                rank,
-                key: key.into(),
-            }),
-            Response::Value(Some(v)) => {
-                out[..v.len()].copy_from_slice(v);
-                Ok(Some(v.len()))
-            }
+            Response::Value(v) => copy_value(rank, key, v, out),
             _ => Err(WireupError::Protocol {
                 addr: self.addr,
                 error: KvError::Unexpected(self.buf[0]),
@@ -688,6 +674,7 @@ impl Wireup for KvWireup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wireup::MAX_VALUE;
     use std::net::{IpAddr, Ipv4Addr};
 
     fn loopback() -> SocketAddr {

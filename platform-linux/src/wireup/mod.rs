@@ -227,6 +227,40 @@ pub(crate) fn check_key(key: &str) -> Result<(), WireupError> {
     }
 }
 
+/// What every source checks before publishing: the key, and the value's
+/// size ([`MAX_VALUE`]).
+pub(crate) fn check_put(rank: u32, key: &str, value: &[u8]) -> Result<(), WireupError> {
+    check_key(key)?;
+    if value.len() > MAX_VALUE {
+        return Err(WireupError::TooLarge {
+            rank,
+            key: key.into(),
+        });
+    }
+    Ok(())
+}
+
+/// Copies rank `rank`'s value of `key` (if any) into `out`, as
+/// [`Wireup::get`] answers: a value longer than `out` is an error.
+pub(crate) fn copy_value(
+    rank: u32,
+    key: &str,
+    value: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<Option<usize>, WireupError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.len() > out.len() => Err(WireupError::TooLarge {
+            rank,
+            key: key.into(),
+        }),
+        Some(v) => {
+            out[..v.len()].copy_from_slice(v);
+            Ok(Some(v.len()))
+        }
+    }
+}
+
 /// The wire-up timeout from [`ENV_WIREUP_TIMEOUT`].
 pub fn timeout_from_env() -> Result<Duration, WireupError> {
     crate::sm::env_secs_opt(ENV_WIREUP_TIMEOUT, DEFAULT_TIMEOUT).ok_or_else(|| {

@@ -32,7 +32,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::time::Duration;
 
-use super::{check_key, Identity, Wireup, WireupError, MAX_VALUE};
+use super::{check_key, check_put, copy_value, Identity, Wireup, WireupError, MAX_VALUE};
 
 /// The variable naming the PMIx library to load.
 pub const ENV_PMIX_LIBRARY: &str = "BTL_PMIX_LIBRARY";
@@ -350,13 +350,7 @@ impl Wireup for Pmix {
     }
 
     fn put(&mut self, key: &str, value: &[u8]) -> Result<(), WireupError> {
-        check_key(key)?;
-        if value.len() > MAX_VALUE {
-            return Err(WireupError::TooLarge {
-                rank: self.id.rank,
-                key: key.into(),
-            });
-        }
+        check_put(self.id.rank, key, value)?;
         let ckey = CString::new(format!("btl.{key}")).expect("checked keys have no NUL");
         let mut v = PmixValue {
             kind: PMIX_BYTE_OBJECT,
@@ -424,14 +418,10 @@ impl Wireup for Pmix {
         let peer = PmixProc { rank, ..self.me };
         match self.get_raw(&peer, &format!("btl.{key}"))? {
             None => Ok(None),
-            Some(Got::Bytes(b)) if b.len() <= out.len() => {
-                out[..b.len()].copy_from_slice(&b);
-                Ok(Some(b.len()))
-            }
-            Some(_) => Err(WireupError::TooLarge {
-                rank,
-                key: key.into(),
-            }),
+            Some(Got::Bytes(b)) => copy_value(rank, key, Some(&b), out),
+            Some(Got::U32(_)) => Err(WireupError::Pmix(format!(
+                "rank {rank}'s {key} is a number, not bytes"
+            ))),
         }
     }
 }
