@@ -17,8 +17,8 @@ use std::hint::black_box;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use btl_core::fifo::{Fifo, PushError};
 use btl_core::shm::Region;
+use btl_core::sm::fifo::{Fifo, PushError};
 use btl_core::sync::{AtomicU64, CachePadded, Ordering};
 
 /// Seed defaults (`fifo_size`, `fifo_lazy_free`).
@@ -57,7 +57,7 @@ fn pin(cpu: usize) -> bool {
     rustix::thread::sched_setaffinity(None, &set).is_ok()
 }
 
-fn push_spin(p: &mut btl_core::fifo::Producer<'_>, v: u64) {
+fn push_spin(p: &mut btl_core::sm::fifo::Producer<'_>, v: u64) {
     let mut v = v;
     loop {
         match p.push(v) {

@@ -8,13 +8,9 @@
 //! - [`shm`]: regions of shared memory, the [`shm::ShmOffset`] newtype that
 //!   shared memory holds instead of pointers, and checked resolution of
 //!   offsets into references;
-//! - [`fifo`]: the lock-free many-writer / one-reader ring of 64-bit slots
-//!   (the seed's `sm_fifo_t`), initialised in place inside a region;
-//! - [`frag`]: fragment headers and the slot encoding (offset + type bits +
-//!   status bit);
-//! - [`params`]: the `sm` component's parameters with the seed's names,
-//!   defaults, help texts and validation rules;
-//! - [`sizing`]: shared-segment sizing with overflow detection;
+//! - [`sm`]: shared memory inside a node — the ring, fragments, the
+//!   control area, the segment layout, the `sm` parameters and the
+//!   progress engine;
 //! - [`tcp`]: the TCP protocol as sans-IO state machines;
 //! - [`wireup`]: the wire-up trait and the key/value service's protocol
 //!   with a sans-IO client.
@@ -33,13 +29,8 @@ extern crate std;
 #[macro_use]
 mod fmt;
 
-pub mod control;
-pub mod engine;
-pub mod fifo;
-pub mod frag;
-pub mod params;
 pub mod shm;
-pub mod sizing;
+pub mod sm;
 pub mod sync;
 pub mod tcp;
 pub mod wireup;

@@ -18,12 +18,12 @@
 use std::collections::{HashSet, VecDeque};
 
 use arbitrary::Arbitrary;
-use btl_core::engine::{init_part, Dispatch, FragDesc, PeerError, PeerSlot, SmEngine};
-use btl_core::fifo::{Consumer, Fifo};
-use btl_core::frag::{FragType, FragView, Slot};
-use btl_core::params::{fifo_map, SmParams};
+use btl_core::sm::engine::{init_part, Dispatch, FragDesc, PeerError, PeerSlot, SmEngine};
+use btl_core::sm::fifo::{Consumer, Fifo};
+use btl_core::sm::frag::{FragType, FragView, Slot};
+use btl_core::sm::params::{fifo_map, SmParams};
 use btl_core::shm::{Region, ShmOffset};
-use btl_core::sizing::{segment_layout, SegmentLayout};
+use btl_core::sm::layout::{segment_layout, SegmentLayout};
 use btl_core::sync::{CachePadded, CACHE_LINE};
 use libfuzzer_sys::fuzz_target;
 

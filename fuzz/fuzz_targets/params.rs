@@ -13,8 +13,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use arbitrary::Arbitrary;
-use btl_core::params::{calc_sm_max_procs, ParamId, SmParams};
-use btl_core::sizing::segment_layout;
+use btl_core::sm::params::{calc_sm_max_procs, ParamId, SmParams};
+use btl_core::sm::layout::segment_layout;
 use btl_core::tcp::ifsel::{entries, select, IfSpec, Instance, Interface};
 use btl_core::tcp::params::{TcpParam, TcpParams};
 use libfuzzer_sys::fuzz_target;

@@ -1,6 +1,6 @@
 //! Helpers for the loom models in `tests/`: a cache-line aligned buffer that
 //! several loom threads share, holding a ring initialised in place by
-//! btl-core's real [`btl_core::fifo::Fifo`] code.
+//! btl-core's real [`btl_core::sm::fifo::Fifo`] code.
 //!
 //! Run the models with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p btl-loom-tests --release`.
@@ -12,8 +12,8 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
-use btl_core::fifo::Fifo;
 use btl_core::shm::Region;
+use btl_core::sm::fifo::Fifo;
 
 /// Raw memory for one ring, freed on drop. Share it between model threads
 /// with an `Arc`; it must outlive every [`Region`] made from it.

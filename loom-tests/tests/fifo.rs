@@ -4,7 +4,7 @@
 //! the lazy-free boundary happen within a few operations.
 #![cfg(loom)]
 
-use btl_core::fifo::{Fifo, PushError};
+use btl_core::sm::fifo::{Fifo, PushError};
 use btl_core::sync::cell::UnsafeCell;
 use btl_loom_tests::RingMemory;
 use loom::sync::Arc;
@@ -17,7 +17,7 @@ use loom::thread;
 /// Every loop in these models is bounded: loom explores stale reads of
 /// relaxed/acquire loads, so an unbounded spin on "full" or "empty" is an
 /// infinite execution to it, though real hardware always makes progress.
-fn push_tries(p: &mut btl_core::fifo::Producer<'_>, v: u64, tries: usize) -> bool {
+fn push_tries(p: &mut btl_core::sm::fifo::Producer<'_>, v: u64, tries: usize) -> bool {
     for _ in 0..tries {
         match p.push(v) {
             Ok(()) => return true,

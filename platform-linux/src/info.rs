@@ -29,7 +29,7 @@ use std::ffi::OsString;
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
-use btl_core::params::{ParamId, SmParams};
+use btl_core::sm::params::{ParamId, SmParams};
 
 /// Width `btl info` wraps its help texts at.
 pub const WRAP_COLUMNS: usize = 78;
@@ -164,7 +164,7 @@ pub struct Component {
 /// Every component `btl info` lists, in order.
 pub static COMPONENTS: &[Component] = &[
     Component {
-        name: btl_core::params::COMPONENT,
+        name: btl_core::sm::params::COMPONENT,
         read: sm_params,
     },
     Component {
@@ -440,7 +440,7 @@ pub fn json_string(s: &mut String, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use btl_core::params::SM_PARAM_COUNT;
+    use btl_core::sm::params::SM_PARAM_COUNT;
 
     fn vars(v: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
         v.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()

@@ -56,15 +56,15 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use btl_core::control::{Control, ControlError, RANK_DONE, RANK_READY};
-use btl_core::engine::{
+use btl_core::shm::Region;
+use btl_core::sm::control::{Control, ControlError, RANK_DONE, RANK_READY};
+use btl_core::sm::engine::{
     self, Dispatch, FragDesc, PeerError, PeerSlot, PeerState, SendError, SetupError, SmEngine,
 };
-use btl_core::fifo::Consumer;
-use btl_core::frag::FragView;
-use btl_core::params::{calc_sm_max_procs, ParamError, SmParams};
-use btl_core::shm::Region;
-use btl_core::sizing::{segment_layout, SegmentLayout, SizeError, PART_ALIGN};
+use btl_core::sm::fifo::Consumer;
+use btl_core::sm::frag::FragView;
+use btl_core::sm::layout::{segment_layout, SegmentLayout, SizeError, PART_ALIGN};
+use btl_core::sm::params::{calc_sm_max_procs, ParamError, SmParams};
 use btl_core::sync::{AtomicU64, Ordering};
 
 use crate::cma;

@@ -24,11 +24,11 @@ use std::process::{Child, Command, Stdio};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use btl_core::control::{Control, RANK_READY};
-use btl_core::frag::{FragType, Slot, FRAG_HEADER_SIZE};
-use btl_core::params::SmParams;
 use btl_core::shm::{Region, ShmOffset};
-use btl_core::sizing::{segment_layout, SegmentLayout};
+use btl_core::sm::control::{Control, RANK_READY};
+use btl_core::sm::frag::{FragType, Slot, FRAG_HEADER_SIZE};
+use btl_core::sm::layout::{segment_layout, SegmentLayout};
+use btl_core::sm::params::SmParams;
 use btl_core::sync::CACHE_LINE;
 use btl_linux::segment::{segment_dir, segment_file_name};
 

@@ -67,7 +67,7 @@ use super::params::{
     IfOverride, IpFamily, OverrideKind, TcpParamError, TcpParamId, TcpParams, TextParamId,
     DEFAULT_IF_EXCLUDE,
 };
-use crate::params::ParamName;
+use crate::sm::params::ParamName;
 
 /// One address of a network interface (an interface with several addresses
 /// appears once per address, as `getifaddrs` lists it).
@@ -724,7 +724,7 @@ pub fn addresses<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::params::ParamSource;
+    use crate::sm::params::ParamSource;
     use std::string::ToString;
     use std::vec::Vec;
 

@@ -1,6 +1,6 @@
 //! The `tcp` component's parameters: the seed's names, defaults, help texts
 //! and validation rules, without an allocator, in the style of
-//! [`crate::params`] (whose [`ParamDef`], [`ParamKind`], [`ParamSource`],
+//! [`crate::sm::params`] (whose [`ParamDef`], [`ParamKind`], [`ParamSource`],
 //! [`ParamName`] and [`env_name`] are reused here).
 //!
 //! - [`TCP_PARAMS`] is the static table of the numeric parameters, indexed
@@ -46,7 +46,7 @@ use core::fmt;
 use core::ops::RangeInclusive;
 
 use super::ifsel::{self, SpecError};
-use crate::params::{
+use crate::sm::params::{
     env_name, EnvName, ParamDef, ParamKind, ParamName, ParamSource, FLAG_GET, FLAG_PUT, FLAG_SEND,
 };
 
@@ -1217,7 +1217,7 @@ pub struct TcpParams {
     /// BTL exclusivity.
     pub exclusivity: u32,
     /// BTL flags (`FLAG_SEND`, `FLAG_PUT`, `FLAG_GET` of
-    /// [`crate::params`]).
+    /// [`crate::sm::params`]).
     pub flags: u32,
     /// Size of the first fragment of a large message.
     pub rndv_eager_limit: u32,

@@ -20,7 +20,7 @@
 //! per-peer order is kept). [`SmEngine::progress`] first retries pending
 //! sends, then polls each receive ring and dispatches:
 //!
-//! - SEND: the fragment is validated ([`crate::frag::read_frag`]) and handed
+//! - SEND: the fragment is validated ([`crate::sm::frag::read_frag`]) and handed
 //!   to [`Dispatch::recv`]; then the same fragment goes back to its owner as
 //!   an ACK, with the status bit set if the handler or the validation failed;
 //! - ACK: the descriptor is found from the offset (it must be one of ours,
@@ -52,11 +52,11 @@
 
 use core::fmt;
 
-use crate::fifo::{Consumer, Fifo, FifoError, Producer};
-use crate::frag::{read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError};
-use crate::params::{fifo_map, SmParams};
 use crate::shm::{Region, ResolveError, SegmentTable, ShmOffset};
-use crate::sizing::{SegmentLayout, SizeError};
+use crate::sm::fifo::{Consumer, Fifo, FifoError, Producer};
+use crate::sm::frag::{read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError};
+use crate::sm::layout::{SegmentLayout, SizeError};
+use crate::sm::params::{fifo_map, SmParams};
 
 /// Most local ranks one engine can address (size of its segment table).
 pub const MAX_LOCAL_RANKS: usize = 1024;
@@ -730,7 +730,7 @@ where
         }
         let idx = self.alloc(len).ok_or(SendError::NoFragment)?;
         let desc = self.descs.as_mut()[idx as usize];
-        let payload_at = desc.offset + crate::frag::FRAG_HEADER_SIZE as u64;
+        let payload_at = desc.offset + crate::sm::frag::FRAG_HEADER_SIZE as u64;
         let mut pos = payload_at;
         for part in parts {
             // In bounds: len <= capacity, checked by `alloc`; a failure here

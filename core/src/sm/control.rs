@@ -1,7 +1,7 @@
 //! The control area at the start of a node's shared segment: who created
 //! it, the parameters its layout was computed from, and one record per
 //! local rank (pid, start time, state). Everything here is read by other
-//! processes and validated by them; see [`crate::sizing`] for where it sits.
+//! processes and validated by them; see [`crate::sm::layout`] for where it sits.
 //!
 //! Byte offsets of the first three fields are fixed (the Linux adapter
 //! reads them with plain file reads to recognise stale segments): bytes
@@ -14,9 +14,9 @@
 
 use core::fmt;
 
-use crate::params::SmParams;
 use crate::shm::{Region, ResolveError, ShmSafe};
-use crate::sizing::{CONTROL_HEADER, CONTROL_RECORD};
+use crate::sm::layout::{CONTROL_HEADER, CONTROL_RECORD};
+use crate::sm::params::SmParams;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// "BTLSEG01", little endian.

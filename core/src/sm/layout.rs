@@ -35,9 +35,9 @@
 
 use core::fmt;
 
-use crate::fifo::Fifo;
-use crate::frag::FragHeader;
-use crate::params::{fifo_map_num, SmParams, MAX_FIFO_SIZE, MIN_EAGER_LIMIT};
+use crate::sm::fifo::Fifo;
+use crate::sm::frag::FragHeader;
+use crate::sm::params::{fifo_map_num, SmParams, MAX_FIFO_SIZE, MIN_EAGER_LIMIT};
 use crate::sync::CACHE_LINE;
 
 /// Alignment (and granularity) of each rank's part: a page.
@@ -188,7 +188,7 @@ fn frag_bytes(limit: u32, what: &'static str) -> Result<usize, SizeError> {
 }
 
 /// Computes the layout of a segment for `max_procs` ranks (the result of
-/// [`crate::params::calc_sm_max_procs`]) from verified parameters.
+/// [`crate::sm::params::calc_sm_max_procs`]) from verified parameters.
 pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout, SizeError> {
     let invalid = |what| Err(SizeError::InvalidParams { what });
     if max_procs == 0 {
@@ -326,7 +326,7 @@ impl SegmentLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::params::calc_sm_max_procs;
+    use crate::sm::params::calc_sm_max_procs;
 
     fn verified(f: impl FnOnce(&mut SmParams)) -> SmParams {
         let mut p = SmParams::new();
@@ -528,10 +528,10 @@ mod tests {
     fn limits_agree_with_fifo_and_frag() {
         // Verified parameters always pass the ring's own geometry check.
         assert_eq!(
-            (crate::fifo::MIN_SIZE, crate::fifo::MAX_SIZE),
+            (crate::sm::fifo::MIN_SIZE, crate::sm::fifo::MAX_SIZE),
             (2, MAX_FIFO_SIZE)
         );
-        assert_eq!(FRAG_HEADER, crate::frag::FRAG_HEADER_SIZE);
+        assert_eq!(FRAG_HEADER, crate::sm::frag::FRAG_HEADER_SIZE);
         // An eager fragment at the minimum limit still carries payload.
         assert!(FRAG_HEADER < MIN_EAGER_LIMIT as usize);
     }

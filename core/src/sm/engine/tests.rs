@@ -2,8 +2,8 @@
 //! segment, driven step by step.
 
 use super::*;
-use crate::params::SmParams;
-use crate::sizing::segment_layout;
+use crate::sm::layout::segment_layout;
+use crate::sm::params::SmParams;
 use crate::sync::{CachePadded, CACHE_LINE};
 use std::vec;
 use std::vec::Vec;

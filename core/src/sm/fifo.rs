@@ -3,7 +3,7 @@
 //!
 //! Each receiver owns `fifo_map_num(num_fifos, nprocs)` of these rings in
 //! its part of the segment; sender `s` writes into ring
-//! `s & (num_fifos - 1)` ([`crate::params::fifo_map`]).
+//! `s & (num_fifos - 1)` ([`crate::sm::params::fifo_map`]).
 //!
 //! # Protocol
 //!
@@ -51,7 +51,7 @@
 //! a misbehaving peer. All index arithmetic is wrapping and masked, so no
 //! value of the shared state causes a panic or an out-of-bounds access; the
 //! worst outcome is a lost or spurious value, which the fragment layer
-//! ([`crate::frag`]) then rejects when it decodes and resolves it.
+//! ([`crate::sm::frag`]) then rejects when it decodes and resolves it.
 #![allow(unsafe_code)]
 
 use core::fmt;
@@ -61,7 +61,7 @@ use crate::shm::{Region, ResolveError, ShmSafe};
 use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering, CACHE_LINE};
 
 /// The sentinel of an empty slot (the seed's `SM_FIFO_FREE`). Never a valid
-/// value: [`crate::frag`] encodings always have bit 63 clear.
+/// value: [`crate::sm::frag`] encodings always have bit 63 clear.
 pub const FREE: u64 = u64::MAX;
 /// Smallest ring (slots).
 pub const MIN_SIZE: u32 = 2;

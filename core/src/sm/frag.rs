@@ -129,7 +129,7 @@ impl Slot {
 
     /// Decodes a value popped from a FIFO.
     pub fn decode(raw: u64) -> Result<Self, SlotError> {
-        if raw == crate::fifo::FREE {
+        if raw == crate::sm::fifo::FREE {
             return Err(SlotError::Free);
         }
         let kind = match raw & TYPE_MASK {
@@ -418,7 +418,7 @@ pub fn read_frag<'a, const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fifo::FREE;
+    use crate::sm::fifo::FREE;
     use core::ptr::NonNull;
     use std::vec;
 

@@ -1,0 +1,25 @@
+//! Shared memory inside a node: everything the shared-memory transport
+//! keeps in a segment that several processes map, as `#![no_std]` pieces
+//! that validate every value a peer can write.
+//!
+//! The layers, bottom up:
+//!
+//! - [`fifo`]: the lock-free many-writer / one-reader ring of 64-bit slots
+//!   (the seed's `sm_fifo_t`), initialised in place inside a region;
+//! - [`frag`]: fragment headers and the slot encoding (offset + type bits +
+//!   status bit);
+//! - [`control`]: the segment's control area (creator, layout parameters,
+//!   one record per rank);
+//! - [`layout`]: where everything sits in the segment, with overflow
+//!   detection;
+//! - [`params`]: the `sm` component's parameters with the seed's names,
+//!   defaults, help texts and validation rules;
+//! - [`engine`]: the progress state machine (SEND → handler → ACK →
+//!   completion and recycling, pending queues, flow control).
+
+pub mod control;
+pub mod engine;
+pub mod fifo;
+pub mod frag;
+pub mod layout;
+pub mod params;
