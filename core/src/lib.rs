@@ -8,6 +8,9 @@
 //! - [`shm`]: regions of shared memory, the [`shm::ShmOffset`] newtype that
 //!   shared memory holds instead of pointers, and checked resolution of
 //!   offsets into references;
+//! - [`tags`]: every tag value in one table (the user range and each
+//!   transport's internal tags); [`rma`]: the one-sided types every adapter
+//!   uses ([`rma::RegionKey`], [`rma::RmaStatus`]);
 //! - [`sm`]: shared memory inside a node — the ring, fragments, the
 //!   control area, the segment layout, the `sm` parameters and the
 //!   progress engine;
@@ -29,8 +32,10 @@ extern crate std;
 #[macro_use]
 mod fmt;
 
+pub mod rma;
 pub mod shm;
 pub mod sm;
 pub mod sync;
+pub mod tags;
 pub mod tcp;
 pub mod wireup;

@@ -23,8 +23,8 @@ use std::process::{Command, Output, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use btl_linux::cli::transport::{BoxError, Transport};
 use btl_linux::job::JobEnv;
-use btl_linux::transport::{BoxError, Transport};
 
 const TAP: &str = "btltap0";
 const LINUX_IP: &str = "10.78.0.1";
@@ -277,7 +277,7 @@ fn run_child(role: &str) -> Result<(), BoxError> {
     let name = var("BTL_BM_SCENARIO");
     let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
     if role == "linux" && name == "stress" {
-        let code = btl_linux::stress::cmd(&os(&[
+        let code = btl_linux::cli::stress::cmd(&os(&[
             "--transport",
             "tcp",
             "--messages",
@@ -293,7 +293,7 @@ fn run_child(role: &str) -> Result<(), BoxError> {
     }
     let sizes = var("BTL_BM_SIZES");
     if role == "linux" && name == "bench" {
-        let code = btl_linux::bench::cmd(&os(&["--transport", "tcp", "--sizes", &sizes]));
+        let code = btl_linux::cli::bench::cmd(&os(&["--transport", "tcp", "--sizes", &sizes]));
         return if code == 0 {
             Ok(())
         } else {
@@ -312,17 +312,21 @@ fn run_child(role: &str) -> Result<(), BoxError> {
     let mut out = std::io::stdout().lock();
     match name.as_str() {
         "stress" => {
-            let opts =
-                btl_linux::stress::parse_args(&os(&["--messages", "300", "--max-size", "200000"]))?;
-            let r = btl_linux::stress::run_on(t.as_mut(), &opts, started, &mut out)?;
+            let opts = btl_linux::cli::stress::parse_args(&os(&[
+                "--messages",
+                "300",
+                "--max-size",
+                "200000",
+            ]))?;
+            let r = btl_linux::cli::stress::run_on(t.as_mut(), &opts, started, &mut out)?;
             if !r.errors.is_empty() {
                 return Err(format!("{} errors", r.errors.len()).into());
             }
         }
         "bench" => {
-            let mut opts = btl_linux::bench::parse_args(&os(&["--sizes", &sizes]))?;
+            let mut opts = btl_linux::cli::bench::parse_args(&os(&["--sizes", &sizes]))?;
             opts.transport = "smoltcp".into();
-            btl_linux::bench::run_on(t.as_mut(), &opts, &mut out)?;
+            btl_linux::cli::bench::run_on(t.as_mut(), &opts, &mut out)?;
         }
         _ => exchange(t.as_mut(), role, &name, &mut out)?,
     }

@@ -1,5 +1,5 @@
 //! What a rank knows about its job: the `BTL_*` environment a launcher sets
-//! (see [`crate::launcher`]), validated into a [`JobEnv`], and the `btl`
+//! (`btl run`, or any launcher that sets them), validated into a [`JobEnv`], and the `btl`
 //! processes' stderr logger ([`init_logging`]).
 //!
 //! A process is "in a job" when `BTL_RANK` is set; then every other variable
@@ -10,6 +10,7 @@ use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// Identifier of the job, unique per launch (`[A-Za-z0-9._-]{1,64}`).
 pub const ENV_JOB: &str = "BTL_JOB";
@@ -26,7 +27,7 @@ pub const ENV_SESSION_DIR: &str = "BTL_SESSION_DIR";
 /// Name of this node (`[A-Za-z0-9._-]{1,64}`).
 pub const ENV_NODE: &str = "BTL_NODE";
 /// The CPU the launcher bound this rank to (set only with `--bind-to core`);
-/// see [`crate::launcher::apply_binding_from_env`].
+/// see the launcher's `apply_binding_from_env`.
 pub const ENV_BIND_CPU: &str = "BTL_BIND_CPU";
 /// Log level of `btl` processes: `off`, `error`, `warn` (default), `info`,
 /// `debug` or `trace`; see [`init_logging`].
@@ -322,6 +323,27 @@ pub fn init_logging() {
         }),
     };
     log::set_max_level(level);
+}
+
+/// This machine's name as a job's `BTL_NODE`: the host name with every
+/// character outside `[A-Za-z0-9._-]` replaced by `_`, at most 64
+/// characters; `localhost` if the host name is empty.
+pub fn local_node_name() -> String {
+    sanitize_name(&rustix::system::uname().nodename().to_string_lossy())
+}
+
+/// A duration in seconds from the environment variable `var` (`default`
+/// when unset); `None` if it is set but not a positive number of seconds.
+pub fn env_secs_opt(var: &str, default: Duration) -> Option<Duration> {
+    match std::env::var(var) {
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+            .map(Duration::from_secs_f64),
+        Err(_) => Some(default),
+    }
 }
 
 #[cfg(test)]

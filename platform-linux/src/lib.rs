@@ -3,17 +3,13 @@
 
 pub use btl_core as core;
 
-pub mod bench;
+pub mod cli;
 pub mod cma;
 pub mod ifaddrs;
-pub mod info;
 pub mod job;
-pub mod launcher;
 pub mod segment;
 pub mod sm;
-pub mod stress;
 pub mod tcp;
-pub mod transport;
 pub mod wireup;
 pub mod world;
 

@@ -27,10 +27,10 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::job::JobEnv;
-use crate::sm::{RegionKey, RmaStatus, Sm, SmError};
+use crate::sm::{Sm, SmError};
 use crate::tcp::{Tcp, TcpError};
-use crate::transport::{BoxError, Handler, Transport};
 use crate::wireup::{self, DynWireup, Identity, WireupError};
+use btl_core::rma::{RegionKey, RmaStatus};
 
 /// Largest user tag of the job API (tag 239 carries its barrier over
 /// shared memory).
@@ -206,6 +206,9 @@ impl From<TcpError> for WorldError {
     }
 }
 
+/// A message handler: sender rank and bytes.
+pub type Handler = Box<dyn FnMut(u32, &[u8])>;
+
 type Shared = Rc<RefCell<Handler>>;
 
 /// One side of a get or put.
@@ -284,7 +287,7 @@ impl World {
         mut w: DynWireup,
         choice: Choice,
     ) -> Result<World, WorldError> {
-        let timeout = crate::sm::env_secs_opt("BTL_TIMEOUT", Duration::from_secs(300)).ok_or(
+        let timeout = crate::job::env_secs_opt("BTL_TIMEOUT", Duration::from_secs(300)).ok_or(
             WorldError::Sm(SmError::Unsupported(
                 "BTL_TIMEOUT must be a positive number of seconds",
             )),
@@ -826,52 +829,19 @@ impl World {
             parts.join("; ")
         )
     }
-}
 
-impl Transport for World {
-    fn name(&self) -> &'static str {
+    /// `"sm"`, `"tcp"` or `"sm+tcp"`: what carries this rank's traffic.
+    pub fn transport_name(&self) -> &'static str {
         match (self.sm.is_some(), self.tcp.is_some(), self.choice) {
             (_, _, Choice::Tcp) | (false, true, _) => "tcp",
             (true, true, _) => "sm+tcp",
             _ => "sm",
         }
     }
-    fn describe(&self) -> String {
-        World::describe(self)
-    }
-    fn rank(&self) -> u32 {
-        World::rank(self)
-    }
-    fn size(&self) -> u32 {
-        World::size(self)
-    }
-    fn on(&mut self, tag: u8, handler: Handler) -> Result<(), BoxError> {
-        Ok(World::on(self, tag, handler)?)
-    }
-    fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), BoxError> {
-        Ok(World::send(self, peer, tag, data)?)
-    }
-    fn wait(
-        &mut self,
-        what: &'static str,
-        peer: Option<u32>,
-        done: &mut dyn FnMut() -> bool,
-    ) -> Result<(), BoxError> {
-        Ok(World::wait(self, what, peer, done)?)
-    }
-    fn barrier(&mut self) -> Result<(), BoxError> {
-        Ok(World::barrier(self)?)
-    }
-    fn flush(&mut self) -> Result<(), BoxError> {
-        Ok(World::flush(self)?)
-    }
-    fn progress(&mut self) -> usize {
-        World::progress(self)
-    }
-    fn failed(&self) -> Option<u32> {
-        self.failed_peers().first().map(|(p, _)| *p)
-    }
-    fn summary(&self) -> String {
+
+    /// One line for the stress summary: nodes, peers per transport,
+    /// counters.
+    pub fn summary(&self) -> String {
         let sm_peers = self.local.len().saturating_sub(1);
         let tcp_peers = self.route.iter().filter(|r| **r == Route::Tcp).count();
         let mut s = format!(
@@ -894,27 +864,5 @@ impl Transport for World {
             );
         }
         s
-    }
-    fn register(&mut self, len: usize) -> RegionKey {
-        World::register(self, len)
-    }
-    fn region(&mut self, key: &RegionKey) -> Option<Vec<u8>> {
-        World::region(self, key)
-    }
-    fn put(
-        &mut self,
-        key: &RegionKey,
-        offset: u64,
-        src: &[u8],
-    ) -> Result<Result<(), RmaStatus>, BoxError> {
-        Ok(World::put(self, key, offset, src)?)
-    }
-    fn get(
-        &mut self,
-        key: &RegionKey,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<Result<(), RmaStatus>, BoxError> {
-        Ok(World::get(self, key, offset, dst)?)
     }
 }

@@ -42,17 +42,18 @@ pub const RMA_HEADER_LEN: usize = field::RMA_LEN.end;
 /// Frame flag: the frame reports an error status (a failed PUT or GET).
 pub const FLAG_ERROR: u16 = 1;
 
-/// Largest tag of a user message; tags above are the transport's own.
-pub const MAX_USER_TAG: u8 = 239;
+/// Largest tag of a user message; tags above are the transport's own
+/// (the table is [`crate::tags`]).
+pub const MAX_USER_TAG: u8 = crate::tags::MAX_USER_TAG;
 /// Internal SEND tag of a barrier arrival: the payload is the barrier's
 /// epoch (u64, little endian), counted from 1 by every rank.
-pub const TAG_BARRIER: u8 = 253;
+pub const TAG_BARRIER: u8 = crate::tags::BARRIER;
 /// Internal SEND tag of a chunk of a message larger than one frame: the
 /// first chunk starts with a [`CHUNK_HEADER_LEN`]-byte header (user tag
 /// u8, 7 bytes zero, total length u64 little endian), then data; the
 /// following chunks are data only, back to back on the connection until
 /// the total is reached.
-pub const TAG_CHUNK: u8 = 254;
+pub const TAG_CHUNK: u8 = crate::tags::CHUNK;
 /// Length of the header of the first chunk of a chunked message.
 pub const CHUNK_HEADER_LEN: usize = 16;
 

@@ -11,9 +11,9 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use btl_linux::info::{self, InfoError};
+use btl_linux::cli::info::{self, InfoError};
+use btl_linux::cli::launcher::{self, LaunchError, LaunchSpec, MAX_NPROCS};
 use btl_linux::job;
-use btl_linux::launcher::{self, LaunchError, LaunchSpec, MAX_NPROCS};
 
 use args::{Args, UsageError};
 
@@ -99,11 +99,11 @@ fn main() -> ExitCode {
         }
         "bench" => {
             rank_setup();
-            btl_linux::bench::cmd(rest)
+            btl_linux::cli::bench::cmd(rest)
         }
         "stress" => {
             rank_setup();
-            btl_linux::stress::cmd(rest)
+            btl_linux::cli::stress::cmd(rest)
         }
         "help" | "--help" | "-h" => cmd_help(rest),
         "--version" | "-V" | "version" => cmd_version(rest),

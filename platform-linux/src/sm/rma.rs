@@ -21,91 +21,17 @@
 //! transport's timeout).
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
+use std::time::Duration;
 
-pub(super) const TAG_GET_REQ: u8 = 252;
-pub(super) const TAG_RMA_REPLY: u8 = 251;
-pub(super) const TAG_PUT_DATA: u8 = 250;
-pub(super) const TAG_GET_DATA: u8 = 249;
-pub(super) const TAG_PUT_CMA: u8 = 248;
+use super::{Sm, SmError};
+use crate::cma;
+use crate::sm::rma;
 
-/// What a peer needs to address a registered region.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RegionKey {
-    /// Local rank owning the region.
-    pub rank: u32,
-    /// Its id at the owner.
-    pub id: u32,
-    /// Its length in bytes.
-    pub len: u64,
-}
-
-impl RegionKey {
-    /// Encoded length.
-    pub const LEN: usize = 16;
-
-    /// 16 bytes to send to peers.
-    pub fn to_bytes(&self) -> [u8; Self::LEN] {
-        let mut b = [0; Self::LEN];
-        b[0..4].copy_from_slice(&self.rank.to_le_bytes());
-        b[4..8].copy_from_slice(&self.id.to_le_bytes());
-        b[8..16].copy_from_slice(&self.len.to_le_bytes());
-        b
-    }
-
-    /// Decodes [`Self::to_bytes`]; `None` if the length is wrong.
-    pub fn from_bytes(b: &[u8]) -> Option<Self> {
-        let b: &[u8; Self::LEN] = b.try_into().ok()?;
-        Some(Self {
-            rank: u32::from_le_bytes(b[0..4].try_into().ok()?),
-            id: u32::from_le_bytes(b[4..8].try_into().ok()?),
-            len: u64::from_le_bytes(b[8..16].try_into().ok()?),
-        })
-    }
-}
-
-/// Outcome of a get or put at the target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RmaStatus {
-    /// Done.
-    Ok,
-    /// The target has no region with that id.
-    UnknownRegion,
-    /// The range is not inside the region.
-    OutOfBounds,
-    /// The target could not copy (single copy failed, malformed request).
-    CopyFailed,
-}
-
-impl RmaStatus {
-    fn code(self) -> u32 {
-        match self {
-            Self::Ok => 0,
-            Self::UnknownRegion => 1,
-            Self::OutOfBounds => 2,
-            Self::CopyFailed => 3,
-        }
-    }
-    fn from_code(c: u32) -> Self {
-        match c {
-            0 => Self::Ok,
-            1 => Self::UnknownRegion,
-            2 => Self::OutOfBounds,
-            _ => Self::CopyFailed,
-        }
-    }
-}
-
-impl fmt::Display for RmaStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Ok => "done",
-            Self::UnknownRegion => "no such region at the target",
-            Self::OutOfBounds => "range outside the target's region",
-            Self::CopyFailed => "the target could not copy the data",
-        })
-    }
-}
+pub use btl_core::rma::{RegionKey, RmaStatus};
+pub(super) use btl_core::tags::{
+    SM_GET_DATA as TAG_GET_DATA, SM_GET_REQ as TAG_GET_REQ, SM_PUT_CMA as TAG_PUT_CMA,
+    SM_PUT_DATA as TAG_PUT_DATA, SM_RMA_REPLY as TAG_RMA_REPLY,
+};
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
@@ -230,9 +156,9 @@ pub(super) struct Wait {
 
 /// Incoming fragmented put being applied.
 #[derive(Debug)]
-struct PutIn {
-    received: u64,
-    failed: bool,
+pub(super) struct PutIn {
+    pub(super) received: u64,
+    pub(super) failed: bool,
 }
 
 /// The RMA side of the transport's callback state.
@@ -243,7 +169,7 @@ pub(super) struct Rma {
     pub next_req: u64,
     pub outbox: VecDeque<Outgoing>,
     pub waiting: HashMap<u64, Wait>,
-    puts_in: HashMap<(u32, u64), PutIn>,
+    pub(super) puts_in: HashMap<(u32, u64), PutIn>,
 }
 
 impl Rma {
@@ -401,12 +327,273 @@ impl Rma {
     }
 }
 
+impl Sm {
+    /// Carries out RMA work queued by the callbacks (replies, gets to serve).
+    /// Errors towards a failed peer are logged and dropped.
+    pub(super) fn serve(&mut self, work: Outgoing) {
+        let (peer, result) = match work {
+            Outgoing::Reply { peer, req, status } => {
+                let reply = rma::encode_reply(req, status);
+                (
+                    peer,
+                    self.send_fragment(peer, rma::TAG_RMA_REPLY, &[&reply], 0),
+                )
+            }
+            Outgoing::Serve { peer, get } => (peer, self.serve_get(peer, get)),
+        };
+        if let Err(e) = result {
+            log::warn!("RMA reply to local rank {peer} not sent: {e}");
+        }
+    }
+
+    pub(super) fn serve_get(&mut self, peer: u32, get: RangeReq) -> Result<(), SmError> {
+        let status = if get.addr != 0 {
+            // Single copy straight into the requester.
+            let pid = self.state.pids[peer as usize] as u32;
+            let data = self.state.rma.range_mut(get.id, get.offset, get.len);
+            match data.map(|d| cma::write_remote(pid, get.addr as usize, d)) {
+                Ok(Ok(())) => RmaStatus::Ok,
+                Ok(Err(e)) => {
+                    log::warn!("single-copy get for local rank {peer} failed: {e}");
+                    RmaStatus::CopyFailed
+                }
+                Err(status) => status,
+            }
+        } else {
+            let chunk = self.engine.max_payload() as usize - 16;
+            let mut tmp = Vec::with_capacity(chunk.min(get.len as usize));
+            let mut off = 0u64;
+            let mut status = RmaStatus::Ok;
+            while off < get.len {
+                let len = (get.len - off).min(chunk as u64);
+                tmp.clear();
+                match self.state.rma.range_mut(get.id, get.offset + off, len) {
+                    Ok(d) => tmp.extend_from_slice(d),
+                    // Deregistered meanwhile.
+                    Err(s) => {
+                        status = s;
+                        break;
+                    }
+                }
+                let hdr = rma::encode_get_data(get.req, off);
+                self.send_fragment(peer, rma::TAG_GET_DATA, &[&hdr, &tmp], 0)?;
+                off += len;
+            }
+            status
+        };
+        let reply = rma::encode_reply(get.req, status);
+        self.send_fragment(peer, rma::TAG_RMA_REPLY, &[&reply], 0)
+    }
+
+    /// Registers a zeroed region of `len` bytes that peers may get from and
+    /// put into; send its key to them.
+    pub fn register(&mut self, len: usize) -> RegionKey {
+        let rma = &mut self.state.rma;
+        let id = rma.next_region;
+        rma.next_region += 1;
+        rma.regions.insert(id, vec![0u8; len].into_boxed_slice());
+        RegionKey {
+            rank: self.me,
+            id,
+            len: len as u64,
+        }
+    }
+
+    /// The table of our registered regions (the job API lends one table
+    /// to both transports).
+    pub(crate) fn regions_mut(&mut self) -> &mut HashMap<u32, Box<[u8]>> {
+        &mut self.state.rma.regions
+    }
+
+    /// The contents of one of our regions.
+    pub fn region(&self, key: &RegionKey) -> Option<&[u8]> {
+        (key.rank == self.me).then_some(())?;
+        self.state.rma.regions.get(&key.id).map(|r| &r[..])
+    }
+
+    /// The contents of one of our regions, writable.
+    pub fn region_mut(&mut self, key: &RegionKey) -> Option<&mut [u8]> {
+        (key.rank == self.me).then_some(())?;
+        self.state.rma.regions.get_mut(&key.id).map(|r| &mut r[..])
+    }
+
+    /// Removes one of our regions; later requests for it are refused.
+    pub fn deregister(&mut self, key: &RegionKey) -> bool {
+        key.rank == self.me && self.state.rma.regions.remove(&key.id).is_some()
+    }
+
+    pub(super) fn new_request(&mut self, peer: u32, buf_len: usize) -> u64 {
+        let rma = &mut self.state.rma;
+        rma.next_req += 1;
+        let req = rma.next_req;
+        rma.waiting.insert(
+            req,
+            rma::Wait {
+                peer,
+                status: None,
+                buf: vec![0; buf_len],
+                got: 0,
+            },
+        );
+        req
+    }
+
+    pub(super) fn wait_reply(
+        &mut self,
+        peer: u32,
+        req: u64,
+        what: &'static str,
+    ) -> Result<rma::Wait, SmError> {
+        let r = self.wait_until(what, Some(peer), |sm| {
+            sm.state
+                .rma
+                .waiting
+                .get(&req)
+                .is_some_and(|w| w.status.is_some())
+        });
+        let w = self.state.rma.waiting.remove(&req);
+        r?;
+        w.ok_or(SmError::Timeout {
+            what,
+            waited: Duration::ZERO,
+        })
+    }
+
+    /// Copies `dst.len()` bytes at `offset` of the region `key` (of another
+    /// local rank, or our own) into `dst`. Blocks until done.
+    pub fn get(&mut self, key: &RegionKey, offset: u64, dst: &mut [u8]) -> Result<(), SmError> {
+        let peer = key.rank;
+        if peer == self.me {
+            let src = self
+                .state
+                .rma
+                .range_mut(key.id, offset, dst.len() as u64)
+                .map_err(|status| SmError::Rma { peer, status })?;
+            dst.copy_from_slice(src);
+            return Ok(());
+        }
+        self.check_peer(peer)?;
+        let mut single = self.state.cma_ok[peer as usize]
+            && dst.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
+        loop {
+            let req = self.new_request(peer, if single { 0 } else { dst.len() });
+            let msg = RangeReq {
+                req,
+                id: key.id,
+                offset,
+                len: dst.len() as u64,
+                addr: if single { dst.as_mut_ptr() as u64 } else { 0 },
+            }
+            .encode();
+            if let Err(e) = self.send_fragment(peer, rma::TAG_GET_REQ, &[&msg], 0) {
+                self.state.rma.waiting.remove(&req);
+                return Err(e);
+            }
+            let w = self.wait_reply(peer, req, "a get's reply")?;
+            match w.status {
+                Some(RmaStatus::Ok) if single => return Ok(()),
+                Some(RmaStatus::Ok) if w.got == dst.len() as u64 => {
+                    dst.copy_from_slice(&w.buf);
+                    return Ok(());
+                }
+                Some(RmaStatus::Ok) => {
+                    return Err(SmError::Rma {
+                        peer,
+                        status: RmaStatus::CopyFailed,
+                    })
+                }
+                Some(RmaStatus::CopyFailed) if single => {
+                    self.state.cma_ok[peer as usize] = false;
+                    single = false;
+                }
+                Some(status) => return Err(SmError::Rma { peer, status }),
+                None => return Err(SmError::PeerFailed { peer }),
+            }
+        }
+    }
+
+    /// Copies `src` to `offset` of the region `key` (of another local rank,
+    /// or our own). Blocks until the target has applied it.
+    pub fn put(&mut self, key: &RegionKey, offset: u64, src: &[u8]) -> Result<(), SmError> {
+        let peer = key.rank;
+        if peer == self.me {
+            let dst = self
+                .state
+                .rma
+                .range_mut(key.id, offset, src.len() as u64)
+                .map_err(|status| SmError::Rma { peer, status })?;
+            dst.copy_from_slice(src);
+            return Ok(());
+        }
+        self.check_peer(peer)?;
+        if self.state.cma_ok[peer as usize]
+            && src.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size)
+        {
+            let req = self.new_request(peer, 0);
+            let msg = RangeReq {
+                req,
+                id: key.id,
+                offset,
+                len: src.len() as u64,
+                addr: src.as_ptr() as u64,
+            }
+            .encode();
+            if let Err(e) = self.send_fragment(peer, rma::TAG_PUT_CMA, &[&msg], 0) {
+                self.state.rma.waiting.remove(&req);
+                return Err(e);
+            }
+            match self.wait_reply(peer, req, "a put's reply")?.status {
+                Some(RmaStatus::Ok) => return Ok(()),
+                Some(RmaStatus::CopyFailed) => self.state.cma_ok[peer as usize] = false,
+                Some(status) => return Err(SmError::Rma { peer, status }),
+                None => return Err(SmError::PeerFailed { peer }),
+            }
+        }
+        let req = self.new_request(peer, 0);
+        let chunk = self.engine.max_payload() as usize - rma::PutChunk::LEN;
+        let mut off = 0usize;
+        loop {
+            let end = (off + chunk).min(src.len());
+            let hdr = rma::PutChunk {
+                req,
+                id: key.id,
+                offset,
+                total: src.len() as u64,
+                chunk_off: off as u64,
+            }
+            .encode();
+            if let Err(e) = self.send_fragment(peer, rma::TAG_PUT_DATA, &[&hdr, &src[off..end]], 0)
+            {
+                self.state.rma.waiting.remove(&req);
+                return Err(e);
+            }
+            off = end;
+            // Stop early if the target already refused the put.
+            if off >= src.len()
+                || self
+                    .state
+                    .rma
+                    .waiting
+                    .get(&req)
+                    .is_some_and(|w| w.status.is_some())
+            {
+                break;
+            }
+        }
+        match self.wait_reply(peer, req, "a put's reply")?.status {
+            Some(RmaStatus::Ok) => Ok(()),
+            Some(status) => Err(SmError::Rma { peer, status }),
+            None => Err(SmError::PeerFailed { peer }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn encodings_roundtrip() {
+    pub(super) fn encodings_roundtrip() {
         let k = RegionKey {
             rank: 3,
             id: 9,
@@ -438,7 +625,7 @@ mod tests {
     }
 
     #[test]
-    fn targets_refuse_what_was_not_registered() {
+    pub(super) fn targets_refuse_what_was_not_registered() {
         let mut rma = Rma::default();
         rma.regions.insert(1, vec![0u8; 100].into_boxed_slice());
         assert_eq!(rma.check(1, 0, 100), Ok(()));

@@ -263,7 +263,7 @@ pub(crate) fn copy_value(
 
 /// The wire-up timeout from [`ENV_WIREUP_TIMEOUT`].
 pub fn timeout_from_env() -> Result<Duration, WireupError> {
-    crate::sm::env_secs_opt(ENV_WIREUP_TIMEOUT, DEFAULT_TIMEOUT).ok_or_else(|| {
+    crate::job::env_secs_opt(ENV_WIREUP_TIMEOUT, DEFAULT_TIMEOUT).ok_or_else(|| {
         WireupError::Config {
             var: ENV_WIREUP_TIMEOUT,
             value: std::env::var(ENV_WIREUP_TIMEOUT).unwrap_or_default(),
@@ -385,7 +385,7 @@ pub fn identity_from_env(rendezvous: Option<&str>) -> Result<Identity, WireupErr
                 accepts: "1 to 64 characters from A-Z, a-z, 0-9, '.', '_' and '-'".into(),
             })
         }
-        None => crate::launcher::local_node_name(),
+        None => crate::job::local_node_name(),
     };
     Ok(Identity {
         job,

@@ -276,7 +276,7 @@ impl Pmix {
         };
         p.id.node = match p.get_raw(&me, "pmix.hname")? {
             Some(Got::Bytes(h)) => crate::job::sanitize_name(&String::from_utf8_lossy(&h)),
-            _ => crate::launcher::local_node_name(),
+            _ => crate::job::local_node_name(),
         };
         Ok(p)
     }

@@ -15,10 +15,10 @@ use std::io::Write;
 use std::rc::Rc;
 use std::time::Instant;
 
+use crate::cli::launcher::{launch, LaunchSpec};
+use crate::cli::transport::{BoxError, Transport};
 use crate::cma;
-use crate::launcher::{launch, LaunchSpec};
 use crate::sm::{RegionKey, SmError};
-use crate::transport::{BoxError, Transport};
 use crate::world::{Choice, World};
 
 const TAG_STRESS: u8 = 7;

@@ -6,7 +6,7 @@
 //!   the receiver, repeated; bytes moved over time (MB/s = 10^6 bytes/s).
 //!
 //! Outside a job, `btl bench` launches itself as 2 ranks pinned to
-//! different cores (through [`crate::launcher`]) and prints rank 0's
+//! different cores (through [`crate::cli::launcher`]) and prints rank 0's
 //! results unprefixed.
 
 use std::cell::Cell;
@@ -15,8 +15,8 @@ use std::io::Write;
 use std::rc::Rc;
 use std::time::Instant;
 
-use crate::launcher::{launch, LaunchSpec};
-use crate::transport::{BoxError, Transport};
+use crate::cli::launcher::{launch, LaunchSpec};
+use crate::cli::transport::{BoxError, Transport};
 use crate::world::{Choice, World};
 
 /// Sizes measured by default (bytes).

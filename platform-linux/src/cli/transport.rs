@@ -4,13 +4,13 @@
 
 use std::error::Error;
 
-use crate::sm::{RegionKey, RmaStatus};
+use crate::world::World;
+use btl_core::rma::{RegionKey, RmaStatus};
 
 /// Errors of either transport.
 pub type BoxError = Box<dyn Error + Send + Sync>;
 
-/// A message handler: sender rank and bytes.
-pub type Handler = Box<dyn FnMut(u32, &[u8])>;
+pub use crate::world::Handler;
 
 /// The operations the tools use.
 pub trait Transport {
@@ -63,4 +63,70 @@ pub trait Transport {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<Result<(), RmaStatus>, BoxError>;
+}
+
+impl Transport for World {
+    fn name(&self) -> &'static str {
+        World::transport_name(self)
+    }
+    fn describe(&self) -> String {
+        World::describe(self)
+    }
+    fn rank(&self) -> u32 {
+        World::rank(self)
+    }
+    fn size(&self) -> u32 {
+        World::size(self)
+    }
+    fn on(&mut self, tag: u8, handler: Handler) -> Result<(), BoxError> {
+        Ok(World::on(self, tag, handler)?)
+    }
+    fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), BoxError> {
+        Ok(World::send(self, peer, tag, data)?)
+    }
+    fn wait(
+        &mut self,
+        what: &'static str,
+        peer: Option<u32>,
+        done: &mut dyn FnMut() -> bool,
+    ) -> Result<(), BoxError> {
+        Ok(World::wait(self, what, peer, done)?)
+    }
+    fn barrier(&mut self) -> Result<(), BoxError> {
+        Ok(World::barrier(self)?)
+    }
+    fn flush(&mut self) -> Result<(), BoxError> {
+        Ok(World::flush(self)?)
+    }
+    fn progress(&mut self) -> usize {
+        World::progress(self)
+    }
+    fn failed(&self) -> Option<u32> {
+        self.failed_peers().first().map(|(p, _)| *p)
+    }
+    fn summary(&self) -> String {
+        World::summary(self)
+    }
+    fn register(&mut self, len: usize) -> RegionKey {
+        World::register(self, len)
+    }
+    fn region(&mut self, key: &RegionKey) -> Option<Vec<u8>> {
+        World::region(self, key)
+    }
+    fn put(
+        &mut self,
+        key: &RegionKey,
+        offset: u64,
+        src: &[u8],
+    ) -> Result<Result<(), RmaStatus>, BoxError> {
+        Ok(World::put(self, key, offset, src)?)
+    }
+    fn get(
+        &mut self,
+        key: &RegionKey,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<Result<(), RmaStatus>, BoxError> {
+        Ok(World::get(self, key, offset, dst)?)
+    }
 }

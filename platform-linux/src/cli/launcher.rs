@@ -402,13 +402,6 @@ fn base36(mut v: u128) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
-/// This machine's name as a job's `BTL_NODE`: the host name with every
-/// character outside `[A-Za-z0-9._-]` replaced by `_`, at most 64
-/// characters; `localhost` if the host name is empty.
-pub fn local_node_name() -> String {
-    job::sanitize_name(&rustix::system::uname().nodename().to_string_lossy())
-}
-
 /// The name of signal `sig` (`"SIGKILL"`), if it is a standard one.
 fn signal_name(sig: i32) -> Option<&'static str> {
     Some(match sig {
@@ -796,7 +789,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
 
     let uid = rustix::process::getuid().as_raw();
     let job = new_job_id();
-    let node = local_node_name();
+    let node = job::local_node_name();
     let session = SessionDir::create(&tmp_base(), uid, &job)?;
     log::debug!(
         "job {job} on {node}: {} of {} in {}",
@@ -1298,7 +1291,7 @@ mod tests {
         assert_eq!(job::sanitize_name("my host/é"), "my_host__");
         assert_eq!(job::sanitize_name(""), "localhost");
         assert_eq!(job::sanitize_name(&"a".repeat(100)).len(), 64);
-        assert!(job::is_valid_name(&local_node_name()));
+        assert!(job::is_valid_name(&job::local_node_name()));
     }
 
     #[test]

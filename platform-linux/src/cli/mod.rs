@@ -1,0 +1,9 @@
+//! The `btl` command: the launcher (`btl run`), `btl info`, `btl bench`
+//! and `btl stress`. It is built on the library (the job API and the
+//! transports); nothing in the library depends on it.
+
+pub mod bench;
+pub mod info;
+pub mod launcher;
+pub mod stress;
+pub mod transport;
