@@ -18,13 +18,12 @@
 #[path = "../examples/hosted/mod.rs"]
 mod hosted;
 
-use std::cell::RefCell;
 use std::process::{Command, Output, Stdio};
-use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use btl_linux::cli::transport::{BoxError, Transport};
 use btl_linux::job::JobEnv;
+use btl_linux::world::{Event, Flow};
 
 const TAP: &str = "btltap0";
 const LINUX_IP: &str = "10.78.0.1";
@@ -378,21 +377,27 @@ fn exchange(
 ) -> Result<(), BoxError> {
     let me = t.rank();
     let peer = 1 - me;
-    let got: Rc<RefCell<(u64, Vec<String>)>> = Rc::default();
-    {
-        let got = got.clone();
-        t.on(
-            TAG,
-            Box::new(move |from, data| {
-                let mut g = got.borrow_mut();
-                let seq = g.0;
-                g.0 += 1;
-                if data != msg(from, seq).as_slice() {
-                    g.1.push(format!("message {seq} from {from} differs"));
-                }
-            }),
-        )?;
-    }
+    // Messages checked so far, and what was wrong.
+    let mut g: (u64, Vec<String>) = (0, Vec::new());
+    let check = |g: &mut (u64, Vec<String>), ev: Event<'_>| {
+        if let Event::Message {
+            from,
+            tag: TAG,
+            data,
+        } = ev
+        {
+            let seq = g.0;
+            g.0 += 1;
+            if data != msg(from, seq).as_slice() {
+                g.1.push(format!("message {seq} from {from} differs"));
+            }
+        }
+        if g.0 >= K {
+            Flow::Done
+        } else {
+            Flow::Continue
+        }
+    };
     let first = match name {
         "linux-first" => role == "linux",
         "bm-first" => role == "bm",
@@ -405,28 +410,29 @@ fn exchange(
         if now >= start {
             break;
         }
-        t.progress();
+        t.poll(&mut |_, ev| check(&mut g, ev));
         std::thread::sleep(Duration::from_micros(200));
     }
-    let send_all = |t: &mut dyn Transport| -> Result<(), BoxError> {
+    let send_all = |t: &mut dyn Transport, g: &mut (u64, Vec<String>)| -> Result<(), BoxError> {
         for seq in 0..K {
             t.send(peer, TAG, &msg(me, seq))?;
-            t.progress();
+            t.poll(&mut |_, ev| check(g, ev));
         }
         Ok(())
     };
     if first {
-        send_all(t)?;
+        send_all(t, &mut g)?;
     }
-    t.wait("the peer's messages", Some(peer), &mut || {
-        got.borrow().0 >= K
-    })?;
+    if g.0 < K {
+        t.drive("the peer's messages", Some(peer), &mut |_, ev| {
+            check(&mut g, ev)
+        })?;
+    }
     if !first {
-        send_all(t)?;
+        send_all(t, &mut g)?;
     }
     t.flush()?;
     t.barrier()?;
-    let g = got.borrow();
     if !g.1.is_empty() {
         return Err(format!("{:?}", &g.1[..g.1.len().min(5)]).into());
     }

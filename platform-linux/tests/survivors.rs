@@ -8,23 +8,26 @@
 //! The ranks are this test binary itself, re-run with `BTL_TEST_ROLE` set
 //! (the `role` test does the rank's work then, and nothing otherwise).
 
-use std::cell::Cell;
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use btl_linux::world::{Choice, World, WorldError};
+use btl_linux::world::{Choice, Event, Flow, World, WorldError};
 
 const ROUNDS: u64 = 2000;
 
 fn rank_main(choice: Choice) -> Result<String, String> {
     let mut w = World::init(choice).map_err(|e| e.to_string())?;
     let me = w.rank();
-    let got = Rc::new(Cell::new(0u64));
-    let g = got.clone();
-    w.on(1, Box::new(move |_, _| g.set(g.get() + 1)))
-        .map_err(|e| e.to_string())?;
+    let mut got = 0u64;
+    // Counts one message of tag 1, then stops.
+    let mut one = |_: &mut _, ev: Event<'_>| match ev {
+        Event::Message { tag: 1, .. } => {
+            got += 1;
+            Flow::Done
+        }
+        _ => Flow::Continue,
+    };
     w.barrier().map_err(|e| e.to_string())?;
     if me == 2 {
         // Vanish: no clean close, no goodbye.
@@ -36,7 +39,7 @@ fn rank_main(choice: Choice) -> Result<String, String> {
             w.send(peer, 1, &i.to_le_bytes())
                 .map_err(|e| e.to_string())?;
         }
-        w.wait("the ping-pong", Some(peer), &mut || got.get() > i)
+        w.drive("the ping-pong", Some(peer), &mut one)
             .map_err(|e| format!("round {i}: {e}"))?;
         if me == 1 {
             w.send(peer, 1, &i.to_le_bytes())
@@ -45,7 +48,7 @@ fn rank_main(choice: Choice) -> Result<String, String> {
     }
     // Rank 2's failure is noticed (liveness over shared memory, EOF
     // without FIN over TCP).
-    let why = match w.wait("rank 2's failure", Some(2), &mut || false) {
+    let why = match w.wait_until("rank 2's failure", Some(2), |_| false) {
         Err(WorldError::PeerFailed { peer: 2, why }) => why,
         other => {
             return Err(format!(
@@ -59,8 +62,11 @@ fn rank_main(choice: Choice) -> Result<String, String> {
     }
     // And the two of us still talk.
     w.send(peer, 1, b"still here").map_err(|e| e.to_string())?;
-    w.wait("the last message", Some(peer), &mut || got.get() > ROUNDS)
+    w.drive("the last message", Some(peer), &mut one)
         .map_err(|e| e.to_string())?;
+    if got != ROUNDS + 1 {
+        return Err(format!("{got} messages, expected {}", ROUNDS + 1));
+    }
     Ok(format!(
         "SURVIVOR rank {me}: {ROUNDS} round trips with rank {peer}, rank 2 failed ({why}), still talking"
     ))

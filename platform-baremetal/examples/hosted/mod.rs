@@ -9,17 +9,16 @@
 //! the interop test (`#[path]`).
 #![allow(dead_code)]
 
-use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use btl_baremetal::smoltcp;
 use btl_baremetal::{Config, Event, Node, RmaError, SendError, Sizes};
-use btl_linux::cli::transport::{BoxError, Handler, Transport};
+use btl_linux::cli::transport::{BoxError, Consumer, Transport};
 use btl_linux::sm::{RegionKey, RmaStatus};
 use btl_linux::wireup::get_vec;
+use btl_linux::world::{Flow, Outbox};
 use smoltcp::iface::{Interface, SocketStorage};
 use smoltcp::phy::{Medium, TunTapInterface};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, Ipv4Cidr};
@@ -47,7 +46,10 @@ pub struct TapNode {
     node: HostedNode,
     dev: TunTapInterface,
     start: Instant,
-    handlers: Vec<Option<Handler>>,
+    /// Messages that arrived while nobody listened (blocking calls), for
+    /// the next `poll`/`drive`.
+    stash: VecDeque<(u32, u8, Vec<u8>)>,
+    outbox: Outbox,
     rma: HashMap<u64, Result<Vec<u8>, RmaError>>,
     timeout: Duration,
     tap: String,
@@ -112,7 +114,8 @@ impl TapNode {
             node,
             dev,
             start: Instant::now(),
-            handlers: (0..256).map(|_| None).collect(),
+            stash: VecDeque::new(),
+            outbox: Outbox::default(),
             rma: HashMap::new(),
             timeout,
             tap: tap.to_string(),
@@ -129,15 +132,36 @@ impl TapNode {
         self.start.elapsed().as_millis() as u64
     }
 
-    /// One pass: smoltcp and the state machines, events to the handlers.
-    fn poll_once(&mut self) -> usize {
+    /// One pass: smoltcp and the state machines; messages to `user` while
+    /// it takes them (it is done once it returned [`Flow::Done`], which
+    /// `done` records), else kept; then the replies it queued.
+    fn poll_once(&mut self, mut user: Option<&mut Consumer<'_>>, done: &mut bool) -> usize {
+        let mut n = 0;
+        if let Some(u) = user.as_mut() {
+            while !*done {
+                let Some((from, tag, data)) = self.stash.pop_front() else {
+                    break;
+                };
+                n += 1;
+                let ev = btl_linux::world::Event::Message {
+                    from,
+                    tag,
+                    data: &data,
+                };
+                *done = u(&mut self.outbox, ev) == Flow::Done;
+            }
+        }
         let now = self.now_ms();
-        let handlers = &mut self.handlers;
+        let stash = &mut self.stash;
+        let outbox = &mut self.outbox;
         let rma = &mut self.rma;
-        self.node.poll(now, &mut self.dev, &mut |ev| match ev {
-            Event::Message { from, tag, data } => match handlers[usize::from(tag)].as_mut() {
-                Some(h) => h(from, data),
-                None => log::warn!("message from {from} with tag {tag}, which has no handler"),
+        n += self.node.poll(now, &mut self.dev, &mut |ev| match ev {
+            Event::Message { from, tag, data } => match user.as_mut() {
+                Some(u) if !*done => {
+                    let ev = btl_linux::world::Event::Message { from, tag, data };
+                    *done = u(outbox, ev) == Flow::Done;
+                }
+                _ => stash.push_back((from, tag, data.to_vec())),
             },
             Event::PutDone {
                 request, result, ..
@@ -150,7 +174,16 @@ impl TapNode {
                 rma.insert(request, result.map(<[u8]>::to_vec));
             }
             Event::PeerFailed { peer, reason } => log::warn!("peer {peer} failed: {reason}"),
-        })
+        });
+        let mut replies = Vec::new();
+        self.outbox
+            .drain(|p, t, d| replies.push((p, t, d.to_vec())));
+        for (p, t, d) in replies {
+            if let Err(e) = self.retry(|node| node.send(p, t, &d)) {
+                log::warn!("reply to rank {p} dropped: {e}");
+            }
+        }
+        n
     }
 
     /// Polls until `done(self)`: busy at first, then sleeping on the TAP
@@ -169,7 +202,7 @@ impl TapNode {
             if let Some((peer, reason)) = self.node.failed_peer() {
                 return Err(format!("peer {peer} failed: {reason}").into());
             }
-            if self.poll_once() > 0 {
+            if self.poll_once(None, &mut false) > 0 {
                 idle = 0;
                 continue;
             }
@@ -246,23 +279,43 @@ impl Transport for TapNode {
     fn size(&self) -> u32 {
         self.node.size()
     }
-    fn on(&mut self, tag: u8, handler: Handler) -> Result<(), BoxError> {
-        if tag > btl_baremetal::core::tcp::wire::MAX_USER_TAG {
-            return Err(format!("tag {tag} is reserved").into());
-        }
-        self.handlers[usize::from(tag)] = Some(handler);
-        Ok(())
-    }
     fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), BoxError> {
         self.retry(|n| n.send(peer, tag, data))
     }
-    fn wait(
+    fn poll(&mut self, f: &mut Consumer<'_>) -> usize {
+        self.poll_once(Some(f), &mut false)
+    }
+    fn drive(
         &mut self,
         what: &'static str,
         _peer: Option<u32>,
-        done: &mut dyn FnMut() -> bool,
+        f: &mut Consumer<'_>,
     ) -> Result<(), BoxError> {
-        self.wait_for(what, |_| done())
+        let start = Instant::now();
+        let mut done = false;
+        let mut idle = 0u32;
+        while !done {
+            if let Some((peer, reason)) = self.node.failed_peer() {
+                return Err(format!("peer {peer} failed: {reason}").into());
+            }
+            if self.poll_once(Some(&mut *f), &mut done) > 0 {
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle > 2000 {
+                let now = self.now_ms();
+                let delay = self.node.poll_delay(now).unwrap_or(1).min(1);
+                let _ = smoltcp::phy::wait(
+                    self.dev.as_raw_fd(),
+                    Some(smoltcp::time::Duration::from_millis(delay)),
+                );
+            }
+            if idle % 256 == 0 && start.elapsed() > self.timeout {
+                return Err(format!("timed out waiting for {what}").into());
+            }
+        }
+        Ok(())
     }
     fn barrier(&mut self) -> Result<(), BoxError> {
         let epoch = self.retry(|n| n.barrier_start())?;
@@ -272,9 +325,6 @@ impl Transport for TapNode {
     }
     fn flush(&mut self) -> Result<(), BoxError> {
         self.wait_for("queued frames to be acknowledged", |t| t.node.is_flushed())
-    }
-    fn progress(&mut self) -> usize {
-        self.poll_once()
     }
     fn failed(&self) -> Option<u32> {
         self.node.failed_peer().map(|(p, _)| p)
@@ -367,13 +417,10 @@ impl Drop for TapNode {
         self.node.close();
         let deadline = Instant::now() + Duration::from_secs(2);
         while Instant::now() < deadline && !self.node.is_flushed() {
-            self.poll_once();
+            self.poll_once(None, &mut false);
         }
         for _ in 0..100 {
-            self.poll_once();
+            self.poll_once(None, &mut false);
         }
     }
 }
-
-/// A shared cell, for handlers that count.
-pub type Shared<T> = Rc<RefCell<T>>;

@@ -9,15 +9,13 @@
 //! different cores (through [`crate::cli::launcher`]) and prints rank 0's
 //! results unprefixed.
 
-use std::cell::Cell;
 use std::ffi::OsString;
 use std::io::Write;
-use std::rc::Rc;
 use std::time::Instant;
 
 use crate::cli::launcher::{launch, LaunchSpec};
 use crate::cli::transport::{BoxError, Transport};
-use crate::world::{Choice, World};
+use crate::world::{Choice, Event, Flow, Outbox, World};
 
 /// Sizes measured by default (bytes).
 pub const DEFAULT_SIZES: [usize; 7] = [8, 64, 1024, 4096, 65536, 1_048_576, 4_194_304];
@@ -193,14 +191,13 @@ pub fn run_on(
     }
     let me = sm.rank();
     let peer = 1 - me;
-    let got = Rc::new(Cell::new(0u64));
-    let acks = Rc::new(Cell::new(0u64));
-    {
-        let got = got.clone();
-        sm.on(TAG_DATA, Box::new(move |_, _| got.set(got.get() + 1)))?;
-        let acks = acks.clone();
-        sm.on(TAG_ACK, Box::new(move |_, _| acks.set(acks.get() + 1)))?;
-    }
+    // One message of `tag` from the peer.
+    let one = |tag: u8| {
+        move |_: &mut Outbox, ev: Event<'_>| match ev {
+            Event::Message { tag: t, .. } if t == tag => Flow::Done,
+            _ => Flow::Continue,
+        }
+    };
     if me == 0 && opts.format == Format::Human {
         let _ = print_header(out, &*sm);
     }
@@ -212,8 +209,6 @@ pub fn run_on(
 
         // Latency.
         sm.barrier()?;
-        got.set(0);
-        sm.barrier()?;
         let mut t0 = Instant::now();
         for i in 0..warm + iters {
             if i == warm {
@@ -221,9 +216,9 @@ pub fn run_on(
             }
             if me == 0 {
                 sm.send(peer, TAG_DATA, &buf)?;
-                sm.wait("the pong", Some(peer), &mut || got.get() > i)?;
+                sm.drive("the pong", Some(peer), &mut one(TAG_DATA))?;
             } else {
-                sm.wait("the ping", Some(peer), &mut || got.get() > i)?;
+                sm.drive("the ping", Some(peer), &mut one(TAG_DATA))?;
                 sm.send(peer, TAG_DATA, &buf)?;
             }
         }
@@ -231,21 +226,28 @@ pub fn run_on(
 
         // Bandwidth.
         sm.barrier()?;
-        got.set(0);
-        acks.set(0);
-        sm.barrier()?;
         let t0 = Instant::now();
-        for w in 0..windows {
+        for _ in 0..windows {
             if me == 0 {
                 for _ in 0..WINDOW {
                     sm.send(peer, TAG_DATA, &buf)?;
                 }
-                sm.wait("the window's acknowledgement", Some(peer), &mut || {
-                    acks.get() > w
-                })?;
+                sm.drive(
+                    "the window's acknowledgement",
+                    Some(peer),
+                    &mut one(TAG_ACK),
+                )?;
             } else {
-                sm.wait("a window of messages", Some(peer), &mut || {
-                    got.get() >= (w + 1) * WINDOW
+                let mut got = 0;
+                sm.drive("a window of messages", Some(peer), &mut |_, ev| {
+                    if let Event::Message { tag: TAG_DATA, .. } = ev {
+                        got += 1;
+                    }
+                    if got >= WINDOW {
+                        Flow::Done
+                    } else {
+                        Flow::Continue
+                    }
                 })?;
                 sm.send(peer, TAG_ACK, &[1])?;
             }

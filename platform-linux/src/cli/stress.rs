@@ -9,17 +9,15 @@
 //! `--max-size` (so fragments, the pipelined protocol and, with
 //! `BTL_SM_USE_CMA=1`, single copy are all exercised).
 
-use std::cell::RefCell;
 use std::ffi::OsString;
 use std::io::Write;
-use std::rc::Rc;
 use std::time::Instant;
 
 use crate::cli::launcher::{launch, LaunchSpec};
 use crate::cli::transport::{BoxError, Transport};
 use crate::cma;
 use crate::sm::{RegionKey, SmError};
-use crate::world::{Choice, World};
+use crate::world::{Choice, Event, Flow, World};
 
 const TAG_STRESS: u8 = 7;
 const TAG_KEY: u8 = 8;
@@ -218,6 +216,13 @@ impl Checker {
     }
 }
 
+/// Takes a peer's region key (the one-sided phase's handshake).
+fn take_key(keys: &mut [Option<RegionKey>], from: u32, data: &[u8]) {
+    if let (Some(k), Some(slot)) = (RegionKey::from_bytes(data), keys.get_mut(from as usize)) {
+        *slot = Some(k);
+    }
+}
+
 /// Result of one rank's run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StressReport {
@@ -237,7 +242,7 @@ pub struct StressReport {
 fn rma_phase(
     sm: &mut dyn Transport,
     opts: &StressOpts,
-    keys: &Rc<RefCell<Vec<Option<RegionKey>>>>,
+    keys: &mut [Option<RegionKey>],
 ) -> Result<Vec<String>, BoxError> {
     let (me, n) = (sm.rank(), sm.size());
     let slot = opts.max_size.clamp(64, 1 << 20);
@@ -246,10 +251,23 @@ fn rma_phase(
     for &p in &peers {
         sm.send(p, TAG_KEY, &key.to_bytes())?;
     }
-    sm.wait("the peers' region keys", None, &mut || {
-        peers.iter().all(|&p| keys.borrow()[p as usize].is_some())
-    })?;
-    let keys: Vec<Option<RegionKey>> = keys.borrow().clone();
+    if !peers.iter().all(|&p| keys[p as usize].is_some()) {
+        sm.drive("the peers' region keys", None, &mut |_, ev| {
+            if let Event::Message {
+                from,
+                tag: TAG_KEY,
+                data,
+            } = ev
+            {
+                take_key(keys, from, data);
+            }
+            if peers.iter().all(|&p| keys[p as usize].is_some()) {
+                Flow::Done
+            } else {
+                Flow::Continue
+            }
+        })?;
+    }
     let pattern = |src: u32, dst: u32| {
         let mut v = vec![0u8; slot];
         fill(&mut v, opts.seed ^ 0xa11, src, dst, u64::MAX);
@@ -322,35 +340,31 @@ pub fn run_on(
 ) -> Result<StressReport, BoxError> {
     let me = sm.rank();
     let n = sm.size();
-    let checker = Rc::new(RefCell::new(Checker {
+    let mut c = Checker {
         next: vec![0; n as usize],
         ..Checker::default()
-    }));
-    {
-        let c = checker.clone();
-        let (seed, max) = (opts.seed, opts.max_size);
-        sm.on(
-            TAG_STRESS,
-            Box::new(move |src, data| c.borrow_mut().check(seed, me, max, src, data)),
-        )?;
-    }
-    // Keys of the one-sided phase: the handler is in place before the first
-    // barrier, so no key can arrive before it.
-    let keys = Rc::new(RefCell::new(vec![None::<RegionKey>; n as usize]));
-    {
-        let keys = keys.clone();
-        sm.on(
-            TAG_KEY,
-            Box::new(move |src, data| {
-                if let (Some(k), Some(slot)) = (
-                    RegionKey::from_bytes(data),
-                    keys.borrow_mut().get_mut(src as usize),
-                ) {
-                    *slot = Some(k);
-                }
-            }),
-        )?;
-    }
+    };
+    // Keys of the one-sided phase may arrive while we still receive the
+    // stress messages.
+    let mut keys = vec![None::<RegionKey>; n as usize];
+    let (seed, max) = (opts.seed, opts.max_size);
+    let expected = opts.messages * u64::from(n - 1);
+    let on_event = |c: &mut Checker, keys: &mut [Option<RegionKey>], ev: Event<'_>| match ev {
+        Event::Message {
+            from,
+            tag: TAG_STRESS,
+            data,
+        } => c.check(seed, me, max, from, data),
+        Event::Message {
+            from,
+            tag: TAG_KEY,
+            data,
+        } => take_key(keys, from, data),
+        Event::Message { from, tag, .. } => c.errors.push(format!(
+            "unexpected message with tag {tag} from rank {from}"
+        )),
+        _ => {}
+    };
     sm.barrier()?;
     let peers: Vec<u32> = (0..n).filter(|&p| p != me).collect();
     for seq in 0..opts.messages {
@@ -359,19 +373,26 @@ pub fn run_on(
             sm.send(dst, TAG_STRESS, &msg)?;
         }
         // Keep receiving while sending, so nobody's rings fill for long.
-        sm.progress();
+        sm.poll(&mut |_, ev| {
+            on_event(&mut c, &mut keys, ev);
+            Flow::Continue
+        });
     }
-    let expected = opts.messages * u64::from(n - 1);
-    sm.wait("every message from every peer", None, &mut || {
-        let got: u64 = checker.borrow().next.iter().sum();
-        got >= expected
-    })?;
+    if c.next.iter().sum::<u64>() < expected {
+        sm.drive("every message from every peer", None, &mut |_, ev| {
+            on_event(&mut c, &mut keys, ev);
+            if c.next.iter().sum::<u64>() >= expected {
+                Flow::Done
+            } else {
+                Flow::Continue
+            }
+        })?;
+    }
     sm.flush()?;
     sm.barrier()?;
-    let rma_errors = rma_phase(sm, opts, &keys)?;
+    let rma_errors = rma_phase(sm, opts, &mut keys)?;
     sm.flush()?;
     sm.barrier()?;
-    let c = checker.borrow();
     let received: u64 = c.next.iter().sum();
     let mut errors = c.errors.clone();
     errors.extend(rma_errors);

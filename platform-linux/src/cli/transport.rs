@@ -1,16 +1,18 @@
-//! What `btl bench` and `btl stress` need from a transport. The job API
-//! ([`crate::world::World`]: shared memory inside a node, TCP between
-//! nodes) implements it, so the tools run unchanged on one node or many.
+//! What `btl bench` and `btl stress` need from a transport: the shape of
+//! the job API ([`crate::world::World`] — shared memory inside a node, TCP
+//! between nodes — implements it), so the tools run unchanged on one node
+//! or many, and on btl-baremetal's hosted smoltcp node.
 
 use std::error::Error;
 
-use crate::world::World;
+use crate::world::{Event, Flow, Outbox, World};
 use btl_core::rma::{RegionKey, RmaStatus};
 
 /// Errors of either transport.
 pub type BoxError = Box<dyn Error + Send + Sync>;
 
-pub use crate::world::Handler;
+/// An event consumer (see [`World::drive`]).
+pub type Consumer<'a> = dyn FnMut(&mut Outbox, Event<'_>) -> Flow + 'a;
 
 /// The operations the tools use.
 pub trait Transport {
@@ -22,30 +24,31 @@ pub trait Transport {
     fn rank(&self) -> u32;
     /// Number of ranks.
     fn size(&self) -> u32;
-    /// Registers a handler for a user tag.
-    fn on(&mut self, tag: u8, handler: Handler) -> Result<(), BoxError>;
-    /// Sends a message.
+    /// Sends a message; returns when `data` may be reused.
     fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), BoxError>;
-    /// Progresses until `done()`; the failure of any peer ends the wait
-    /// with an error (so a tool never waits on a dead rank).
-    fn wait(
+    /// One non-blocking progress pass; events go to `f` (its
+    /// [`Flow`] is ignored).
+    fn poll(&mut self, f: &mut Consumer<'_>) -> usize;
+    /// Progresses, handing events to `f`, until it returns [`Flow::Done`];
+    /// the failure of `peer` (any peer with `None`) ends the wait with an
+    /// error, so a tool never waits on a dead rank.
+    fn drive(
         &mut self,
         what: &'static str,
         peer: Option<u32>,
-        done: &mut dyn FnMut() -> bool,
+        f: &mut Consumer<'_>,
     ) -> Result<(), BoxError>;
     /// Waits for every rank.
     fn barrier(&mut self) -> Result<(), BoxError>;
     /// Waits until everything sent has left (and, for shared memory, been
     /// acknowledged).
     fn flush(&mut self) -> Result<(), BoxError>;
-    /// One non-blocking progress pass.
-    fn progress(&mut self) -> usize;
     /// A failed peer, if any.
     fn failed(&self) -> Option<u32>;
     /// Details for the stress summary line.
     fn summary(&self) -> String;
-    /// Registers a region peers may get from and put into.
+    /// Registers a zeroed region of `len` bytes peers may get from and
+    /// put into.
     fn register(&mut self, len: usize) -> RegionKey;
     /// The contents of one of our regions.
     fn region(&mut self, key: &RegionKey) -> Option<Vec<u8>>;
@@ -65,7 +68,7 @@ pub trait Transport {
     ) -> Result<Result<(), RmaStatus>, BoxError>;
 }
 
-impl Transport for World {
+impl Transport for World<'_> {
     fn name(&self) -> &'static str {
         World::transport_name(self)
     }
@@ -78,28 +81,27 @@ impl Transport for World {
     fn size(&self) -> u32 {
         World::size(self)
     }
-    fn on(&mut self, tag: u8, handler: Handler) -> Result<(), BoxError> {
-        Ok(World::on(self, tag, handler)?)
-    }
     fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), BoxError> {
         Ok(World::send(self, peer, tag, data)?)
     }
-    fn wait(
+    fn poll(&mut self, f: &mut Consumer<'_>) -> usize {
+        World::poll(self, |o, e| {
+            f(o, e);
+        })
+    }
+    fn drive(
         &mut self,
         what: &'static str,
         peer: Option<u32>,
-        done: &mut dyn FnMut() -> bool,
+        f: &mut Consumer<'_>,
     ) -> Result<(), BoxError> {
-        Ok(World::wait(self, what, peer, done)?)
+        Ok(World::drive(self, what, peer, f)?)
     }
     fn barrier(&mut self) -> Result<(), BoxError> {
         Ok(World::barrier(self)?)
     }
     fn flush(&mut self) -> Result<(), BoxError> {
         Ok(World::flush(self)?)
-    }
-    fn progress(&mut self) -> usize {
-        World::progress(self)
     }
     fn failed(&self) -> Option<u32> {
         self.failed_peers().first().map(|(p, _)| *p)
@@ -108,10 +110,10 @@ impl Transport for World {
         World::summary(self)
     }
     fn register(&mut self, len: usize) -> RegionKey {
-        World::register(self, len)
+        World::register_owned(self, vec![0u8; len].into_boxed_slice())
     }
     fn region(&mut self, key: &RegionKey) -> Option<Vec<u8>> {
-        World::region(self, key)
+        World::region(self, key).map(<[u8]>::to_vec)
     }
     fn put(
         &mut self,

@@ -2,7 +2,6 @@
 //! `create_rndv_file` / `create_and_attach`; see the module docs of
 //! [`super`]).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
@@ -15,7 +14,6 @@ use btl_core::sm::params::{calc_sm_max_procs, SmParams};
 use btl_core::sync::{AtomicU64, Ordering};
 
 use super::recv::State;
-use super::rma::{self};
 use super::*;
 use crate::cma;
 use crate::job::JobEnv;
@@ -110,14 +108,19 @@ impl Sm {
                 params,
                 me,
                 nprocs,
-                oversubscribed: parts.oversubscribed,
+                oversubscribed: crate::progress::oversubscribed(nprocs),
                 failed: Vec::new(),
                 departed: Vec::new(),
+                to_report: Vec::new(),
                 last_liveness: Instant::now(),
                 timeout,
-                barrier_epoch: 0,
-                serving: false,
                 rates: vec![BulkRates::default(); nprocs as usize],
+                out: (0..nprocs).map(|_| PeerOut::default()).collect(),
+                busy_peers: 0,
+                limits: DEFAULT_QUEUE_LIMITS,
+                unpins: Vec::new(),
+                next_cookie: 0,
+                next_req: 0,
             }),
             Err(e) => {
                 // Never leave the file behind on a failed start.
@@ -238,31 +241,12 @@ impl Sm {
             seg.unlink()?;
         }
 
-        let online = rustix::thread::sched_getaffinity(None)
-            .map(|s| s.count())
-            .unwrap_or(1)
-            .max(1);
-        let state = State {
-            handlers: (0..256).map(|_| None).collect(),
-            waiters: HashMap::new(),
-            next_cookie: 1,
-            partial: (0..nprocs).map(|_| None).collect(),
-            bufs: (0..nprocs).map(|_| Vec::new()).collect(),
-            scratch: vec![0; params.max_send_size as usize],
-            pids,
-            cma_ok,
-            barrier_arrivals: HashMap::new(),
-            peer_failed: vec![false; nprocs as usize],
-            peer_errors: 0,
-            peer_reports: 0,
-            rma: rma::Rma::default(),
-        };
+        let state = State::new(nprocs, params.max_send_size as usize, pids, cma_ok);
         Ok(Parts {
             engine,
             control,
             state,
             probe,
-            oversubscribed: nprocs as usize > online as usize,
         })
     }
 }

@@ -18,34 +18,41 @@
 //! 5. The last rank to attach unlinks the file: from then on nothing is left
 //!    in `/dev/shm` even if every rank is killed with SIGKILL.
 //!
-//! # Messages
+//! # Messages (never blocking)
 //!
 //! User tags are `0..=`[`MAX_USER_TAG`]. A message up to the fragment limit
-//! goes in one fragment (an eager one up to `eager_limit`). Larger ones take
-//! one of two protocols, on internal tags:
+//! goes in one fragment (an eager one up to `eager_limit`) at once, or, if
+//! no fragment is free or the peer's ring is full, waits copied in the
+//! peer's queue (bounded: [`QueueLimits`]; beyond, the post is refused
+//! with [`crate::ops::PostError::WouldBlock`]). Larger ones take one of two protocols,
+//! on internal tags:
 //!
 //! - **single copy** (`use_cma=1` and the kernel allows it for that peer,
 //!   messages of at least `min_rdma_pipeline_size` bytes): one fragment
-//!   carries the message's address and length; the receiver reads it from the
-//!   sender's memory with `process_vm_readv` and acknowledges; `send` returns
-//!   once the receiver has the data;
+//!   carries the message's address and length; the receiver reads it from
+//!   the sender's memory with `process_vm_readv` and acknowledges, which
+//!   completes the send;
 //! - **pipelined copy** (otherwise): the message is cut into max-size
-//!   fragments, each copied in by the sender and out by the receiver into the
-//!   reassembly buffer; `send` returns once the last chunk is in a fragment.
+//!   fragments, each copied in by the sender as fragments free up and out
+//!   by the receiver into the reassembly buffer; the send completes once
+//!   the last chunk is in a fragment.
 //!
-//! If the kernel refuses single copy (EPERM: ptrace restrictions,
-//! containers), the start-up probe says so once and that peer uses the
-//! pipelined copy; a refusal later (the receiver's read fails) makes the
-//! sender resend the message pipelined.
+//! Which of the two is faster is measured while running (`send.rs`). If the
+//! kernel refuses single copy (EPERM: ptrace restrictions, containers), the
+//! start-up probe says so once and that peer uses the pipelined copy; a
+//! refusal later (the receiver's read fails) makes the sender resend that
+//! message pipelined, still in order.
+//!
+//! Everything that completes later is reported by [`Sm::progress`] as
+//! [`TEvent::Done`]; messages and barrier arrivals as events of the same
+//! pass. Waiting is the job API's ([`crate::world`]).
 //!
 //! # Liveness
 //!
-//! Every blocking wait polls, then yields, then sleeps briefly when idle (so
-//! an oversubscribed job keeps moving), and checks every
-//! [`LIVENESS_INTERVAL`] that the peers it waits for are alive (pid and start
-//! time from the control area). A dead peer is declared failed: its
-//! in-flight fragments complete with an error, sends to it fail with
-//! [`SmError::PeerFailed`], and nothing waits on it again.
+//! The owner calls [`Sm::check_peers_every`] while it waits; a dead peer is
+//! declared failed: its in-flight fragments and queued work complete with
+//! an error, posts to it are refused with [`crate::ops::PostError::PeerFailed`], and
+//! the failure is reported once.
 #![allow(unsafe_code)]
 
 use std::fmt;
@@ -58,6 +65,8 @@ use btl_core::sm::layout::SizeError;
 use btl_core::sm::params::{ParamError, SmParams};
 use btl_core::sync::{AtomicU64, Ordering};
 
+use crate::ops::{QueueLimits, TEvent};
+use crate::regions::Regions;
 use crate::segment::{Segment, SegmentError};
 
 /// Largest tag available to users; the tags above are the transport's own
@@ -81,8 +90,6 @@ type Engine = SmEngine<
     Vec<FragDesc>,
     Vec<u64>,
 >;
-type Handler = Box<dyn FnMut(u32, &[u8])>;
-type OnDone = Box<dyn FnOnce(Result<(), SmError>)>;
 
 /// Errors of the shared-memory transport.
 #[derive(Debug)]
@@ -113,41 +120,6 @@ pub enum SmError {
     },
     /// The job environment does not allow a shared-memory transport.
     Unsupported(&'static str),
-    /// The peer has failed (died, or corrupted its ring).
-    PeerFailed {
-        /// Its local rank.
-        peer: u32,
-    },
-    /// No such local peer (or it is this rank).
-    InvalidPeer {
-        /// The rank given.
-        peer: u32,
-    },
-    /// The tag is reserved for the transport.
-    ReservedTag {
-        /// The tag given.
-        tag: u8,
-    },
-    /// The peer reported an error handling the message (no handler for the
-    /// tag, or its copy failed).
-    RemoteError {
-        /// The peer.
-        peer: u32,
-    },
-    /// A get or put was refused or failed at the target.
-    Rma {
-        /// The target.
-        peer: u32,
-        /// Why.
-        status: RmaStatus,
-    },
-    /// A blocking operation did not complete in time.
-    Timeout {
-        /// What was waited for.
-        what: &'static str,
-        /// How long.
-        waited: Duration,
-    },
 }
 
 impl fmt::Display for SmError {
@@ -168,25 +140,6 @@ impl fmt::Display for SmError {
                 write!(f, "sm start-up: local rank {rank} (pid {pid}) died")
             }
             Self::Unsupported(why) => write!(f, "sm unavailable: {why}"),
-            Self::PeerFailed { peer } => write!(f, "local peer {peer} has failed"),
-            Self::InvalidPeer { peer } => write!(f, "no local peer {peer}"),
-            Self::ReservedTag { tag } => {
-                write!(
-                    f,
-                    "tag {tag} is reserved (user tags are 0..={MAX_USER_TAG})"
-                )
-            }
-            Self::RemoteError { peer } => {
-                write!(f, "local peer {peer} could not handle the message")
-            }
-            Self::Rma { peer, status } => write!(f, "get/put at local rank {peer}: {status}"),
-            Self::Timeout { what, waited } => {
-                write!(
-                    f,
-                    "timed out after {:.1} s waiting for {what}",
-                    waited.as_secs_f64()
-                )
-            }
         }
     }
 }
@@ -210,35 +163,15 @@ from_err!(
     Setup(SetupError)
 );
 
-/// Problems caused by peers' data logged one by one; after these, only
-/// every power of two is (a process corrupting the segment must not flood
-/// the log or slow the victim down with it).
-const PEER_LOG_FIRST: u64 = 16;
-
-/// Logs a problem caused by a peer's data (see [`PEER_LOG_FIRST`]), counting
-/// it in `State::peer_reports`.
-macro_rules! peer_log {
-    ($state:expr, $lvl:ident, $($arg:tt)+) => {{
-        $state.peer_reports += 1;
-        let n = $state.peer_reports;
-        if n <= PEER_LOG_FIRST || n.is_power_of_two() {
-            log::$lvl!($($arg)+);
-            if n == PEER_LOG_FIRST {
-                log::warn!("further problems with peers' data are logged at powers of two only");
-            }
-        }
-    }};
-}
-
 mod attach;
 mod liveness;
 mod recv;
 mod rma;
 mod send;
 
+pub use btl_core::rma::{RegionKey, RmaStatus};
 use recv::State;
-pub use rma::{RegionKey, RmaStatus};
-use send::BulkRates;
+use send::{BulkRates, PeerOut};
 
 /// What `Sm::attach` builds around the mapping.
 struct Parts {
@@ -246,8 +179,13 @@ struct Parts {
     control: Control<'static>,
     state: State,
     probe: Box<AtomicU64>,
-    oversubscribed: bool,
 }
+
+/// Default bound of what waits in user space for one peer: 64 MiB.
+pub const DEFAULT_QUEUE_LIMITS: QueueLimits = QueueLimits {
+    bytes: 64 << 20,
+    messages: 65536,
+};
 
 /// The shared-memory transport of one process (one per job per node).
 pub struct Sm {
@@ -264,15 +202,30 @@ pub struct Sm {
     oversubscribed: bool,
     failed: Vec<u32>,
     departed: Vec<u32>,
+    /// Failures not reported yet.
+    to_report: Vec<(u32, String)>,
     last_liveness: Instant,
-    /// Timeout of blocking operations (`BTL_TIMEOUT`, seconds).
+    /// Timeout of the flush when dropped (`BTL_TIMEOUT`, at most 5 s).
     timeout: Duration,
-    barrier_epoch: u64,
-    /// Inside `progress`'s RMA service (which sends, and so progresses).
-    serving: bool,
     /// Measured bulk rates per peer.
     rates: Vec<BulkRates>,
+    /// Outgoing work per peer that could not leave at once.
+    out: Vec<PeerOut>,
+    /// Peers with a non-empty queue.
+    busy_peers: u32,
+    limits: QueueLimits,
+    /// Regions to unpin at the next progress pass (streams that read them
+    /// finished).
+    unpins: Vec<u32>,
+    next_cookie: u64,
+    next_req: u64,
 }
+
+// SAFETY: the engine, control area and state hold views of the mapping
+// (owned by `segment`, not tied to a thread) and raw addresses of caller
+// memory under `RawBuf`'s contract; nothing is shared with other threads
+// of this process, and the value is moved as a whole.
+unsafe impl Send for Sm {}
 
 impl fmt::Debug for Sm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -293,6 +246,14 @@ fn env_secs(var: &str, default: Duration) -> Result<Duration, SmError> {
 /// Reads the `sm` parameters from the environment (`BTL_SM_*`,
 /// `OMPI_MCA_btl_sm_*`) over the defaults, and verifies them.
 pub fn params_from_env() -> Result<SmParams, SmError> {
+    let mut p = params_from_env_unverified()?;
+    p.verify()?;
+    Ok(p)
+}
+
+/// The `sm` parameters from the environment over the defaults, each value
+/// checked, the rules between them not yet ([`SmParams::verify`]).
+pub fn params_from_env_unverified() -> Result<SmParams, SmError> {
     let mut p = SmParams::default();
     for (k, v) in std::env::vars_os() {
         let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
@@ -300,7 +261,6 @@ pub fn params_from_env() -> Result<SmParams, SmError> {
         };
         p.set_from_env_var(k, v)?;
     }
-    p.verify()?;
     Ok(p)
 }
 
@@ -319,6 +279,16 @@ impl Sm {
     /// parameters included).
     pub fn params(&self) -> &SmParams {
         &self.params
+    }
+
+    /// True if more local ranks run than this process has cores.
+    pub fn oversubscribed(&self) -> bool {
+        self.oversubscribed
+    }
+
+    /// Sets the bounds of what may wait in user space for one peer.
+    pub fn set_queue_limits(&mut self, limits: QueueLimits) {
+        self.limits = limits;
     }
 
     /// True if single copy works towards `peer`.
@@ -340,35 +310,74 @@ impl Sm {
         &self.departed
     }
 
-    /// Registers `handler` for `tag` (replacing any earlier one). It runs
-    /// inside [`Self::progress`] with the sender's local rank and the
-    /// message; it cannot call back into the transport (queue work and do it
-    /// after `progress` returns).
-    pub fn on(
-        &mut self,
-        tag: u8,
-        handler: impl FnMut(u32, &[u8]) + 'static,
-    ) -> Result<(), SmError> {
-        if tag > MAX_USER_TAG {
-            return Err(SmError::ReservedTag { tag });
-        }
-        self.state.handlers[usize::from(tag)] = Some(Box::new(handler));
-        Ok(())
+    /// Whether `peer` is usable (connected, not failed, not departed).
+    pub fn peer_ok(&mut self, peer: u32) -> bool {
+        self.check_peer(peer).is_ok()
     }
 
-    /// One pass of the progress engine: returns the number of events.
-    /// Never blocks.
-    pub fn progress(&mut self) -> usize {
-        let mut n = self.engine.progress(&mut self.state);
-        if !self.serving && !self.state.rma.outbox.is_empty() {
-            self.serving = true;
-            while let Some(work) = self.state.rma.outbox.pop_front() {
-                n += 1;
-                self.serve(work);
+    /// One pass of progress: the engine (incoming fragments, answers,
+    /// acknowledgements), then queued work. Events go to `sink`: messages
+    /// (with the sender's local rank), completions of operations posted
+    /// earlier, barrier arrivals, failures. Returns the number of events
+    /// and fragments handled. Never blocks.
+    pub fn progress(&mut self, regions: &mut Regions, sink: &mut dyn FnMut(TEvent<'_>)) -> usize {
+        for id in self.unpins.drain(..) {
+            regions.unpin(id);
+        }
+        let mut n = self.progress_engine(regions, sink);
+        if !self.state.acks.is_empty() {
+            let acks = std::mem::take(&mut self.state.acks);
+            for &(peer, cookie, ok) in &acks {
+                self.rndv_acked(peer, cookie, ok);
             }
-            self.serving = false;
+            n += acks.len();
+        }
+        if !self.state.work.is_empty() {
+            n += self.do_work(regions);
+        }
+        if self.busy_peers > 0 {
+            for peer in 0..self.nprocs {
+                if !self.out[peer as usize].q.is_empty() {
+                    n += self.pump(peer);
+                }
+            }
+        }
+        for (peer, why) in std::mem::take(&mut self.to_report) {
+            n += 1;
+            sink(TEvent::PeerFailed { peer, why: &why });
+        }
+        if !self.state.done.is_empty() {
+            for (op, result) in std::mem::take(&mut self.state.done) {
+                n += 1;
+                sink(TEvent::Done { op, result });
+            }
         }
         n
+    }
+
+    /// Lets writers blocked on a partial lazy-free batch go on (call when
+    /// idle).
+    pub fn release_consumed(&mut self) {
+        self.engine.release_consumed();
+    }
+
+    /// True when nothing of ours is in flight or queued: every fragment sent
+    /// was acknowledged, every acknowledgement we owe has left, and no
+    /// operation waits for an answer.
+    pub fn is_flushed(&self) -> bool {
+        self.engine.outstanding() == 0
+            && self.engine.pending() == 0
+            && self.busy_peers == 0
+            && self.state.waiting.is_empty()
+    }
+
+    /// Operations posted and not completed yet, towards `peer` (`None`:
+    /// any peer).
+    pub fn in_flight(&mut self, peer: Option<u32>) -> u32 {
+        match peer {
+            Some(p) => self.engine.in_flight_to(p),
+            None => self.engine.outstanding(),
+        }
     }
 
     /// Sends and acknowledgements that had to wait behind a full ring.
@@ -385,13 +394,25 @@ impl Sm {
 
 impl Drop for Sm {
     fn drop(&mut self) {
-        // Deliver what is still in flight to live peers (bounded by the
-        // timeout), then say we left cleanly so peers do not take our exit
-        // for a crash.
-        let saved = self.timeout;
-        self.timeout = self.timeout.min(Duration::from_secs(5));
-        let _ = self.flush();
-        self.timeout = saved;
+        // Deliver what is still in flight to live peers (bounded), then say
+        // we left cleanly so peers do not take our exit for a crash.
+        // Messages arriving meanwhile are dropped: the owner is gone.
+        let mut w = crate::progress::Waiter::new(
+            "our fragments to be acknowledged",
+            self.timeout.min(Duration::from_secs(5)),
+            self.oversubscribed,
+        );
+        let mut regions = Regions::new();
+        while !self.is_flushed() {
+            let n = self.progress(&mut regions, &mut |_| {});
+            if let Some(now) = w.pass(n) {
+                self.check_peers_every(now);
+                if w.expired(now).is_some() {
+                    break;
+                }
+            }
+            w.rest();
+        }
         if let Ok(rec) = self.control.record(self.me) {
             rec.state.store(RANK_DONE, Ordering::Release);
         }

@@ -1,36 +1,56 @@
 //! The receive side: what the progress engine calls back with (incoming
-//! fragments by tag, acknowledgements, peer errors), and the reassembly
-//! of large messages (single copy and pipelined chunks).
+//! fragments by tag, acknowledgements, peer errors), turned into the
+//! transport's events; the reassembly of large messages (single copy and
+//! pipelined chunks); the target side of one-sided operations.
+//!
+//! Callbacks run inside the engine's progress and may not send: work that
+//! sends (RMA replies, serving a get) is queued in [`State::work`] and done
+//! by `Sm::progress` right after.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Rc;
 
+use btl_core::rma::RmaStatus;
 use btl_core::sm::engine::{Dispatch, PeerError};
 use btl_core::sm::frag::FragView;
 
-use super::rma::{self, Outgoing, RangeReq};
+use super::rma::{self, PutChunk, RangeReq, RmaWait, Work};
 use super::send::{Chunk, Rndv};
-use super::*;
+use super::{MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_RNDV};
 use crate::cma;
+use crate::ops::{OpError, OpId, TEvent};
+use crate::regions::Regions;
 
-/// Completion state shared between a send and the progress engine.
-pub(super) type Done = Rc<RefCell<Option<bool>>>;
+/// Problems caused by peers' data logged one by one; after these, only
+/// every power of two is (a process corrupting the segment must not flood
+/// the log or slow the victim down with it).
+const PEER_LOG_FIRST: u64 = 16;
 
-/// What a fragment's cookie refers to.
-pub(super) enum Waiter {
-    /// A blocking send waiting for this ACK.
-    Flag(Done),
-    /// A user callback.
-    Callback(OnDone),
+/// Logs a problem caused by a peer's data (see [`PEER_LOG_FIRST`]), counting
+/// it in `State::peer_reports`.
+macro_rules! peer_log {
+    ($state:expr, $lvl:ident, $($arg:tt)+) => {{
+        $state.peer_reports += 1;
+        let n = $state.peer_reports;
+        if n <= PEER_LOG_FIRST || n.is_power_of_two() {
+            log::$lvl!($($arg)+);
+            if n == PEER_LOG_FIRST {
+                log::warn!("further problems with peers' data are logged at powers of two only");
+            }
+        }
+    }};
+}
+
+/// An incoming fragmented put being applied.
+#[derive(Debug)]
+pub(super) struct PutIn {
+    pub(super) received: u64,
+    pub(super) failed: bool,
 }
 
 /// Everything the engine's callbacks touch (split from the engine so both
 /// can be borrowed at once).
+#[derive(Debug)]
 pub(super) struct State {
-    pub(super) handlers: Vec<Option<Handler>>,
-    pub(super) waiters: HashMap<u64, (u32, Waiter)>,
-    pub(super) next_cookie: u64,
     /// Reassembly of pipelined messages, per sender: (tag, total length,
     /// bytes so far) of the message in progress.
     pub(super) partial: Vec<Option<(u8, u64, u64)>>,
@@ -41,8 +61,6 @@ pub(super) struct State {
     pub(super) scratch: Vec<u8>,
     pub(super) pids: Vec<u64>,
     pub(super) cma_ok: Vec<bool>,
-    /// Barrier arrivals per epoch.
-    pub(super) barrier_arrivals: HashMap<u64, u32>,
     /// Peers declared failed (their fragments' errors are not reported one
     /// by one).
     pub(super) peer_failed: Vec<bool>,
@@ -50,37 +68,56 @@ pub(super) struct State {
     pub(super) peer_errors: u64,
     /// Problems with peers' data seen (for the log's rate limit).
     pub(super) peer_reports: u64,
-    /// Registered regions, get/put requests in both directions.
-    pub(super) rma: rma::Rma,
+    /// Completions to report at the end of the pass.
+    pub(super) done: Vec<(OpId, Result<(), OpError>)>,
+    /// Acknowledgements of single-copy rendezvous: (peer, cookie, ok).
+    pub(super) acks: Vec<(u32, u64, bool)>,
+    /// Sends the callbacks could not do themselves.
+    pub(super) work: Vec<Work>,
+    /// Incoming pipelined puts, by (peer, request).
+    pub(super) puts_in: HashMap<(u32, u64), PutIn>,
+    /// Our gets and puts waiting for their answer, by request.
+    pub(super) waiting: HashMap<u64, RmaWait>,
 }
 
 impl State {
-    pub(super) fn deliver(&mut self, peer: u32, tag: u8, data: &[u8]) -> bool {
-        match self
-            .handlers
-            .get_mut(usize::from(tag))
-            .and_then(Option::as_mut)
-        {
-            Some(h) => {
-                h(peer, data);
-                true
-            }
-            None => {
-                peer_log!(
-                    self,
-                    warn,
-                    "message from local rank {peer} with tag {tag}, which has no handler"
-                );
-                false
-            }
+    pub(super) fn new(nprocs: u32, max_send: usize, pids: Vec<u64>, cma_ok: Vec<bool>) -> Self {
+        Self {
+            partial: (0..nprocs).map(|_| None).collect(),
+            bufs: (0..nprocs).map(|_| Vec::new()).collect(),
+            scratch: vec![0; max_send],
+            pids,
+            cma_ok,
+            peer_failed: vec![false; nprocs as usize],
+            peer_errors: 0,
+            peer_reports: 0,
+            done: Vec::new(),
+            acks: Vec::new(),
+            work: Vec::new(),
+            puts_in: HashMap::new(),
+            waiting: HashMap::new(),
         }
     }
+}
 
-    pub(super) fn recv_rndv(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+/// The engine's callbacks for one pass: the state plus what the pass lends
+/// (the region table, the event sink).
+pub(super) struct Ctx<'a, 's> {
+    pub(super) st: &'a mut State,
+    pub(super) regions: &'a mut Regions,
+    pub(super) sink: &'a mut (dyn FnMut(TEvent<'_>) + 's),
+}
+
+impl Ctx<'_, '_> {
+    fn deliver(&mut self, from: u32, tag: u8, data: &[u8]) {
+        (self.sink)(TEvent::Message { from, tag, data });
+    }
+
+    fn recv_rndv(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let mut hdr = [0u8; Rndv::LEN];
         if frag.info.len as usize != Rndv::LEN || frag.copy_payload(&mut hdr).is_err() {
             peer_log!(
-                self,
+                self.st,
                 error,
                 "malformed single-copy header from local rank {peer}"
             );
@@ -91,7 +128,7 @@ impl State {
         };
         if r.tag > MAX_USER_TAG || r.len > MAX_MESSAGE {
             peer_log!(
-                self,
+                self.st,
                 error,
                 "single-copy request from local rank {peer} with tag {} and length {}",
                 r.tag,
@@ -99,34 +136,40 @@ impl State {
             );
             return false;
         }
-        let mut buf = std::mem::take(&mut self.bufs[peer as usize]);
+        let mut buf = std::mem::take(&mut self.st.bufs[peer as usize]);
         let len = r.len as usize;
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        let pid = self.pids[peer as usize] as u32;
+        let pid = self.st.pids[peer as usize] as u32;
         let res = cma::read_remote(pid, r.addr as usize, &mut buf[..len]);
-        let ok = res.is_ok() && self.deliver(peer, r.tag, &buf[..len]);
-        self.bufs[peer as usize] = buf;
+        if res.is_ok() {
+            self.deliver(peer, r.tag, &buf[..len]);
+        }
+        self.st.bufs[peer as usize] = buf;
         match res {
-            Ok(()) => ok,
+            Ok(()) => true,
             Err(e) => {
-                if self.cma_ok[peer as usize] {
+                if self.st.cma_ok[peer as usize] {
                     log::warn!(
                         "single copy from local rank {peer} failed ({e}); using the pipelined copy through shared fragments"
                     );
                 }
-                self.cma_ok[peer as usize] = false;
+                self.st.cma_ok[peer as usize] = false;
                 false
             }
         }
     }
 
-    pub(super) fn recv_chunk(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+    fn recv_chunk(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let mut hdr = [0u8; Chunk::LEN];
         let len = frag.info.len as usize;
         if len < Chunk::LEN || frag.payload.read_bytes(0, &mut hdr).is_err() {
-            peer_log!(self, error, "malformed chunk header from local rank {peer}");
+            peer_log!(
+                self.st,
+                error,
+                "malformed chunk header from local rank {peer}"
+            );
             return false;
         }
         let Some(c) = Chunk::decode(&hdr) else {
@@ -135,29 +178,29 @@ impl State {
         let p = peer as usize;
         let data_len = (len - Chunk::LEN) as u64;
         if c.offset == 0 {
-            if self.partial[p].is_some() {
+            if self.st.partial[p].is_some() {
                 peer_log!(
-                    self,
+                    self.st,
                     error,
                     "local rank {peer} started a new message before finishing the last"
                 );
             }
             if c.tag > MAX_USER_TAG || c.total > MAX_MESSAGE {
                 peer_log!(
-                    self,
+                    self.st,
                     error,
                     "chunked message from local rank {peer}: tag {} length {}",
                     c.tag,
                     c.total
                 );
-                self.partial[p] = None;
+                self.st.partial[p] = None;
                 return false;
             }
-            self.partial[p] = Some((c.tag, c.total, 0));
+            self.st.partial[p] = Some((c.tag, c.total, 0));
         }
-        let Some((tag, total, got)) = self.partial[p] else {
+        let Some((tag, total, got)) = self.st.partial[p] else {
             peer_log!(
-                self,
+                self.st,
                 error,
                 "chunk at offset {} from local rank {peer} without a start",
                 c.offset
@@ -166,37 +209,35 @@ impl State {
         };
         let end = got + data_len;
         if tag != c.tag || total != c.total || got != c.offset || end > total {
-            peer_log!(self, error, "out-of-order chunk from local rank {peer}");
-            self.partial[p] = None;
+            peer_log!(self.st, error, "out-of-order chunk from local rank {peer}");
+            self.st.partial[p] = None;
             return false;
         }
         // The buffer grows as data arrives (amortised doubling, kept for
         // the next message): a chunk header alone, which any peer can
         // write, cannot make us allocate and zero `MAX_MESSAGE` bytes.
-        if (self.bufs[p].len() as u64) < end {
-            self.bufs[p].resize(end as usize, 0);
+        if (self.st.bufs[p].len() as u64) < end {
+            self.st.bufs[p].resize(end as usize, 0);
         }
-        let dst = &mut self.bufs[p][got as usize..end as usize];
+        let dst = &mut self.st.bufs[p][got as usize..end as usize];
         if frag.payload.read_bytes(Chunk::LEN as u64, dst).is_err() {
-            self.partial[p] = None;
+            self.st.partial[p] = None;
             return false;
         }
         if end < total {
-            self.partial[p] = Some((tag, total, end));
+            self.st.partial[p] = Some((tag, total, end));
             return true;
         }
-        self.partial[p] = None;
-        let buf = std::mem::take(&mut self.bufs[p]);
-        let ok = self.deliver(peer, tag, &buf[..total as usize]);
-        self.bufs[p] = buf;
-        ok
+        self.st.partial[p] = None;
+        let buf = std::mem::take(&mut self.st.bufs[p]);
+        self.deliver(peer, tag, &buf[..total as usize]);
+        self.st.bufs[p] = buf;
+        true
     }
-}
 
-impl State {
     /// A put by single copy: validate, then read the requester's memory
     /// straight into the region.
-    pub(super) fn recv_put_cma(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+    fn recv_put_cma(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let mut b = [0u8; RangeReq::LEN];
         if frag.info.len as usize != RangeReq::LEN || frag.copy_payload(&mut b).is_err() {
             return false;
@@ -204,8 +245,8 @@ impl State {
         let Some(put) = RangeReq::decode(&b) else {
             return false;
         };
-        let pid = self.pids[peer as usize] as u32;
-        let status = match self.rma.range_mut(put.id, put.offset, put.len) {
+        let pid = self.st.pids[peer as usize] as u32;
+        let status = match self.regions.range_mut(put.id, put.offset, put.len) {
             Ok(dst) => match cma::read_remote(pid, put.addr as usize, dst) {
                 Ok(()) => RmaStatus::Ok,
                 Err(e) => {
@@ -218,75 +259,275 @@ impl State {
                 status
             }
         };
-        self.rma.outbox.push_back(Outgoing::Reply {
+        self.st.work.push(Work::Reply {
             peer,
             req: put.req,
             status,
+            addr: 0,
         });
+        true
+    }
+
+    /// A get request: validated against our regions; answered with the
+    /// address (single copy: the requester reads it) or served in
+    /// fragments.
+    fn recv_get_req(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+        let mut b = [0u8; RangeReq::LEN];
+        if frag.info.len as usize != RangeReq::LEN || frag.copy_payload(&mut b).is_err() {
+            return false;
+        }
+        let Some(get) = RangeReq::decode(&b) else {
+            peer_log!(
+                self.st,
+                error,
+                "malformed get request from local rank {peer}"
+            );
+            return false;
+        };
+        match self.regions.range(get.id, get.offset, get.len) {
+            Ok(src) if get.addr == rma::GET_BY_SINGLE_COPY => self.st.work.push(Work::Reply {
+                peer,
+                req: get.req,
+                status: RmaStatus::Ok,
+                addr: src.addr(),
+            }),
+            Ok(_) => self.st.work.push(Work::Serve { peer, get }),
+            Err(status) => {
+                log::warn!(
+                    "local rank {peer} asked to get {}+{} of region {}: {status}",
+                    get.offset,
+                    get.len,
+                    get.id
+                );
+                self.st.work.push(Work::Reply {
+                    peer,
+                    req: get.req,
+                    status,
+                    addr: 0,
+                });
+            }
+        }
+        true
+    }
+
+    /// A PUT_DATA chunk (header + data) arrived from `peer`.
+    fn recv_put_data(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+        let mut h = [0u8; PutChunk::LEN];
+        let len = u64::from(frag.info.len);
+        if len < h.len() as u64 || frag.payload.read_bytes(0, &mut h).is_err() {
+            return false;
+        }
+        let data_len = len - h.len() as u64;
+        let Some(c) = PutChunk::decode(&h) else {
+            log::error!("malformed put from local rank {peer}");
+            return false;
+        };
+        let key = (peer, c.req);
+        let entry = self.st.puts_in.entry(key).or_insert(PutIn {
+            received: 0,
+            failed: false,
+        });
+        if entry.failed {
+            return true;
+        }
+        let end = c.chunk_off.checked_add(data_len);
+        let status = if end.is_none_or(|e| e > c.total) {
+            Err(RmaStatus::OutOfBounds)
+        } else {
+            self.regions.range(c.id, c.offset, c.total).map(|_| ())
+        };
+        let status = status.and_then(|()| {
+            let dst = self
+                .regions
+                .range_mut(c.id, c.offset + c.chunk_off, data_len)?;
+            frag.payload
+                .read_bytes(PutChunk::LEN as u64, dst)
+                .map_err(|_| RmaStatus::CopyFailed)
+        });
+        let received = self.st.puts_in.get_mut(&key).map(|e| {
+            e.received += data_len;
+            e.received
+        });
+        match status {
+            Err(status) => {
+                log::warn!("local rank {peer} put into region {}: {status}", c.id);
+                if let Some(e) = self.st.puts_in.get_mut(&key) {
+                    e.failed = true;
+                }
+                self.st.work.push(Work::Reply {
+                    peer,
+                    req: c.req,
+                    status,
+                    addr: 0,
+                });
+            }
+            Ok(()) if received == Some(c.total) => {
+                self.st.puts_in.remove(&key);
+                self.st.work.push(Work::Reply {
+                    peer,
+                    req: c.req,
+                    status: RmaStatus::Ok,
+                    addr: 0,
+                });
+            }
+            Ok(()) => {}
+        }
+        true
+    }
+
+    /// A status reply to one of our gets or puts arrived.
+    fn recv_reply(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+        let mut b = [0u8; rma::REPLY_LEN];
+        if frag.info.len as usize != rma::REPLY_LEN || frag.copy_payload(&mut b).is_err() {
+            return false;
+        }
+        let Some((req, status, addr)) = rma::decode_reply(&b) else {
+            log::error!("malformed RMA reply from local rank {peer}");
+            return false;
+        };
+        match self.st.waiting.get(&req) {
+            Some(w) if w.peer == peer => {}
+            _ => {
+                log::warn!("RMA reply from local rank {peer} for unknown request {req}");
+                return false;
+            }
+        }
+        // A failed put's later chunks are dropped at the target.
+        self.st
+            .puts_in
+            .retain(|&(p, r), _| !(p == peer && r == req));
+        let Some(w) = self.st.waiting.remove(&req) else {
+            return false;
+        };
+        let result = match (status, w.kind) {
+            (RmaStatus::Ok, rma::WaitKind::GetSingle { dst }) => {
+                // The target checked the range; we read it from its memory
+                // into ours (a process only ever writes its own memory).
+                let pid = self.st.pids[peer as usize] as u32;
+                // SAFETY: `dst` is the local side of our get, kept valid and
+                // unused by the caller until the operation completes (the
+                // job API pins its region; see `RawBuf`).
+                let d = unsafe { dst.as_mut_slice() };
+                match cma::read_remote(pid, addr as usize, d) {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        // Fall back: ask again for the data in fragments.
+                        log::warn!(
+                            "single-copy get from local rank {peer} failed: {e}; using fragments"
+                        );
+                        self.st.cma_ok[peer as usize] = false;
+                        self.st.work.push(Work::RetryGet {
+                            peer,
+                            req,
+                            wait: RmaWait {
+                                peer,
+                                op: w.op,
+                                kind: rma::WaitKind::Get { dst, got: 0 },
+                                remote: w.remote,
+                            },
+                        });
+                        return true;
+                    }
+                }
+            }
+            (RmaStatus::Ok, rma::WaitKind::Get { dst, got }) if got != dst.len() as u64 => {
+                log::error!(
+                    "local rank {peer} answered a get of {} bytes with {got}",
+                    dst.len()
+                );
+                Err(OpError::Refused(RmaStatus::CopyFailed))
+            }
+            (RmaStatus::Ok, _) => Ok(()),
+            (RmaStatus::CopyFailed, rma::WaitKind::Put { single: true, src }) => {
+                // The target could not read us: send the data in fragments.
+                self.st.cma_ok[peer as usize] = false;
+                self.st.work.push(Work::RetryPut {
+                    peer,
+                    req,
+                    wait: RmaWait {
+                        peer,
+                        op: w.op,
+                        kind: rma::WaitKind::Put { single: false, src },
+                        remote: w.remote,
+                    },
+                });
+                return true;
+            }
+            (status, _) => Err(OpError::Refused(status)),
+        };
+        self.st.done.push((w.op, result));
+        true
+    }
+
+    /// Data of one of our gets arrived.
+    fn recv_get_data(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+        let mut h = [0u8; 16];
+        let len = u64::from(frag.info.len);
+        if len < 16 || frag.payload.read_bytes(0, &mut h).is_err() {
+            return false;
+        }
+        let data_len = len - 16;
+        let (Some(req), Some(off)) = (rma::u64_at(&h, 0), rma::u64_at(&h, 8)) else {
+            return false;
+        };
+        let Some(w) = self.st.waiting.get_mut(&req).filter(|w| w.peer == peer) else {
+            log::warn!("get data from local rank {peer} for unknown request {req}");
+            return false;
+        };
+        let rma::WaitKind::Get { dst, got } = &mut w.kind else {
+            return false;
+        };
+        let Some(part) = usize::try_from(off)
+            .ok()
+            .zip(usize::try_from(data_len).ok())
+            .and_then(|(o, l)| dst.sub(o, l))
+        else {
+            log::error!("get data from local rank {peer} outside the request");
+            return false;
+        };
+        // SAFETY: `dst` is the local side of our get (see recv_reply).
+        let d = unsafe { part.as_mut_slice() };
+        if frag.payload.read_bytes(16, d).is_err() {
+            return false;
+        }
+        *got += data_len;
         true
     }
 }
 
-impl Dispatch for State {
+impl Dispatch for Ctx<'_, '_> {
     fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
         match tag {
             TAG_RNDV => self.recv_rndv(peer, frag),
             TAG_CHUNK => self.recv_chunk(peer, frag),
-            rma::TAG_GET_REQ => {
-                let mut b = [0u8; RangeReq::LEN];
-                frag.info.len as usize == RangeReq::LEN
-                    && frag.copy_payload(&mut b).is_ok()
-                    && self.rma.on_get_req(peer, &b)
-            }
-            rma::TAG_PUT_DATA => {
-                let mut h = [0u8; rma::PutChunk::LEN];
-                let len = u64::from(frag.info.len);
-                if len < h.len() as u64 || frag.payload.read_bytes(0, &mut h).is_err() {
-                    return false;
-                }
-                let data_len = len - h.len() as u64;
-                self.rma.on_put_data(peer, &h, data_len, |dst| {
-                    frag.payload
-                        .read_bytes(rma::PutChunk::LEN as u64, dst)
-                        .is_ok()
-                })
-            }
+            rma::TAG_GET_REQ => self.recv_get_req(peer, frag),
+            rma::TAG_PUT_DATA => self.recv_put_data(peer, frag),
             rma::TAG_PUT_CMA => self.recv_put_cma(peer, frag),
-            rma::TAG_RMA_REPLY => {
-                let mut b = [0u8; 12];
-                frag.info.len == 12
-                    && frag.copy_payload(&mut b).is_ok()
-                    && self.rma.on_reply(peer, &b)
-            }
-            rma::TAG_GET_DATA => {
-                let mut h = [0u8; 16];
-                let len = u64::from(frag.info.len);
-                if len < 16 || frag.payload.read_bytes(0, &mut h).is_err() {
-                    return false;
-                }
-                self.rma.on_get_data(peer, &h, len - 16, |dst| {
-                    frag.payload.read_bytes(16, dst).is_ok()
-                })
-            }
+            rma::TAG_RMA_REPLY => self.recv_reply(peer, frag),
+            rma::TAG_GET_DATA => self.recv_get_data(peer, frag),
             TAG_BARRIER => {
                 let mut b = [0u8; 8];
                 if frag.info.len != 8 || frag.copy_payload(&mut b).is_err() {
                     return false;
                 }
-                let epoch = u64::from_le_bytes(b);
-                *self.barrier_arrivals.entry(epoch).or_insert(0) += 1;
+                (self.sink)(TEvent::Barrier {
+                    from: peer,
+                    epoch: u64::from_le_bytes(b),
+                });
                 true
             }
             t if t <= MAX_USER_TAG => {
                 let len = frag.info.len as usize;
-                let mut scratch = std::mem::take(&mut self.scratch);
-                let ok = frag.copy_payload(&mut scratch[..len]).is_ok()
-                    && self.deliver(peer, t, &scratch[..len]);
-                self.scratch = scratch;
+                let mut scratch = std::mem::take(&mut self.st.scratch);
+                let ok = frag.copy_payload(&mut scratch[..len]).is_ok();
+                if ok {
+                    self.deliver(peer, t, &scratch[..len]);
+                }
+                self.st.scratch = scratch;
                 ok
             }
             t => {
-                peer_log!(self, error, "local rank {peer} used reserved tag {t}");
+                peer_log!(self.st, error, "local rank {peer} used reserved tag {t}");
                 false
             }
         }
@@ -298,37 +539,30 @@ impl Dispatch for State {
             // with the peer.
             if !ok
                 && !self
+                    .st
                     .peer_failed
                     .get(peer as usize)
                     .copied()
                     .unwrap_or(false)
             {
                 peer_log!(
-                    self,
+                    self.st,
                     warn,
                     "local rank {peer} reported an error handling a message"
                 );
             }
             return;
         }
-        match self.waiters.remove(&cookie) {
-            Some((_, Waiter::Flag(done))) => *done.borrow_mut() = Some(ok),
-            Some((_, Waiter::Callback(cb))) => cb(if ok {
-                Ok(())
-            } else {
-                Err(SmError::RemoteError { peer })
-            }),
-            None => {}
-        }
+        self.st.acks.push((peer, cookie, ok));
     }
 
     fn error(&mut self, error: PeerError) {
-        self.peer_errors += 1;
+        self.st.peer_errors += 1;
         peer_log!(
-            self,
+            self.st,
             error,
             "shared memory: {error} (peer error {})",
-            self.peer_errors
+            self.st.peer_errors
         );
     }
 }

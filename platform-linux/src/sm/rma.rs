@@ -1,47 +1,53 @@
 //! One-sided get and put between registered regions, over the shared-memory
-//! transport's messages (internal tags 248–252).
+//! transport's messages (internal tags 248–252), never blocking.
 //!
-//! A region is memory the transport owns ([`super::Sm::register`]); its
-//! [`RegionKey`] (rank, id, length) is what a peer needs to address it and
-//! can be sent in any message. The target validates every request against
-//! its own table of regions — unknown id, or a range outside the region, is
-//! refused with a status — so a peer never reads or writes where it was not
-//! invited.
+//! The target validates every request against its region table — unknown
+//! id, or a range outside the region, is refused with a status — so a peer
+//! never reads or writes where it was not invited. A process only ever
+//! writes its own memory: single copy is always `process_vm_readv` by the
+//! side that receives the data.
 //!
-//! - get: the requester sends (request, region, offset, length, its
-//!   destination address); the target writes the data straight into the
-//!   requester with `process_vm_writev` when single copy works between them,
-//!   otherwise sends it back in fragments; then a reply with the status.
-//! - put: with single copy, the requester sends its source address and the
-//!   target reads it with `process_vm_readv`; otherwise the data goes in
-//!   fragments, each checked and copied into the region on arrival; then a
-//!   reply with the status.
+//! - get, single copy: the requester asks (request, region, offset,
+//!   length); the target checks the range and answers with its address;
+//!   the requester reads it into its own memory. Otherwise the target sends
+//!   the data in fragments (served from its pinned region), then the
+//!   answer.
+//! - put, single copy: the requester sends its source address; the target
+//!   checks the range and reads the source into its region. Otherwise the
+//!   data goes in fragments, each checked and copied into the region on
+//!   arrival. Then the answer (status).
 //!
-//! `get`/`put` block until the reply (with liveness checks and the
-//! transport's timeout).
+//! A single copy the kernel refuses falls back to fragments for that
+//! operation and the peer.
 
-use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
+use btl_core::rma::RmaStatus;
 
-use super::{Sm, SmError};
-use crate::cma;
-use crate::sm::rma;
+use super::send::{Probe, Stream, StreamKind};
+use super::{Sm, MAX_MESSAGE};
+use crate::ops::{OpId, PostError, Posted, RawBuf, RawParts};
+use crate::regions::Regions;
 
-pub use btl_core::rma::{RegionKey, RmaStatus};
 pub(super) use btl_core::tags::{
     SM_GET_DATA as TAG_GET_DATA, SM_GET_REQ as TAG_GET_REQ, SM_PUT_CMA as TAG_PUT_CMA,
     SM_PUT_DATA as TAG_PUT_DATA, SM_RMA_REPLY as TAG_RMA_REPLY,
 };
 
+/// The `addr` of a GET_REQ asking for the answer to carry the address of
+/// the range (the requester reads it by single copy); 0 asks for the data
+/// in fragments.
+pub(super) const GET_BY_SINGLE_COPY: u64 = 1;
+/// Length of an answer: request, status, address.
+pub(super) const REPLY_LEN: usize = 20;
+
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+pub(super) fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// A request naming a range of a region plus an address in the requester
-/// (GET_REQ: destination; PUT_CMA: source). 36 bytes.
+/// A request naming a range of a region plus an address (PUT_CMA: the
+/// requester's source; GET_REQ: [`GET_BY_SINGLE_COPY`] or 0). 36 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct RangeReq {
     pub req: u64,
@@ -108,17 +114,22 @@ impl PutChunk {
     }
 }
 
-/// Reply: request and status. 12 bytes.
-pub(super) fn encode_reply(req: u64, status: RmaStatus) -> [u8; 12] {
-    let mut b = [0; 12];
+/// Answer: request, status, and (single-copy get) the address to read.
+pub(super) fn encode_reply(req: u64, status: RmaStatus, addr: u64) -> [u8; REPLY_LEN] {
+    let mut b = [0; REPLY_LEN];
     b[0..8].copy_from_slice(&req.to_le_bytes());
     b[8..12].copy_from_slice(&status.code().to_le_bytes());
+    b[12..20].copy_from_slice(&addr.to_le_bytes());
     b
 }
 
-pub(super) fn decode_reply(b: &[u8]) -> Option<(u64, RmaStatus)> {
-    (b.len() == 12).then_some(())?;
-    Some((u64_at(b, 0)?, RmaStatus::from_code(u32_at(b, 8)?)))
+pub(super) fn decode_reply(b: &[u8]) -> Option<(u64, RmaStatus, u64)> {
+    (b.len() == REPLY_LEN).then_some(())?;
+    Some((
+        u64_at(b, 0)?,
+        RmaStatus::from_code(u32_at(b, 8)?),
+        u64_at(b, 12)?,
+    ))
 }
 
 /// Header of a GET_DATA chunk: request and offset within it. 16 bytes.
@@ -129,571 +140,260 @@ pub(super) fn encode_get_data(req: u64, off: u64) -> [u8; 16] {
     b
 }
 
-/// Work the progress engine's callbacks leave for `Sm::progress` (which may
-/// send; the callbacks may not).
+/// Work the engine's callbacks leave for `Sm::progress` (which may send;
+/// the callbacks may not).
 #[derive(Debug)]
-pub(super) enum Outgoing {
-    /// Send a status reply.
+pub(super) enum Work {
+    /// Send an answer.
     Reply {
         peer: u32,
         req: u64,
         status: RmaStatus,
+        addr: u64,
     },
-    /// Serve a validated get: copy `len` bytes of region `id` from `offset`
-    /// to the requester.
+    /// Serve a validated get in fragments.
     Serve { peer: u32, get: RangeReq },
+    /// Ask again for a get's data, in fragments.
+    RetryGet { peer: u32, req: u64, wait: RmaWait },
+    /// Send a put's data again, in fragments.
+    RetryPut { peer: u32, req: u64, wait: RmaWait },
 }
 
-/// A get or put of ours waiting for its reply.
-#[derive(Debug, Default)]
-pub(super) struct Wait {
-    pub peer: u32,
-    pub status: Option<RmaStatus>,
-    /// Data of a get that came back in fragments.
-    pub buf: Vec<u8>,
-    pub got: u64,
+/// How one of our gets or puts travels.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum WaitKind {
+    /// A get by single copy: the answer carries the address to read.
+    GetSingle { dst: RawBuf },
+    /// A get in fragments, written into `dst` as they arrive.
+    Get { dst: RawBuf, got: u64 },
+    /// A put (by single copy, or in fragments).
+    Put { single: bool, src: RawBuf },
 }
 
-/// Incoming fragmented put being applied.
-#[derive(Debug)]
-pub(super) struct PutIn {
-    pub(super) received: u64,
-    pub(super) failed: bool,
-}
-
-/// The RMA side of the transport's callback state.
-#[derive(Debug, Default)]
-pub(super) struct Rma {
-    pub regions: HashMap<u32, Box<[u8]>>,
-    pub next_region: u32,
-    pub next_req: u64,
-    pub outbox: VecDeque<Outgoing>,
-    pub waiting: HashMap<u64, Wait>,
-    pub(super) puts_in: HashMap<(u32, u64), PutIn>,
-}
-
-impl Rma {
-    /// Checks `[offset, offset + len)` of region `id`.
-    pub fn check(&self, id: u32, offset: u64, len: u64) -> Result<(), RmaStatus> {
-        let region = self.regions.get(&id).ok_or(RmaStatus::UnknownRegion)?;
-        match offset.checked_add(len) {
-            Some(end) if end <= region.len() as u64 => Ok(()),
-            _ => Err(RmaStatus::OutOfBounds),
-        }
-    }
-
-    /// The bytes `[offset, offset + len)` of region `id`, checked.
-    pub fn range_mut(&mut self, id: u32, offset: u64, len: u64) -> Result<&mut [u8], RmaStatus> {
-        self.check(id, offset, len)?;
-        let region = self.regions.get_mut(&id).ok_or(RmaStatus::UnknownRegion)?;
-        Ok(&mut region[offset as usize..(offset + len) as usize])
-    }
-
-    /// A GET_REQ arrived from `peer`.
-    pub fn on_get_req(&mut self, peer: u32, payload: &[u8]) -> bool {
-        let Some(get) = RangeReq::decode(payload) else {
-            log::error!("malformed get request from local rank {peer}");
-            return false;
-        };
-        match self.check(get.id, get.offset, get.len) {
-            Ok(()) => self.outbox.push_back(Outgoing::Serve { peer, get }),
-            Err(status) => {
-                log::warn!(
-                    "local rank {peer} asked to get {}+{} of region {}: {status}",
-                    get.offset,
-                    get.len,
-                    get.id
-                );
-                self.outbox.push_back(Outgoing::Reply {
-                    peer,
-                    req: get.req,
-                    status,
-                });
-            }
-        }
-        true
-    }
-
-    /// A PUT_DATA chunk (header + data) arrived from `peer`.
-    pub fn on_put_data(
-        &mut self,
-        peer: u32,
-        header: &[u8],
-        data_len: u64,
-        copy: impl FnOnce(&mut [u8]) -> bool,
-    ) -> bool {
-        let Some(c) = PutChunk::decode(header) else {
-            log::error!("malformed put from local rank {peer}");
-            return false;
-        };
-        let key = (peer, c.req);
-        let entry = self.puts_in.entry(key).or_insert(PutIn {
-            received: 0,
-            failed: false,
-        });
-        if entry.failed {
-            return true;
-        }
-        let end = c.chunk_off.checked_add(data_len);
-        let status = if end.is_none_or(|e| e > c.total) {
-            Err(RmaStatus::OutOfBounds)
-        } else {
-            self.check(c.id, c.offset, c.total)
-        };
-        let status = status.and_then(|()| {
-            let dst = self.range_mut(c.id, c.offset + c.chunk_off, data_len)?;
-            if copy(dst) {
-                Ok(())
-            } else {
-                Err(RmaStatus::CopyFailed)
-            }
-        });
-        let entry = self.puts_in.get_mut(&key).map(|e| {
-            e.received += data_len;
-            e.received
-        });
-        match status {
-            Err(status) => {
-                log::warn!("local rank {peer} put into region {}: {status}", c.id);
-                if let Some(e) = self.puts_in.get_mut(&key) {
-                    e.failed = true;
-                }
-                self.outbox.push_back(Outgoing::Reply {
-                    peer,
-                    req: c.req,
-                    status,
-                });
-            }
-            Ok(()) if entry == Some(c.total) => {
-                self.puts_in.remove(&key);
-                self.outbox.push_back(Outgoing::Reply {
-                    peer,
-                    req: c.req,
-                    status: RmaStatus::Ok,
-                });
-            }
-            Ok(()) => {}
-        }
-        true
-    }
-
-    /// A status reply to one of our requests arrived.
-    pub fn on_reply(&mut self, peer: u32, payload: &[u8]) -> bool {
-        let Some((req, status)) = decode_reply(payload) else {
-            log::error!("malformed RMA reply from local rank {peer}");
-            return false;
-        };
-        match self.waiting.get_mut(&req) {
-            Some(w) if w.peer == peer => {
-                w.status = Some(status);
-                // A failed put's later chunks are dropped at the target.
-                self.puts_in.retain(|&(p, r), _| !(p == peer && r == req));
-                true
-            }
-            _ => {
-                log::warn!("RMA reply from local rank {peer} for unknown request {req}");
-                false
-            }
-        }
-    }
-
-    /// Data of one of our gets arrived (header already split off).
-    pub fn on_get_data(
-        &mut self,
-        peer: u32,
-        header: &[u8],
-        data_len: u64,
-        copy: impl FnOnce(&mut [u8]) -> bool,
-    ) -> bool {
-        let (Some(req), Some(off)) = (u64_at(header, 0), u64_at(header, 8)) else {
-            return false;
-        };
-        let Some(w) = self.waiting.get_mut(&req).filter(|w| w.peer == peer) else {
-            log::warn!("get data from local rank {peer} for unknown request {req}");
-            return false;
-        };
-        let Some(end) = off
-            .checked_add(data_len)
-            .filter(|&e| e <= w.buf.len() as u64)
-        else {
-            log::error!("get data from local rank {peer} outside the request");
-            return false;
-        };
-        if !copy(&mut w.buf[off as usize..end as usize]) {
-            return false;
-        }
-        w.got += data_len;
-        true
-    }
+/// One of our gets or puts, waiting for its answer.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RmaWait {
+    pub(super) peer: u32,
+    pub(super) op: OpId,
+    pub(super) kind: WaitKind,
+    /// The target's region and offset.
+    pub(super) remote: (u32, u64),
 }
 
 impl Sm {
-    /// Carries out RMA work queued by the callbacks (replies, gets to serve).
-    /// Errors towards a failed peer are logged and dropped.
-    pub(super) fn serve(&mut self, work: Outgoing) {
-        let (peer, result) = match work {
-            Outgoing::Reply { peer, req, status } => {
-                let reply = rma::encode_reply(req, status);
-                (
-                    peer,
-                    self.send_fragment(peer, rma::TAG_RMA_REPLY, &[&reply], 0),
-                )
-            }
-            Outgoing::Serve { peer, get } => (peer, self.serve_get(peer, get)),
-        };
-        if let Err(e) = result {
-            log::warn!("RMA reply to local rank {peer} not sent: {e}");
+    fn new_req(&mut self) -> u64 {
+        self.next_req += 1;
+        self.next_req
+    }
+
+    fn rma_ok(&mut self, peer: u32, len: u64) -> Result<(), PostError> {
+        if peer == self.me {
+            return Err(PostError::InvalidPeer);
         }
-    }
-
-    pub(super) fn serve_get(&mut self, peer: u32, get: RangeReq) -> Result<(), SmError> {
-        let status = if get.addr != 0 {
-            // Single copy straight into the requester.
-            let pid = self.state.pids[peer as usize] as u32;
-            let data = self.state.rma.range_mut(get.id, get.offset, get.len);
-            match data.map(|d| cma::write_remote(pid, get.addr as usize, d)) {
-                Ok(Ok(())) => RmaStatus::Ok,
-                Ok(Err(e)) => {
-                    log::warn!("single-copy get for local rank {peer} failed: {e}");
-                    RmaStatus::CopyFailed
-                }
-                Err(status) => status,
-            }
-        } else {
-            let chunk = self.engine.max_payload() as usize - 16;
-            let mut tmp = Vec::with_capacity(chunk.min(get.len as usize));
-            let mut off = 0u64;
-            let mut status = RmaStatus::Ok;
-            while off < get.len {
-                let len = (get.len - off).min(chunk as u64);
-                tmp.clear();
-                match self.state.rma.range_mut(get.id, get.offset + off, len) {
-                    Ok(d) => tmp.extend_from_slice(d),
-                    // Deregistered meanwhile.
-                    Err(s) => {
-                        status = s;
-                        break;
-                    }
-                }
-                let hdr = rma::encode_get_data(get.req, off);
-                self.send_fragment(peer, rma::TAG_GET_DATA, &[&hdr, &tmp], 0)?;
-                off += len;
-            }
-            status
-        };
-        let reply = rma::encode_reply(get.req, status);
-        self.send_fragment(peer, rma::TAG_RMA_REPLY, &[&reply], 0)
-    }
-
-    /// Registers a zeroed region of `len` bytes that peers may get from and
-    /// put into; send its key to them.
-    pub fn register(&mut self, len: usize) -> RegionKey {
-        let rma = &mut self.state.rma;
-        let id = rma.next_region;
-        rma.next_region += 1;
-        rma.regions.insert(id, vec![0u8; len].into_boxed_slice());
-        RegionKey {
-            rank: self.me,
-            id,
-            len: len as u64,
+        self.check_peer(peer)?;
+        if len > MAX_MESSAGE {
+            return Err(PostError::TooLarge { max: MAX_MESSAGE });
         }
+        Ok(())
     }
 
-    /// The table of our registered regions (the job API lends one table
-    /// to both transports).
-    pub(crate) fn regions_mut(&mut self) -> &mut HashMap<u32, Box<[u8]>> {
-        &mut self.state.rma.regions
+    fn single_copy(&self, peer: u32, len: usize) -> bool {
+        self.state.cma_ok[peer as usize]
+            && len as u64 >= u64::from(self.params.min_rdma_pipeline_size)
     }
 
-    /// The contents of one of our regions.
-    pub fn region(&self, key: &RegionKey) -> Option<&[u8]> {
-        (key.rank == self.me).then_some(())?;
-        self.state.rma.regions.get(&key.id).map(|r| &r[..])
-    }
-
-    /// The contents of one of our regions, writable.
-    pub fn region_mut(&mut self, key: &RegionKey) -> Option<&mut [u8]> {
-        (key.rank == self.me).then_some(())?;
-        self.state.rma.regions.get_mut(&key.id).map(|r| &mut r[..])
-    }
-
-    /// Removes one of our regions; later requests for it are refused.
-    pub fn deregister(&mut self, key: &RegionKey) -> bool {
-        key.rank == self.me && self.state.rma.regions.remove(&key.id).is_some()
-    }
-
-    pub(super) fn new_request(&mut self, peer: u32, buf_len: usize) -> u64 {
-        let rma = &mut self.state.rma;
-        rma.next_req += 1;
-        let req = rma.next_req;
-        rma.waiting.insert(
-            req,
-            rma::Wait {
-                peer,
-                status: None,
-                buf: vec![0; buf_len],
-                got: 0,
-            },
-        );
-        req
-    }
-
-    pub(super) fn wait_reply(
+    /// Reads `dst.len()` bytes at `offset` of `peer`'s region `id` into
+    /// `dst`; completes with [`crate::ops::TEvent::Done`] for `op` (the
+    /// target's refusal is the completion's status).
+    ///
+    /// # Safety
+    ///
+    /// `dst` must stay valid for writes, and unused otherwise, until the
+    /// operation completes or is cancelled.
+    pub unsafe fn iget(
         &mut self,
         peer: u32,
-        req: u64,
-        what: &'static str,
-    ) -> Result<rma::Wait, SmError> {
-        let r = self.wait_until(what, Some(peer), |sm| {
-            sm.state
-                .rma
-                .waiting
-                .get(&req)
-                .is_some_and(|w| w.status.is_some())
-        });
-        let w = self.state.rma.waiting.remove(&req);
-        r?;
-        w.ok_or(SmError::Timeout {
-            what,
-            waited: Duration::ZERO,
-        })
+        id: u32,
+        offset: u64,
+        dst: RawBuf,
+        op: OpId,
+    ) -> Result<Posted, PostError> {
+        self.rma_ok(peer, dst.len() as u64)?;
+        let req = self.new_req();
+        let single = self.single_copy(peer, dst.len());
+        let wait = RmaWait {
+            peer,
+            op,
+            kind: if single {
+                WaitKind::GetSingle { dst }
+            } else {
+                WaitKind::Get { dst, got: 0 }
+            },
+            remote: (id, offset),
+        };
+        self.send_get_req(req, wait)?;
+        Ok(Posted::Pending)
     }
 
-    /// Copies `dst.len()` bytes at `offset` of the region `key` (of another
-    /// local rank, or our own) into `dst`. Blocks until done.
-    pub fn get(&mut self, key: &RegionKey, offset: u64, dst: &mut [u8]) -> Result<(), SmError> {
-        let peer = key.rank;
-        if peer == self.me {
-            let src = self
-                .state
-                .rma
-                .range_mut(key.id, offset, dst.len() as u64)
-                .map_err(|status| SmError::Rma { peer, status })?;
-            dst.copy_from_slice(src);
-            return Ok(());
+    fn send_get_req(&mut self, req: u64, wait: RmaWait) -> Result<(), PostError> {
+        let (dst, single) = match wait.kind {
+            WaitKind::GetSingle { dst } => (dst, true),
+            WaitKind::Get { dst, .. } => (dst, false),
+            WaitKind::Put { .. } => return Err(PostError::InvalidPeer),
+        };
+        let msg = RangeReq {
+            req,
+            id: wait.remote.0,
+            offset: wait.remote.1,
+            len: dst.len() as u64,
+            addr: if single { GET_BY_SINGLE_COPY } else { 0 },
         }
-        self.check_peer(peer)?;
-        let mut single = self.state.cma_ok[peer as usize]
-            && dst.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
-        loop {
-            let req = self.new_request(peer, if single { 0 } else { dst.len() });
-            let msg = RangeReq {
-                req,
-                id: key.id,
-                offset,
-                len: dst.len() as u64,
-                addr: if single { dst.as_mut_ptr() as u64 } else { 0 },
-            }
-            .encode();
-            if let Err(e) = self.send_fragment(peer, rma::TAG_GET_REQ, &[&msg], 0) {
-                self.state.rma.waiting.remove(&req);
-                return Err(e);
-            }
-            let w = self.wait_reply(peer, req, "a get's reply")?;
-            match w.status {
-                Some(RmaStatus::Ok) if single => return Ok(()),
-                Some(RmaStatus::Ok) if w.got == dst.len() as u64 => {
-                    dst.copy_from_slice(&w.buf);
-                    return Ok(());
-                }
-                Some(RmaStatus::Ok) => {
-                    return Err(SmError::Rma {
-                        peer,
-                        status: RmaStatus::CopyFailed,
-                    })
-                }
-                Some(RmaStatus::CopyFailed) if single => {
-                    self.state.cma_ok[peer as usize] = false;
-                    single = false;
-                }
-                Some(status) => return Err(SmError::Rma { peer, status }),
-                None => return Err(SmError::PeerFailed { peer }),
-            }
-        }
+        .encode();
+        self.send_ctl(wait.peer, TAG_GET_REQ, &msg)?;
+        self.state.waiting.insert(req, wait);
+        Ok(())
     }
 
-    /// Copies `src` to `offset` of the region `key` (of another local rank,
-    /// or our own). Blocks until the target has applied it.
-    pub fn put(&mut self, key: &RegionKey, offset: u64, src: &[u8]) -> Result<(), SmError> {
-        let peer = key.rank;
-        if peer == self.me {
-            let dst = self
-                .state
-                .rma
-                .range_mut(key.id, offset, src.len() as u64)
-                .map_err(|status| SmError::Rma { peer, status })?;
-            dst.copy_from_slice(src);
-            return Ok(());
-        }
-        self.check_peer(peer)?;
-        if self.state.cma_ok[peer as usize]
-            && src.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size)
-        {
-            let req = self.new_request(peer, 0);
+    /// Writes `src` at `offset` of `peer`'s region `id`; completes with
+    /// [`crate::ops::TEvent::Done`] for `op` once the target applied it
+    /// (its refusal is the completion's status).
+    ///
+    /// # Safety
+    ///
+    /// `src` must stay valid and unchanged until the operation completes
+    /// or is cancelled.
+    pub unsafe fn iput(
+        &mut self,
+        peer: u32,
+        id: u32,
+        offset: u64,
+        src: RawBuf,
+        op: OpId,
+    ) -> Result<Posted, PostError> {
+        self.rma_ok(peer, src.len() as u64)?;
+        let req = self.new_req();
+        let single = self.single_copy(peer, src.len());
+        let wait = RmaWait {
+            peer,
+            op,
+            kind: WaitKind::Put { single, src },
+            remote: (id, offset),
+        };
+        self.send_put(req, wait)?;
+        Ok(Posted::Pending)
+    }
+
+    fn send_put(&mut self, req: u64, wait: RmaWait) -> Result<(), PostError> {
+        let WaitKind::Put { single, src } = wait.kind else {
+            return Err(PostError::InvalidPeer);
+        };
+        let (id, offset) = wait.remote;
+        if single {
             let msg = RangeReq {
                 req,
-                id: key.id,
+                id,
                 offset,
                 len: src.len() as u64,
-                addr: src.as_ptr() as u64,
+                addr: src.addr(),
             }
             .encode();
-            if let Err(e) = self.send_fragment(peer, rma::TAG_PUT_CMA, &[&msg], 0) {
-                self.state.rma.waiting.remove(&req);
-                return Err(e);
+            self.send_ctl(wait.peer, TAG_PUT_CMA, &msg)?;
+        } else {
+            self.check_peer(wait.peer)?;
+            if src.is_empty() {
+                // Nothing to stream: one empty chunk, so the target answers.
+                let hdr = PutChunk {
+                    req,
+                    id,
+                    offset,
+                    total: 0,
+                    chunk_off: 0,
+                }
+                .encode();
+                self.send_ctl(wait.peer, TAG_PUT_DATA, &hdr)?;
+                self.state.waiting.insert(req, wait);
+                return Ok(());
             }
-            match self.wait_reply(peer, req, "a put's reply")?.status {
-                Some(RmaStatus::Ok) => return Ok(()),
-                Some(RmaStatus::CopyFailed) => self.state.cma_ok[peer as usize] = false,
-                Some(status) => return Err(SmError::Rma { peer, status }),
-                None => return Err(SmError::PeerFailed { peer }),
-            }
+            self.enqueue_stream(
+                wait.peer,
+                Stream {
+                    kind: StreamKind::PutData { req, id, offset },
+                    parts: RawParts::one(src),
+                    _owned: None,
+                    sent: 0,
+                    op: None,
+                    probe: Probe::No,
+                    pinned: None,
+                },
+            );
         }
-        let req = self.new_request(peer, 0);
-        let chunk = self.engine.max_payload() as usize - rma::PutChunk::LEN;
-        let mut off = 0usize;
-        loop {
-            let end = (off + chunk).min(src.len());
-            let hdr = rma::PutChunk {
-                req,
-                id: key.id,
-                offset,
-                total: src.len() as u64,
-                chunk_off: off as u64,
-            }
-            .encode();
-            if let Err(e) = self.send_fragment(peer, rma::TAG_PUT_DATA, &[&hdr, &src[off..end]], 0)
-            {
-                self.state.rma.waiting.remove(&req);
-                return Err(e);
-            }
-            off = end;
-            // Stop early if the target already refused the put.
-            if off >= src.len()
-                || self
-                    .state
-                    .rma
-                    .waiting
-                    .get(&req)
-                    .is_some_and(|w| w.status.is_some())
-            {
-                break;
-            }
-        }
-        match self.wait_reply(peer, req, "a put's reply")?.status {
-            Some(RmaStatus::Ok) => Ok(()),
-            Some(status) => Err(SmError::Rma { peer, status }),
-            None => Err(SmError::PeerFailed { peer }),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    pub(super) fn encodings_roundtrip() {
-        let k = RegionKey {
-            rank: 3,
-            id: 9,
-            len: 1 << 40,
-        };
-        assert_eq!(RegionKey::from_bytes(&k.to_bytes()), Some(k));
-        assert_eq!(RegionKey::from_bytes(&[0; 15]), None);
-        let r = RangeReq {
-            req: 1,
-            id: 2,
-            offset: 3,
-            len: 4,
-            addr: 5,
-        };
-        assert_eq!(RangeReq::decode(&r.encode()), Some(r));
-        let p = PutChunk {
-            req: 1,
-            id: 2,
-            offset: 3,
-            total: 4,
-            chunk_off: 5,
-        };
-        assert_eq!(PutChunk::decode(&p.encode()), Some(p));
-        assert_eq!(
-            decode_reply(&encode_reply(7, RmaStatus::OutOfBounds)),
-            Some((7, RmaStatus::OutOfBounds))
-        );
-        assert_eq!(decode_reply(&[0; 11]), None);
+        self.state.waiting.insert(req, wait);
+        Ok(())
     }
 
-    #[test]
-    pub(super) fn targets_refuse_what_was_not_registered() {
-        let mut rma = Rma::default();
-        rma.regions.insert(1, vec![0u8; 100].into_boxed_slice());
-        assert_eq!(rma.check(1, 0, 100), Ok(()));
-        assert_eq!(rma.check(1, 1, 100), Err(RmaStatus::OutOfBounds));
-        assert_eq!(rma.check(1, u64::MAX, 2), Err(RmaStatus::OutOfBounds));
-        assert_eq!(rma.check(2, 0, 1), Err(RmaStatus::UnknownRegion));
-        // A get request for a bad range is answered with an error reply.
-        let bad = RangeReq {
-            req: 5,
-            id: 1,
-            offset: 90,
-            len: 20,
-            addr: 0,
-        };
-        assert!(rma.on_get_req(0, &bad.encode()));
-        assert!(matches!(
-            rma.outbox.pop_front(),
-            Some(Outgoing::Reply {
-                req: 5,
-                status: RmaStatus::OutOfBounds,
-                ..
-            })
-        ));
-        // A put whose chunk would run past its announced total is refused
-        // and nothing is written.
-        let c = PutChunk {
-            req: 6,
-            id: 1,
-            offset: 0,
-            total: 10,
-            chunk_off: 8,
-        };
-        assert!(rma.on_put_data(0, &c.encode(), 4, |d| {
-            d.fill(0xff);
-            true
-        }));
-        assert!(rma.regions[&1].iter().all(|&b| b == 0));
-        assert!(matches!(
-            rma.outbox.pop_front(),
-            Some(Outgoing::Reply {
-                req: 6,
-                status: RmaStatus::OutOfBounds,
-                ..
-            })
-        ));
-        // A good two-chunk put lands and is answered once.
-        for (off, len) in [(0u64, 6u64), (6, 4)] {
-            let c = PutChunk {
-                req: 7,
-                id: 1,
-                offset: 50,
-                total: 10,
-                chunk_off: off,
+    /// Carries out what the callbacks queued (answers, serving gets,
+    /// retries). Errors towards a failed peer are dropped (its operations
+    /// completed with the failure).
+    pub(super) fn do_work(&mut self, regions: &mut Regions) -> usize {
+        let mut n = 0;
+        while let Some(w) = (!self.state.work.is_empty()).then(|| self.state.work.remove(0)) {
+            n += 1;
+            let (peer, r) = match w {
+                Work::Reply {
+                    peer,
+                    req,
+                    status,
+                    addr,
+                } => (
+                    peer,
+                    self.send_ctl(peer, TAG_RMA_REPLY, &encode_reply(req, status, addr)),
+                ),
+                Work::Serve { peer, get } => (peer, self.serve_get(regions, peer, get)),
+                Work::RetryGet { peer, req, wait } => (peer, self.send_get_req(req, wait)),
+                Work::RetryPut {
+                    peer, req, wait, ..
+                } => (peer, self.send_put(req, wait)),
             };
-            assert!(rma.on_put_data(0, &c.encode(), len, |d| {
-                d.fill(7);
-                true
-            }));
+            if let Err(e) = r {
+                log::warn!("one-sided work for local rank {peer} not done: {e}");
+            }
         }
-        assert!(rma.regions[&1][50..60].iter().all(|&b| b == 7));
-        assert!(matches!(
-            rma.outbox.pop_front(),
-            Some(Outgoing::Reply {
-                req: 7,
-                status: RmaStatus::Ok,
-                ..
-            })
-        ));
-        assert!(rma.outbox.is_empty());
+        n
+    }
+
+    /// Serves a validated get in fragments from our (pinned) region, then
+    /// answers.
+    fn serve_get(
+        &mut self,
+        regions: &mut Regions,
+        peer: u32,
+        get: RangeReq,
+    ) -> Result<(), PostError> {
+        let src = match regions.range(get.id, get.offset, get.len) {
+            Ok(src) => src,
+            Err(status) => {
+                // Deregistered meanwhile.
+                return self.send_ctl(peer, TAG_RMA_REPLY, &encode_reply(get.req, status, 0));
+            }
+        };
+        self.check_peer(peer)?;
+        regions.pin(get.id);
+        self.enqueue_stream(
+            peer,
+            Stream {
+                kind: StreamKind::GetData { req: get.req },
+                parts: RawParts::one(src),
+                _owned: None,
+                sent: 0,
+                op: None,
+                probe: Probe::No,
+                pinned: Some(get.id),
+            },
+        );
+        self.send_ctl(
+            peer,
+            TAG_RMA_REPLY,
+            &encode_reply(get.req, RmaStatus::Ok, 0),
+        )
     }
 }

@@ -1,14 +1,25 @@
-//! The send path: one fragment, the single-copy rendezvous, the pipelined
-//! copy, and the choice between them by measurement; flush and barrier.
+//! The send path, never blocking: a message up to a fragment goes into one
+//! fragment at once; what cannot leave at once (no free fragment, the
+//! peer's queue full, a large message) waits in the peer's own queue of
+//! outgoing work ([`Out`]), in order, and leaves as fragments free up
+//! during progress. Large messages take the single-copy rendezvous or the
+//! pipelined copy, chosen by measurement ([`BulkRates`]).
+//!
+//! Per-peer order holds across every path: nothing overtakes the head of
+//! a peer's queue, and a rendezvous stays at the head until the receiver
+//! acknowledges it (if the receiver cannot read our memory, the same
+//! message is resent pipelined, still ahead of everything sent after it).
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use btl_core::sm::engine::{PeerState, SendError};
 
-use super::recv::{Done, Waiter};
+use super::recv::Ctx;
+use super::rma::{encode_get_data, PutChunk};
 use super::*;
+use crate::ops::{OpError, OpId, PostError, Posted, RawBuf, RawParts, TEvent};
+use crate::regions::Regions;
 
 /// Header of a single-copy rendezvous fragment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,215 +157,530 @@ impl BulkRates {
     }
 }
 
-impl Sm {
-    /// Pushes one fragment, progressing while no fragment is free or the
-    /// peer's queue is full (with liveness checks and the timeout).
-    pub(super) fn send_fragment(
-        &mut self,
-        peer: u32,
+/// What a stream's fragments carry.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum StreamKind {
+    /// A user message in pipelined chunks.
+    Message {
+        /// Its tag.
         tag: u8,
-        parts: &[&[u8]],
+    },
+    /// A put's data.
+    PutData {
+        /// Our request.
+        req: u64,
+        /// The target's region.
+        id: u32,
+        /// Where in it.
+        offset: u64,
+    },
+    /// A get's data we serve (from our region).
+    GetData {
+        /// The requester's request.
+        req: u64,
+    },
+}
+
+/// The pipelined copy's measurement of a stream (see [`BulkRates`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Probe {
+    /// Not measured.
+    No,
+    /// Waiting for our fragments to this peer to drain before starting.
+    Drain,
+    /// Started at this time; measured when drained again.
+    Since(Instant),
+}
+
+/// Memory a stream reads, in fragments.
+#[derive(Debug)]
+pub(super) struct Stream {
+    pub(super) kind: StreamKind,
+    pub(super) parts: RawParts,
+    /// A staged copy `parts` points into (copy semantics), kept alive here
+    /// until the stream is done.
+    pub(super) _owned: Option<Vec<u8>>,
+    pub(super) sent: usize,
+    pub(super) op: Option<OpId>,
+    pub(super) probe: Probe,
+    /// Our region this stream reads (unpinned when done).
+    pub(super) pinned: Option<u32>,
+}
+
+/// Outgoing work for one peer, in order.
+#[derive(Debug)]
+pub(super) enum Out {
+    /// One fragment's worth, copied.
+    Copy { tag: u8, data: Vec<u8> },
+    /// Fragment after fragment.
+    Stream(Stream),
+    /// A single-copy rendezvous: the receiver reads `buf` from our memory.
+    /// It stays at the head of the queue until acknowledged.
+    Rndv {
+        tag: u8,
+        buf: RawBuf,
+        owned: Option<Vec<u8>>,
+        op: Option<OpId>,
         cookie: u64,
-    ) -> Result<(), SmError> {
-        if self.engine.congested() {
-            self.progress();
+        pushed: Option<Instant>,
+    },
+}
+
+impl Out {
+    fn len(&self) -> u64 {
+        match self {
+            Out::Copy { data, .. } => data.len() as u64,
+            Out::Stream(s) => s.parts.len() as u64,
+            Out::Rndv { buf, .. } => buf.len() as u64,
         }
-        // Fast path: a free fragment and room in the peer's queue.
-        let mut first = Some(self.engine.send(peer, tag, parts, cookie));
-        let mut result = Ok(());
-        self.wait_until("a free fragment", Some(peer), |sm| {
-            let attempt = first
-                .take()
-                .unwrap_or_else(|| sm.engine.send(peer, tag, parts, cookie));
-            match attempt {
-                Ok(()) => true,
-                Err(SendError::NoFragment | SendError::Backlog { .. }) => false,
-                Err(SendError::PeerFailed { peer }) => {
-                    result = Err(SmError::PeerFailed { peer });
-                    true
-                }
-                Err(SendError::InvalidPeer { peer }) => {
-                    result = Err(SmError::InvalidPeer { peer });
-                    true
-                }
-                Err(SendError::TooLarge { .. }) => {
-                    result = Err(SmError::Unsupported("fragment larger than max_send_size"));
-                    true
-                }
-            }
-        })?;
-        result
+    }
+}
+
+/// A peer's queue of outgoing work.
+#[derive(Debug, Default)]
+pub(super) struct PeerOut {
+    pub(super) q: VecDeque<Out>,
+    pub(super) bytes: u64,
+}
+
+impl Sm {
+    /// Whether `peer` can be sent to.
+    pub(super) fn check_peer(&mut self, peer: u32) -> Result<(), PostError> {
+        match self.engine.peer_state(peer) {
+            Some(PeerState::Connected) => Ok(()),
+            Some(PeerState::Failed) => Err(PostError::PeerFailed),
+            _ => Err(PostError::InvalidPeer),
+        }
     }
 
-    pub(super) fn cookie(&mut self, peer: u32, w: Waiter) -> u64 {
-        let c = self.state.next_cookie;
-        self.state.next_cookie += 1;
-        self.state.waiters.insert(c, (peer, w));
-        c
+    fn admit(&self, peer: u32, len: u64) -> Result<(), PostError> {
+        let o = &self.out[peer as usize];
+        if self.limits.admits(o.bytes, o.q.len() as u32, len) {
+            Ok(())
+        } else {
+            Err(PostError::WouldBlock)
+        }
     }
 
-    /// Sends `data` to local rank `peer` with `tag`. Returns when `data` may
-    /// be reused: after the copy into shared fragments, or, for a single-copy
-    /// transfer, after the receiver has read it. Errors: the peer failed,
-    /// the tag is reserved, or a timeout.
-    pub fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), SmError> {
-        self.send_inner(peer, tag, data, None)
+    fn enqueue(&mut self, peer: u32, item: Out) {
+        let o = &mut self.out[peer as usize];
+        if o.q.is_empty() {
+            self.busy_peers += 1;
+        }
+        o.bytes += item.len();
+        o.q.push_back(item);
     }
 
-    /// As [`Self::send`], and `on_done` runs (inside a later
-    /// [`Self::progress`]) once the receiver has handled the message, with
-    /// the error if it could not.
-    pub fn send_with_completion(
-        &mut self,
-        peer: u32,
-        tag: u8,
-        data: &[u8],
-        on_done: impl FnOnce(Result<(), SmError>) + 'static,
-    ) -> Result<(), SmError> {
-        self.send_inner(peer, tag, data, Some(Box::new(on_done)))
+    fn dequeue(&mut self, peer: u32) -> Option<Out> {
+        let o = &mut self.out[peer as usize];
+        let item = o.q.pop_front()?;
+        o.bytes = o.bytes.saturating_sub(item.len());
+        if o.q.is_empty() {
+            self.busy_peers -= 1;
+        }
+        Some(item)
     }
 
-    pub(super) fn send_inner(
-        &mut self,
-        peer: u32,
-        tag: u8,
-        data: &[u8],
-        on_done: Option<OnDone>,
-    ) -> Result<(), SmError> {
+    /// Sends the concatenation of `parts` to `peer` with `tag`, copying:
+    /// the bytes may be reused when this returns. A message that cannot
+    /// leave at once waits (copied) in the peer's queue; if that queue is
+    /// full the post is refused with [`PostError::WouldBlock`].
+    pub fn isend(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<(), PostError> {
         if tag > MAX_USER_TAG {
-            return Err(SmError::ReservedTag { tag });
+            return Err(PostError::ReservedTag);
         }
         self.check_peer(peer)?;
-        let max = self.engine.max_payload() as usize;
-        if data.len() <= max {
-            let cookie = match on_done {
-                Some(cb) => self.cookie(peer, Waiter::Callback(cb)),
-                None => 0,
-            };
-            return self.send_fragment(peer, tag, &[data], cookie);
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len as u64 > MAX_MESSAGE {
+            return Err(PostError::TooLarge { max: MAX_MESSAGE });
         }
-        let large = data.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
-        if self.state.cma_ok[peer as usize] && large {
-            let now = Instant::now();
-            match self.rates[peer as usize].choose(now) {
-                Bulk::Pipelined => {}
-                Bulk::ProbePipelined => {
-                    // Measure the pipelined copy alone: drain, send, drain.
-                    self.wait_until("our fragments to drain", Some(peer), |sm| {
-                        sm.engine.in_flight_to(peer) == 0
-                    })?;
-                    let t0 = Instant::now();
-                    self.send_chunked(peer, tag, data, on_done)?;
-                    self.wait_until("the pipelined copy", Some(peer), |sm| {
-                        sm.engine.in_flight_to(peer) == 0
-                    })?;
-                    self.rates[peer as usize].record(Bulk::Pipelined, data.len(), t0.elapsed());
-                    return Ok(());
-                }
-                Bulk::SingleCopy => {
-                    let done: Done = Rc::new(RefCell::new(None));
-                    let cookie = self.cookie(peer, Waiter::Flag(done.clone()));
-                    let hdr = Rndv {
-                        tag,
-                        addr: data.as_ptr() as u64,
-                        len: data.len() as u64,
-                    }
-                    .encode();
-                    self.send_fragment(peer, TAG_RNDV, &[&hdr], cookie)?;
-                    let waited = self.wait_until("the receiver's single copy", Some(peer), |_| {
-                        done.borrow().is_some()
-                    });
-                    if let Err(e) = waited {
-                        self.state.waiters.remove(&cookie);
-                        return Err(e);
-                    }
-                    if done.borrow().unwrap_or(false) {
-                        self.rates[peer as usize].record(
-                            Bulk::SingleCopy,
-                            data.len(),
-                            now.elapsed(),
-                        );
-                        if let Some(cb) = on_done {
-                            cb(Ok(()));
-                        }
-                        return Ok(());
-                    }
-                    // The receiver could not read our memory (or had no
-                    // handler): resend through fragments; a missing handler
-                    // is reported there.
-                    self.state.cma_ok[peer as usize] = false;
-                    log::warn!("single copy to local rank {peer} failed at the receiver; resending through shared fragments");
-                }
+        if len <= self.engine.max_payload() as usize && self.out[peer as usize].q.is_empty() {
+            match self.try_fragment(peer, tag, parts) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(e),
             }
         }
-        self.send_chunked(peer, tag, data, on_done)
+        self.admit(peer, len as u64)?;
+        let data = parts.concat();
+        if len <= self.engine.max_payload() as usize {
+            self.enqueue(peer, Out::Copy { tag, data });
+        } else {
+            let parts = RawParts::one(RawBuf::new(&data));
+            // Moving the Vec moves its pointer, not the bytes `parts` names.
+            self.enqueue_large(peer, tag, parts, Some(data), None);
+        }
+        self.pump(peer);
+        Ok(())
     }
 
-    pub(super) fn send_chunked(
+    /// Sends the concatenation of `parts` to `peer` with `tag` without
+    /// copying large messages: a message up to a fragment is copied at once
+    /// ([`Posted::Done`]); a larger one is read from `parts` while it
+    /// travels, and completes with [`TEvent::Done`] for `op`.
+    ///
+    /// # Safety
+    ///
+    /// The memory `parts` names must stay valid and unchanged until the
+    /// operation completes (or is cancelled with [`Self::cancel`]).
+    pub unsafe fn isend_raw(
         &mut self,
         peer: u32,
         tag: u8,
-        data: &[u8],
-        on_done: Option<OnDone>,
-    ) -> Result<(), SmError> {
-        // A multiple of 64 bytes, so every chunk of the source and of the
-        // receiver's buffer keeps the same alignment (faster copies).
-        let chunk = (self.engine.max_payload() as usize - Chunk::LEN) & !63;
-        let total = data.len() as u64;
-        let mut cb = on_done;
-        let mut offset = 0usize;
-        while offset < data.len() {
-            let end = (offset + chunk).min(data.len());
-            let hdr = Chunk {
+        parts: RawParts,
+        op: OpId,
+    ) -> Result<Posted, PostError> {
+        if tag > MAX_USER_TAG {
+            return Err(PostError::ReservedTag);
+        }
+        self.check_peer(peer)?;
+        if parts.len() as u64 > MAX_MESSAGE {
+            return Err(PostError::TooLarge { max: MAX_MESSAGE });
+        }
+        if parts.len() <= self.engine.max_payload() as usize {
+            let mut slices = Vec::new();
+            // SAFETY: the caller's promise; the slices are used before
+            // returning.
+            unsafe { parts.slices(&mut slices) };
+            return self.isend(peer, tag, &slices).map(|()| Posted::Done);
+        }
+        self.admit(peer, parts.len() as u64)?;
+        self.enqueue_large(peer, tag, parts, None, Some(op));
+        self.pump(peer);
+        Ok(Posted::Pending)
+    }
+
+    /// One fragment now if possible: `Ok(false)` if it must wait.
+    fn try_fragment(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<bool, PostError> {
+        match self.engine.send(peer, tag, parts, 0) {
+            Ok(()) => Ok(true),
+            Err(SendError::NoFragment | SendError::Backlog { .. }) => Ok(false),
+            Err(SendError::PeerFailed { .. }) => Err(PostError::PeerFailed),
+            Err(SendError::InvalidPeer { .. }) => Err(PostError::InvalidPeer),
+            Err(SendError::TooLarge { max, .. }) => Err(PostError::TooLarge {
+                max: u64::from(max),
+            }),
+        }
+    }
+
+    /// An internal message (reply, request, barrier): one fragment now, or
+    /// queued in order; never refused for queue bounds (its size is fixed
+    /// and its count bounded by the peer's own requests).
+    pub(super) fn send_ctl(&mut self, peer: u32, tag: u8, bytes: &[u8]) -> Result<(), PostError> {
+        self.check_peer(peer)?;
+        if self.out[peer as usize].q.is_empty() && self.try_fragment(peer, tag, &[bytes])? {
+            return Ok(());
+        }
+        self.enqueue(
+            peer,
+            Out::Copy {
                 tag,
-                total,
-                offset: offset as u64,
-            }
-            .encode();
-            let cookie = match (end == data.len(), cb.take()) {
-                (true, Some(cb)) => self.cookie(peer, Waiter::Callback(cb)),
-                (false, Some(c)) => {
-                    cb = Some(c);
-                    0
+                data: bytes.to_vec(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Announces our arrival at barrier `epoch` to `peer` (the job's
+    /// barrier; arrivals are reported as [`TEvent::Barrier`]).
+    pub fn send_barrier(&mut self, peer: u32, epoch: u64) -> Result<(), PostError> {
+        self.send_ctl(peer, TAG_BARRIER, &epoch.to_le_bytes())
+    }
+
+    /// Queues a large message by the protocol measurement prefers.
+    fn enqueue_large(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        parts: RawParts,
+        owned: Option<Vec<u8>>,
+        op: Option<OpId>,
+    ) {
+        let large = parts.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
+        let mut probe = Probe::No;
+        if self.state.cma_ok[peer as usize] && large {
+            if let Some(buf) = parts.contiguous() {
+                match self.rates[peer as usize].choose(Instant::now()) {
+                    Bulk::SingleCopy => {
+                        self.next_cookie += 1;
+                        let cookie = self.next_cookie;
+                        self.enqueue(
+                            peer,
+                            Out::Rndv {
+                                tag,
+                                buf,
+                                owned,
+                                op,
+                                cookie,
+                                pushed: None,
+                            },
+                        );
+                        return;
+                    }
+                    Bulk::ProbePipelined => probe = Probe::Drain,
+                    Bulk::Pipelined => {}
                 }
-                (_, None) => 0,
-            };
-            self.send_fragment(peer, TAG_CHUNK, &[&hdr, &data[offset..end]], cookie)?;
-            offset = end;
-        }
-        Ok(())
-    }
-
-    /// Progresses until every fragment this process sent has been
-    /// acknowledged and every acknowledgement it owes has left (or the peers
-    /// concerned failed).
-    pub fn flush(&mut self) -> Result<(), SmError> {
-        self.wait_until("acknowledgements", None, |sm| {
-            sm.engine.outstanding() == 0 && sm.engine.pending() == 0
-        })
-    }
-
-    /// Waits until every live local rank has called `barrier` as many
-    /// times as this one (all-to-all arrival messages on an internal tag).
-    /// Failed or departed peers are not waited for.
-    pub fn barrier(&mut self) -> Result<(), SmError> {
-        self.barrier_epoch += 1;
-        let epoch = self.barrier_epoch;
-        let msg = epoch.to_le_bytes();
-        let me = self.me;
-        for peer in (0..self.nprocs).filter(|&p| p != me) {
-            if self.engine.peer_state(peer) == Some(PeerState::Connected) {
-                self.send_fragment(peer, TAG_BARRIER, &[&msg], 0)?;
             }
         }
-        self.wait_until("the other local ranks at a barrier", None, |sm| {
-            let live = (0..sm.nprocs)
-                .filter(|&p| p != sm.me && sm.engine.peer_state(p) == Some(PeerState::Connected))
-                .count() as u32;
-            sm.state.barrier_arrivals.get(&epoch).copied().unwrap_or(0) >= live
-        })?;
-        self.state.barrier_arrivals.remove(&epoch);
-        Ok(())
+        self.enqueue(
+            peer,
+            Out::Stream(Stream {
+                kind: StreamKind::Message { tag },
+                parts,
+                _owned: owned,
+                sent: 0,
+                op,
+                probe,
+                pinned: None,
+            }),
+        );
+    }
+
+    /// Queues a stream of fragments (put or get data).
+    pub(super) fn enqueue_stream(&mut self, peer: u32, s: Stream) {
+        self.enqueue(peer, Out::Stream(s));
+        self.pump(peer);
+    }
+
+    /// Moves `peer`'s queue along as far as fragments and its ring allow.
+    /// Returns how many fragments went out.
+    pub(super) fn pump(&mut self, peer: u32) -> usize {
+        let mut n = 0;
+        let mut slices: Vec<RawBuf> = Vec::new();
+        loop {
+            let max = self.engine.max_payload() as usize;
+            let Some(head) = self.out[peer as usize].q.front_mut() else {
+                return n;
+            };
+            match head {
+                Out::Copy { tag, data } => match self.engine.send(peer, *tag, &[data], 0) {
+                    Ok(()) => {
+                        n += 1;
+                        self.dequeue(peer);
+                    }
+                    Err(_) => return n,
+                },
+                Out::Rndv {
+                    tag,
+                    buf,
+                    cookie,
+                    pushed,
+                    ..
+                } => {
+                    if pushed.is_some() {
+                        return n;
+                    }
+                    let hdr = Rndv {
+                        tag: *tag,
+                        addr: buf.addr(),
+                        len: buf.len() as u64,
+                    }
+                    .encode();
+                    if self.engine.send(peer, TAG_RNDV, &[&hdr], *cookie).is_ok() {
+                        *pushed = Some(Instant::now());
+                        n += 1;
+                    }
+                    return n;
+                }
+                Out::Stream(s) => {
+                    if s.probe == Probe::Drain {
+                        if self.engine.in_flight_to(peer) > 0 {
+                            return n;
+                        }
+                        s.probe = Probe::Since(Instant::now());
+                    }
+                    let total = s.parts.len();
+                    while s.sent < total {
+                        let mut hdr = [0u8; 40];
+                        let hlen = match s.kind {
+                            StreamKind::Message { tag } => {
+                                hdr[..Chunk::LEN].copy_from_slice(
+                                    &Chunk {
+                                        tag,
+                                        total: total as u64,
+                                        offset: s.sent as u64,
+                                    }
+                                    .encode(),
+                                );
+                                Chunk::LEN
+                            }
+                            StreamKind::PutData { req, id, offset } => {
+                                hdr[..PutChunk::LEN].copy_from_slice(
+                                    &PutChunk {
+                                        req,
+                                        id,
+                                        offset,
+                                        total: total as u64,
+                                        chunk_off: s.sent as u64,
+                                    }
+                                    .encode(),
+                                );
+                                PutChunk::LEN
+                            }
+                            StreamKind::GetData { req } => {
+                                hdr[..16].copy_from_slice(&encode_get_data(req, s.sent as u64));
+                                16
+                            }
+                        };
+                        // A multiple of 64 bytes, so every chunk of the
+                        // source and of the receiver's buffer keeps the same
+                        // alignment (faster copies).
+                        let step = (max - hlen) & !63;
+                        let len = step.min(total - s.sent);
+                        s.parts.range(s.sent, len, &mut slices);
+                        let tag = match s.kind {
+                            StreamKind::Message { .. } => TAG_CHUNK,
+                            StreamKind::PutData { .. } => rma::TAG_PUT_DATA,
+                            StreamKind::GetData { .. } => rma::TAG_GET_DATA,
+                        };
+                        let mut all: Vec<&[u8]> = Vec::with_capacity(slices.len() + 1);
+                        all.push(&hdr[..hlen]);
+                        // SAFETY: the stream's memory is valid until it
+                        // completes: the poster's promise (`isend_raw`, the
+                        // job API's pinned regions) or its own staged copy.
+                        all.extend(slices.iter().map(|r| unsafe { r.as_slice() }));
+                        if self.engine.send(peer, tag, &all, 0).is_err() {
+                            return n;
+                        }
+                        n += 1;
+                        s.sent += len;
+                    }
+                    if let Probe::Since(t0) = s.probe {
+                        if self.engine.in_flight_to(peer) > 0 {
+                            return n;
+                        }
+                        self.rates[peer as usize].record(Bulk::Pipelined, total, t0.elapsed());
+                    }
+                    if let Some(Out::Stream(s)) = self.dequeue(peer) {
+                        if let Some(id) = s.pinned {
+                            self.unpins.push(id);
+                        }
+                        if let (StreamKind::Message { .. }, Some(op)) = (s.kind, s.op) {
+                            self.state.done.push((op, Ok(())));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The receiver acknowledged a rendezvous (`ok`: it read our memory).
+    pub(super) fn rndv_acked(&mut self, peer: u32, cookie: u64, ok: bool) {
+        let matches = matches!(
+            self.out[peer as usize].q.front(),
+            Some(Out::Rndv { cookie: c, pushed: Some(_), .. }) if *c == cookie
+        );
+        if !matches {
+            return;
+        }
+        let Some(Out::Rndv {
+            tag,
+            buf,
+            owned,
+            op,
+            pushed,
+            ..
+        }) = self.dequeue(peer)
+        else {
+            return;
+        };
+        if ok {
+            if let Some(t0) = pushed {
+                self.rates[peer as usize].record(Bulk::SingleCopy, buf.len(), t0.elapsed());
+            }
+            if let Some(op) = op {
+                self.state.done.push((op, Ok(())));
+            }
+            return;
+        }
+        // The receiver could not read our memory: resend through fragments,
+        // ahead of everything sent after it.
+        self.state.cma_ok[peer as usize] = false;
+        log::warn!(
+            "single copy to local rank {peer} failed at the receiver; resending through shared fragments"
+        );
+        let item = Out::Stream(Stream {
+            kind: StreamKind::Message { tag },
+            parts: RawParts::one(buf),
+            _owned: owned,
+            sent: 0,
+            op,
+            probe: Probe::No,
+            pinned: None,
+        });
+        let o = &mut self.out[peer as usize];
+        if o.q.is_empty() {
+            self.busy_peers += 1;
+        }
+        o.bytes += item.len();
+        o.q.push_front(item);
+    }
+
+    /// Drops `peer`'s queued work, completing its operations with an error.
+    pub(super) fn drop_queue(&mut self, peer: u32) {
+        while let Some(item) = self.dequeue(peer) {
+            let (op, pinned) = match item {
+                Out::Copy { .. } => (None, None),
+                Out::Stream(s) => (
+                    s.op.filter(|_| matches!(s.kind, StreamKind::Message { .. })),
+                    s.pinned,
+                ),
+                Out::Rndv { op, .. } => (op, None),
+            };
+            if let Some(op) = op {
+                self.state
+                    .done
+                    .push((op, Err(OpError::PeerFailed { peer })));
+            }
+            if let Some(id) = pinned {
+                self.unpins.push(id);
+            }
+        }
+    }
+
+    /// Forgets operation `op` (a blocking call gave up on it): its queued
+    /// work is dropped and no completion will be reported. Bytes already
+    /// in fragments still arrive; a peer may still read memory it was told
+    /// about (a rendezvous or a put's source), which is harmless to us.
+    pub fn cancel(&mut self, op: OpId) {
+        for peer in 0..self.nprocs {
+            let o = &mut self.out[peer as usize];
+            let before = o.q.len();
+            o.q.retain(|item| match item {
+                Out::Stream(s) => s.op != Some(op),
+                Out::Rndv { op: o, .. } => *o != Some(op),
+                Out::Copy { .. } => true,
+            });
+            if o.q.len() != before {
+                o.bytes = o.q.iter().map(Out::len).sum();
+                if o.q.is_empty() {
+                    self.busy_peers -= 1;
+                }
+            }
+        }
+        self.state.waiting.retain(|_, w| w.op != op);
+        self.state.done.retain(|(o, _)| *o != op);
+    }
+
+    /// Runs the engine once with `regions` and `sink`.
+    pub(super) fn progress_engine(
+        &mut self,
+        regions: &mut Regions,
+        sink: &mut dyn FnMut(TEvent<'_>),
+    ) -> usize {
+        let mut ctx = Ctx {
+            st: &mut self.state,
+            regions,
+            sink,
+        };
+        self.engine.progress(&mut ctx)
+    }
+
+    /// Bytes and messages queued to peers in user space.
+    pub fn queued(&self) -> (u64, usize) {
+        self.out
+            .iter()
+            .fold((0, 0), |(b, n), o| (b + o.bytes, n + o.q.len()))
     }
 }
 
@@ -364,7 +690,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     #[test]
-    pub(super) fn bulk_choice_follows_measurements() {
+    fn bulk_choice_follows_measurements() {
         let mut r = BulkRates::default();
         let t = Instant::now();
         assert_eq!(r.choose(t), Bulk::SingleCopy);
@@ -388,7 +714,7 @@ mod tests {
     }
 
     #[test]
-    pub(super) fn protocol_headers_roundtrip() {
+    fn protocol_headers_roundtrip() {
         let r = Rndv {
             tag: 3,
             addr: 0xdead_beef,

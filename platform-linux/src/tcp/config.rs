@@ -20,7 +20,25 @@ pub(super) struct Config {
     pub(super) cache: usize,
     pub(super) max_frame: u32,
     pub(super) handshake_ms: u64,
+    /// Idle seconds before keep-alive probes (0: off).
+    pub(super) keepalive_time: u32,
+    /// Seconds between probes.
+    pub(super) keepalive_intvl: u32,
+    /// Unanswered probes before the connection fails.
+    pub(super) keepalive_probes: u32,
+    /// `TCP_USER_TIMEOUT` in milliseconds (0: the kernel's default).
+    pub(super) user_timeout_ms: u32,
+    /// Bounds of the per-peer queue in user space.
+    pub(super) limits: QueueLimits,
 }
+
+/// Default bound of what waits in user space for one peer: 8 MiB or 16384
+/// frames. A 64-rank job (63 peers per rank) then holds at most about
+/// 0.5 GiB per rank in send queues however its peers behave.
+pub const DEFAULT_QUEUE_LIMITS: QueueLimits = QueueLimits {
+    bytes: 8 << 20,
+    messages: 16384,
+};
 
 impl Config {
     pub(super) fn from(p: &TcpParams) -> Self {
@@ -44,6 +62,11 @@ impl Config {
                 .max(64),
             max_frame: p.max_frame(),
             handshake_ms: u64::from(p.handshake_timeout),
+            keepalive_time: 20,
+            keepalive_intvl: 5,
+            keepalive_probes: 4,
+            user_timeout_ms: 40_000,
+            limits: DEFAULT_QUEUE_LIMITS,
         }
     }
 }
@@ -51,6 +74,14 @@ impl Config {
 /// Reads the `tcp` parameters from the environment (`BTL_TCP_*`,
 /// `OMPI_MCA_btl_tcp_*`) over the defaults, and verifies them.
 pub fn params_from_env() -> Result<TcpParams, TcpError> {
+    let mut p = params_from_env_unverified()?;
+    p.verify().map_err(|e| TcpError::Param(e.to_string()))?;
+    Ok(p)
+}
+
+/// The `tcp` parameters from the environment over the defaults, each value
+/// checked, the rules between them not yet ([`TcpParams::verify`]).
+pub fn params_from_env_unverified() -> Result<TcpParams, TcpError> {
     let mut p = TcpParams::default();
     for (k, v) in std::env::vars_os() {
         let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
@@ -59,7 +90,6 @@ pub fn params_from_env() -> Result<TcpParams, TcpError> {
         p.set_from_env_var(k, v)
             .map_err(|e| TcpError::Param(e.to_string()))?;
     }
-    p.verify().map_err(|e| TcpError::Param(e.to_string()))?;
     Ok(p)
 }
 

@@ -58,9 +58,30 @@ pub(super) fn listen_in_range(ip: IpAddr, cfg: &Config) -> Result<Socket, TcpErr
     })
 }
 
+/// Configures a connection: non-blocking, Nagle, buffer sizes, and
+/// dead-link detection — keep-alive probes after `keepalive_time` idle
+/// seconds, every `keepalive_intvl` seconds, `keepalive_probes` of them;
+/// and `TCP_USER_TIMEOUT`, so data that stays unacknowledged that long
+/// breaks the connection (a partition does not send FIN or RST).
 pub(super) fn tune(sock: &Socket, cfg: &Config) -> io::Result<()> {
     sock.set_nonblocking(true)?;
     sock.set_nodelay(cfg.nodelay)?;
+    if cfg.keepalive_time > 0 {
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(std::time::Duration::from_secs(u64::from(
+                cfg.keepalive_time,
+            )))
+            .with_interval(std::time::Duration::from_secs(u64::from(
+                cfg.keepalive_intvl.max(1),
+            )))
+            .with_retries(cfg.keepalive_probes.max(1));
+        sock.set_tcp_keepalive(&ka)?;
+    }
+    if cfg.user_timeout_ms > 0 {
+        sock.set_tcp_user_timeout(Some(std::time::Duration::from_millis(u64::from(
+            cfg.user_timeout_ms,
+        ))))?;
+    }
     if cfg.sndbuf > 0 {
         sock.set_send_buffer_size(cfg.sndbuf)?;
     }
@@ -115,17 +136,23 @@ impl Tcp {
                 write_armed: connecting,
                 cur: None,
                 payload: Vec::new(),
+                into: None,
+                delivered: false,
                 close_after_write: false,
-                writing_in_place: false,
                 addr,
             },
         );
         Ok(ConnId(id))
     }
 
+    /// Drops a connection; frames of ours it had not written complete with
+    /// an error (their peer's stream is gone).
     pub(super) fn drop_conn(&mut self, id: ConnId) {
         if let Some(c) = self.conns.remove(&id.0) {
             let _ = epoll::delete(&self.epoll, c.sock.as_fd());
+            if c.out.iter().any(|b| b.op().is_some() || b.len() > 0) {
+                self.abandon(c.peer, c.out);
+            }
         }
     }
 
@@ -169,12 +196,7 @@ impl Tcp {
             Action::SendHandshake { conn, repr } => {
                 self.queue_bytes(conn, repr.to_bytes().to_vec());
             }
-            Action::FlushQueue { conn } => {
-                let q = std::mem::take(&mut self.peers[peer as usize].queue);
-                for f in q {
-                    self.queue_bytes(conn, f);
-                }
-            }
+            Action::FlushQueue { conn } => self.flush_queue_to(peer, conn),
             Action::SendFin { conn } => {
                 self.queue_bytes(conn, FrameRepr::fin().to_bytes().to_vec());
                 if let Some(c) = self.conns.get_mut(&conn.0) {
@@ -195,18 +217,42 @@ impl Tcp {
                 if let Some(c) = close {
                     self.drop_conn(c);
                 }
-                let p = &mut self.peers[peer as usize];
-                if !p.queue.is_empty() {
-                    log::warn!(
-                        "tcp: dropping {} queued frames to failed peer {peer}",
-                        p.queue.len()
-                    );
-                }
-                p.queue.clear();
-                // (The endpoint state machine logged the failure.)
-                p.failed = Some(reason.to_string());
+                self.fail_peer(peer, reason.to_string());
             }
         }
+    }
+
+    /// Declares `peer` failed (once): its queued frames are dropped, its
+    /// operations complete with an error, and the failure is reported.
+    pub(super) fn fail_peer(&mut self, peer: u32, why: String) {
+        let Some(p) = self.peers.get_mut(peer as usize) else {
+            return;
+        };
+        if p.failed.is_some() {
+            return;
+        }
+        if !p.queue.is_empty() {
+            log::warn!(
+                "tcp: dropping {} queued frames to failed peer {peer}",
+                p.queue.len()
+            );
+        }
+        // (The endpoint state machine logged the failure.)
+        p.failed = Some(why.clone());
+        p.partial = None;
+        let q = std::mem::take(&mut p.queue);
+        self.abandon(Some(peer), q);
+        let conns: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.peer == Some(peer) && c.incoming.is_none())
+            .map(|(&id, _)| ConnId(id))
+            .collect();
+        for c in conns {
+            self.drop_conn(c);
+        }
+        self.fail_rma_of(peer);
+        self.to_report.push((peer, why));
     }
 
     /// A connection broke (error or EOF): tell its endpoint, or just drop

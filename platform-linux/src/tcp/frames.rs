@@ -1,75 +1,510 @@
-//! Framing I/O: writing frames (one `writev`, queued remainders, large
-//! frames straight from the caller's buffer), reading and decoding them
-//! (read-ahead buffer, direct reads of large payloads, the busy-polling
-//! fast path), delivering messages and reassembling chunked ones.
+//! Framing I/O: posting frames (one `writev` at once, the rest queued —
+//! copied, or the caller's memory until written), writing queued frames as
+//! sockets drain, reading and decoding (read-ahead buffer, direct reads of
+//! large payloads, the busy-polling fast path), delivering messages in
+//! place and reassembling chunked ones.
 //!
 //! # Safety
 //!
-//! One `unsafe` block: after `recv` into a `Vec`'s spare capacity, the
-//! length is set to cover exactly the bytes the kernel wrote.
+//! After `recv` into a `Vec`'s spare capacity, the length is set to cover
+//! exactly the bytes the kernel wrote; caller memory named by a
+//! [`RawBuf`] is read (queued frames) or written (a get's answer) under
+//! that type's contract.
 #![allow(unsafe_code)]
 
 use std::io::{self, IoSlice};
 use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
 
-use btl_core::rma::RmaStatus;
 use btl_core::tcp::decoder::Event;
 use btl_core::tcp::endpoint::{ConnId, SendDecision};
-use btl_core::tcp::wire::{FrameRepr, FrameType, HandshakeRepr};
+use btl_core::tcp::wire::{
+    FrameRepr, FrameType, HandshakeRepr, CHUNK_HEADER_LEN as CHUNK_HEADER, TAG_BARRIER, TAG_CHUNK,
+};
 use rustix::event::epoll;
 
 use super::*;
+use crate::ops::{PostError, Posted, RawParts};
 
-pub(super) fn frame_bytes(repr: &FrameRepr, payload: &[&[u8]]) -> Vec<u8> {
-    let len: usize = payload.iter().map(|p| p.len()).sum();
-    let mut v = Vec::with_capacity(16 + len);
-    v.extend_from_slice(&repr.to_bytes());
-    for p in payload {
-        v.extend_from_slice(p);
+/// Longest header kept inline in a frame (frame header + RMA sub-header or
+/// chunk header).
+const HEAD_MAX: usize = 64;
+
+/// The body of a queued frame.
+#[derive(Debug)]
+pub(super) enum Body {
+    /// Bytes we own.
+    Owned(Vec<u8>),
+    /// Caller memory (`RawBuf`'s contract: valid until the operation
+    /// completes or is cancelled).
+    Raw(RawBuf),
+}
+
+/// One frame (or raw protocol bytes) waiting to be written.
+#[derive(Debug)]
+pub(super) struct OutBuf {
+    head: [u8; HEAD_MAX],
+    head_len: usize,
+    body: Body,
+    /// Completed when the last byte is written.
+    op: Option<OpId>,
+    /// Counted in the peer's queue bounds.
+    counted: bool,
+}
+
+impl OutBuf {
+    /// Raw protocol bytes (handshake, FIN), not counted.
+    pub(super) fn control(bytes: Vec<u8>) -> Self {
+        Self {
+            head: [0; HEAD_MAX],
+            head_len: 0,
+            body: Body::Owned(bytes),
+            op: None,
+            counted: false,
+        }
     }
-    v
+
+    fn frame(head: &[&[u8]], body: Body, op: Option<OpId>) -> Self {
+        let mut h = [0u8; HEAD_MAX];
+        let mut n = 0;
+        for p in head {
+            h[n..n + p.len()].copy_from_slice(p);
+            n += p.len();
+        }
+        Self {
+            head: h,
+            head_len: n,
+            body,
+            op,
+            counted: true,
+        }
+    }
+
+    fn body_len(&self) -> usize {
+        match &self.body {
+            Body::Owned(v) => v.len(),
+            Body::Raw(r) => r.len(),
+        }
+    }
+
+    /// Total bytes.
+    pub(super) fn len(&self) -> usize {
+        self.head_len + self.body_len()
+    }
+
+    /// The operation it completes.
+    pub(super) fn op(&self) -> Option<OpId> {
+        self.op
+    }
+
+    fn body(&self) -> &[u8] {
+        match &self.body {
+            Body::Owned(v) => v,
+            // SAFETY: RawBuf's contract: the memory stays valid and
+            // unchanged until the operation completes or is cancelled, and
+            // a cancelled frame is made owned or dropped first.
+            Body::Raw(r) => unsafe { r.as_slice() },
+        }
+    }
+
+    /// Copies caller memory into the frame (so the caller may go).
+    pub(super) fn make_owned(&mut self) {
+        if let Body::Raw(_) = self.body {
+            self.body = Body::Owned(self.body().to_vec());
+        }
+        self.op = None;
+    }
+
+    /// The slices from byte `off` on.
+    fn slices(&self, off: usize) -> [&[u8]; 2] {
+        if off < self.head_len {
+            [&self.head[off..self.head_len], self.body()]
+        } else {
+            [&self.body()[off - self.head_len..], &[]]
+        }
+    }
 }
 
 impl Tcp {
-    /// Appends bytes to a connection's output and tries to write.
+    /// Checks a post to `peer`: a peer we may talk to, queue room for
+    /// `len` more bytes.
+    fn admit(&self, peer: u32, len: u64) -> Result<(), PostError> {
+        if peer >= self.n || peer == self.me {
+            return Err(PostError::InvalidPeer);
+        }
+        let p = &self.peers[peer as usize];
+        if p.failed.is_some() {
+            return Err(PostError::PeerFailed);
+        }
+        if self.limits.admits(p.queued_bytes, p.queued_frames, len) {
+            Ok(())
+        } else {
+            Err(PostError::WouldBlock)
+        }
+    }
+
+    /// Sends the concatenation of `parts` to `peer` with `tag`, copying:
+    /// what the socket does not take at once waits (copied) in user space.
+    /// Messages larger than `max_frame` travel as a chain of frames on the
+    /// internal chunk tag.
+    pub fn isend(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<(), PostError> {
+        if tag > MAX_USER_TAG {
+            return Err(PostError::ReservedTag);
+        }
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len as u64 > MAX_MESSAGE {
+            return Err(PostError::TooLarge { max: MAX_MESSAGE });
+        }
+        self.admit(peer, len as u64)?;
+        let max = self.cfg.max_frame as usize;
+        if len <= max {
+            let repr = FrameRepr::send(tag, len as u32);
+            return self.post(peer, repr, parts, None).map(|_| ());
+        }
+        let data = parts.concat();
+        self.post_chunked(peer, tag, &data, |chunk| Body::Owned(chunk.to_vec()), None)
+            .map(|_| ())
+    }
+
+    /// Sends `parts` to `peer` with `tag` without copying: what the socket
+    /// does not take at once is written later straight from `parts`; the
+    /// send completes with [`TEvent::Done`] for `op` then (or at once,
+    /// [`Posted::Done`]).
+    ///
+    /// # Safety
+    ///
+    /// The memory `parts` names must stay valid and unchanged until the
+    /// operation completes (or is cancelled with [`Self::cancel`]).
+    pub unsafe fn isend_raw(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        parts: RawParts,
+        op: OpId,
+    ) -> Result<Posted, PostError> {
+        if tag > MAX_USER_TAG {
+            return Err(PostError::ReservedTag);
+        }
+        if parts.len() as u64 > MAX_MESSAGE {
+            return Err(PostError::TooLarge { max: MAX_MESSAGE });
+        }
+        self.admit(peer, parts.len() as u64)?;
+        let max = self.cfg.max_frame as usize;
+        match parts.contiguous() {
+            Some(buf) if buf.len() > max => {
+                // SAFETY: the caller's promise.
+                let data = unsafe { buf.as_slice() };
+                self.post_chunked(
+                    peer,
+                    tag,
+                    data,
+                    |chunk| Body::Raw(RawBuf::new(chunk)),
+                    Some(op),
+                )
+            }
+            Some(buf) => {
+                let repr = FrameRepr::send(tag, buf.len() as u32);
+                self.post_raw(peer, repr, &[], buf, Some(op))
+            }
+            None => {
+                // Several pieces: gathered into one frame body (a copy).
+                let mut slices = Vec::new();
+                // SAFETY: the caller's promise; used before returning.
+                unsafe { parts.slices(&mut slices) };
+                self.isend(peer, tag, &slices).map(|()| Posted::Done)
+            }
+        }
+    }
+
+    /// A message larger than a frame: the first frame starts with the chunk
+    /// header (tag, total), the others carry data only.
+    fn post_chunked(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        data: &[u8],
+        body: impl Fn(&[u8]) -> Body,
+        op: Option<OpId>,
+    ) -> Result<Posted, PostError> {
+        let max = self.cfg.max_frame as usize;
+        let mut first = [0u8; CHUNK_HEADER];
+        first[0] = tag;
+        first[8..16].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        let step = max - CHUNK_HEADER;
+        let mut posted = Posted::Done;
+        let mut off = 0usize;
+        while off < data.len() {
+            let (head_len, take) = if off == 0 {
+                (CHUNK_HEADER, step.min(data.len()))
+            } else {
+                (0, max.min(data.len() - off))
+            };
+            let last = off + take == data.len();
+            let repr = FrameRepr::send(TAG_CHUNK, (head_len + take) as u32);
+            let hdr = repr.to_bytes();
+            let buf = OutBuf::frame(
+                &[&hdr, &first[..head_len]],
+                body(&data[off..off + take]),
+                if last { op } else { None },
+            );
+            posted = self.post_buf(peer, buf)?;
+            off += take;
+        }
+        Ok(posted)
+    }
+
+    /// Posts one frame whose payload is the concatenation of `parts`
+    /// (copied if it must wait).
+    pub(super) fn post(
+        &mut self,
+        peer: u32,
+        repr: FrameRepr,
+        parts: &[&[u8]],
+        op: Option<OpId>,
+    ) -> Result<Posted, PostError> {
+        let hdr = repr.to_bytes();
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut body = Vec::with_capacity(len);
+        if parts.len() <= 1 {
+            // The common case: try the socket first, copy only what is left.
+            let data = parts.first().copied().unwrap_or(&[]);
+            if let Some(written) = self.write_now(peer, &hdr, data)? {
+                if written == hdr.len() + data.len() {
+                    return Ok(Posted::Done);
+                }
+                let mut rest = OutBuf::frame(&[], Body::Owned(Vec::new()), op);
+                if written < hdr.len() {
+                    rest.head[..hdr.len() - written].copy_from_slice(&hdr[written..]);
+                    rest.head_len = hdr.len() - written;
+                    body.extend_from_slice(data);
+                } else {
+                    body.extend_from_slice(&data[written - hdr.len()..]);
+                }
+                rest.body = Body::Owned(body);
+                return self.queue_on_conn(peer, rest);
+            }
+            body.extend_from_slice(data);
+        } else {
+            for p in parts {
+                body.extend_from_slice(p);
+            }
+        }
+        self.post_buf(peer, OutBuf::frame(&[&hdr], Body::Owned(body), op))
+    }
+
+    /// Posts one frame: `head` bytes after the frame header, then `data`
+    /// from caller memory (written straight from it).
+    pub(super) fn post_raw(
+        &mut self,
+        peer: u32,
+        repr: FrameRepr,
+        head: &[u8],
+        data: RawBuf,
+        op: Option<OpId>,
+    ) -> Result<Posted, PostError> {
+        let hdr = repr.to_bytes();
+        self.post_buf(peer, OutBuf::frame(&[&hdr, head], Body::Raw(data), op))
+    }
+
+    /// The connection to write on now, if `peer` is connected and nothing
+    /// is queued ahead; otherwise starts connecting or queues per the
+    /// endpoint's decision (`None`).
+    fn ready_conn(&mut self, peer: u32) -> Result<Option<ConnId>, PostError> {
+        let now = self.now_ms();
+        match self.peers[peer as usize].ep.on_send_request(now) {
+            SendDecision::SendNow { conn } => Ok(self
+                .conns
+                .get(&conn.0)
+                .filter(|c| c.out.is_empty() && !c.connecting)
+                .map(|_| conn)),
+            SendDecision::Queue => Ok(None),
+            SendDecision::QueueAndConnect => {
+                if let Err(e) = self.start_connect(peer) {
+                    log::warn!("tcp: connecting to rank {peer}: {e}");
+                }
+                Ok(None)
+            }
+            SendDecision::Refuse(_) => Err(PostError::PeerFailed),
+        }
+    }
+
+    /// Writes `hdr` + `data` to `peer` now if it is connected with nothing
+    /// queued: `Some(bytes written)` (possibly partial), `None` if it must
+    /// be queued.
+    fn write_now(
+        &mut self,
+        peer: u32,
+        hdr: &[u8],
+        data: &[u8],
+    ) -> Result<Option<usize>, PostError> {
+        let Some(conn) = self.ready_conn(peer)? else {
+            return Ok(None);
+        };
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return Ok(None);
+        };
+        let total = hdr.len() + data.len();
+        let mut written = 0usize;
+        while written < total {
+            let bufs: [IoSlice<'_>; 2] = if written < hdr.len() {
+                [IoSlice::new(&hdr[written..]), IoSlice::new(data)]
+            } else {
+                [
+                    IoSlice::new(&data[written - hdr.len()..]),
+                    IoSlice::new(&[]),
+                ]
+            };
+            match c.sock.send_vectored(&bufs) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.conn_broken(conn, false);
+                    return Err(PostError::PeerFailed);
+                }
+            }
+        }
+        Ok(Some(written))
+    }
+
+    /// Queues `buf` for `peer`: on its connection if it has one, else in
+    /// its queue until the connection is up. Tries to write at once.
+    fn post_buf(&mut self, peer: u32, buf: OutBuf) -> Result<Posted, PostError> {
+        let now = self.now_ms();
+        match self.peers[peer as usize].ep.on_send_request(now) {
+            SendDecision::SendNow { .. } => self.queue_on_conn(peer, buf),
+            SendDecision::Queue => Ok(self.queue_for_peer(peer, buf)),
+            SendDecision::QueueAndConnect => {
+                let posted = self.queue_for_peer(peer, buf);
+                if let Err(e) = self.start_connect(peer) {
+                    log::warn!("tcp: connecting to rank {peer}: {e}");
+                }
+                Ok(posted)
+            }
+            SendDecision::Refuse(_) => Err(PostError::PeerFailed),
+        }
+    }
+
+    fn count(&mut self, peer: u32, buf: &OutBuf) {
+        if buf.counted {
+            let p = &mut self.peers[peer as usize];
+            p.queued_bytes += buf.len() as u64;
+            p.queued_frames += 1;
+        }
+    }
+
+    pub(super) fn uncount_pub(&mut self, peer: Option<u32>, buf: &OutBuf) {
+        self.uncount(peer, buf);
+    }
+
+    fn uncount(&mut self, peer: Option<u32>, buf: &OutBuf) {
+        if let (true, Some(p)) = (
+            buf.counted,
+            peer.and_then(|p| self.peers.get_mut(p as usize)),
+        ) {
+            p.queued_bytes = p.queued_bytes.saturating_sub(buf.len() as u64);
+            p.queued_frames = p.queued_frames.saturating_sub(1);
+        }
+    }
+
+    fn queue_for_peer(&mut self, peer: u32, buf: OutBuf) -> Posted {
+        let posted = if buf.op.is_some() {
+            Posted::Pending
+        } else {
+            Posted::Done
+        };
+        self.count(peer, &buf);
+        self.peers[peer as usize].queue.push_back(buf);
+        posted
+    }
+
+    fn queue_on_conn(&mut self, peer: u32, buf: OutBuf) -> Result<Posted, PostError> {
+        let now = self.now_ms();
+        let SendDecision::SendNow { conn } = self.peers[peer as usize].ep.on_send_request(now)
+        else {
+            return Ok(self.queue_for_peer(peer, buf));
+        };
+        let op = buf.op;
+        self.count(peer, &buf);
+        if let Some(c) = self.conns.get_mut(&conn.0) {
+            c.out.push_back(buf);
+        }
+        self.flush_conn(conn);
+        // Written already (its completion is queued) or still waiting.
+        Ok(match op {
+            Some(op) if self.done.last().is_some_and(|d| d.0 == op) => {
+                self.done.pop();
+                Posted::Done
+            }
+            Some(_) => Posted::Pending,
+            None => Posted::Done,
+        })
+    }
+
+    /// Appends protocol bytes (handshake, FIN) to a connection's output
+    /// and tries to write.
     pub(super) fn queue_bytes(&mut self, conn: ConnId, bytes: Vec<u8>) {
         if let Some(c) = self.conns.get_mut(&conn.0) {
-            c.out.push_back(bytes);
+            c.out.push_back(OutBuf::control(bytes));
+        }
+        self.flush_conn(conn);
+    }
+
+    /// Moves a peer's waiting frames onto its (now established)
+    /// connection.
+    pub(super) fn flush_queue_to(&mut self, peer: u32, conn: ConnId) {
+        let q = std::mem::take(&mut self.peers[peer as usize].queue);
+        if let Some(c) = self.conns.get_mut(&conn.0) {
+            c.out.extend(q);
+        } else {
+            self.peers[peer as usize].queue = q;
         }
         self.flush_conn(conn);
     }
 
     /// Writes as much of a connection's output as the socket takes, arming
-    /// EPOLLOUT for the rest.
+    /// EPOLLOUT for the rest. Frames fully written complete their
+    /// operations.
     pub(super) fn flush_conn(&mut self, conn: ConnId) {
         let Some(c) = self.conns.get_mut(&conn.0) else {
             return;
         };
-        if c.connecting || c.writing_in_place {
+        if c.connecting {
             return;
         }
+        let peer = c.peer;
         let mut failed = false;
-        while let Some(front) = c.out.front() {
-            let slices: Vec<IoSlice<'_>> = c
-                .out
-                .iter()
-                .take(64)
-                .enumerate()
-                .map(|(i, b)| IoSlice::new(if i == 0 { &front[c.out_off..] } else { b }))
-                .collect();
+        let mut finished: Vec<OutBuf> = Vec::new();
+        while !c.out.is_empty() {
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(16);
+            for (i, b) in c.out.iter().take(32).enumerate() {
+                let off = if i == 0 { c.out_off } else { 0 };
+                for s in b.slices(off) {
+                    if !s.is_empty() {
+                        slices.push(IoSlice::new(s));
+                    }
+                }
+            }
+            if slices.is_empty() {
+                // Only empty buffers: they are done.
+                while let Some(b) = c.out.pop_front() {
+                    finished.push(b);
+                }
+                c.out_off = 0;
+                break;
+            }
             match c.sock.send_vectored(&slices) {
                 Ok(mut n) => {
-                    while n > 0 {
-                        let Some(f) = c.out.front() else { break };
+                    while let Some(f) = c.out.front() {
                         let left = f.len() - c.out_off;
                         if n >= left {
                             n -= left;
-                            c.out.pop_front();
                             c.out_off = 0;
+                            if let Some(b) = c.out.pop_front() {
+                                finished.push(b);
+                            }
                         } else {
                             c.out_off += n;
-                            n = 0;
+                            break;
                         }
                     }
                 }
@@ -96,10 +531,27 @@ impl Tcp {
                 flags,
             );
         }
+        let close = c.out.is_empty() && c.close_after_write;
+        for b in finished {
+            self.uncount(peer, &b);
+            if let Some(op) = b.op {
+                self.done.push((op, Ok(())));
+            }
+        }
         if failed {
             self.conn_broken(conn, false);
-        } else if c.out.is_empty() && c.close_after_write {
+        } else if close {
             self.drop_conn(conn);
+        }
+    }
+
+    /// Completes the operations of frames that will never be written.
+    pub(super) fn abandon(&mut self, peer: Option<u32>, bufs: impl IntoIterator<Item = OutBuf>) {
+        for b in bufs {
+            self.uncount(peer, &b);
+            if let (Some(op), Some(p)) = (b.op, peer) {
+                self.done.push((op, Err(OpError::PeerFailed { peer: p })));
+            }
         }
     }
 
@@ -110,7 +562,7 @@ impl Tcp {
     /// Every [`DIRECT_POLL_EVERY`]-th pass goes through epoll as usual, for
     /// accepts, connects, writability and hang-ups. `None` when the fast
     /// path does not apply.
-    pub(super) fn poll_direct(&mut self) -> Option<usize> {
+    pub(super) fn poll_direct(&mut self, pass: &mut Pass<'_, '_>) -> Option<usize> {
         let mut ids = std::mem::take(&mut self.direct);
         ids.clear();
         for (&id, c) in &self.conns {
@@ -126,7 +578,7 @@ impl Tcp {
         let mut n = 0;
         if usable {
             for &id in &ids {
-                n += self.read_conn(id);
+                n += self.read_conn(id, pass);
             }
         }
         self.direct = ids;
@@ -134,31 +586,59 @@ impl Tcp {
     }
 
     /// Reads what the socket has (bounded), decoding every complete item.
-    pub(super) fn read_conn(&mut self, conn: ConnId) -> usize {
+    pub(super) fn read_conn(&mut self, conn: ConnId, pass: &mut Pass<'_, '_>) -> usize {
         let mut events = 0;
         for _ in 0..16 {
             let Some(c) = self.conns.get_mut(&conn.0) else {
                 return events;
             };
-            // A large payload in progress: read it straight into the frame's
-            // buffer (no read-ahead copy, one syscall per big piece).
+            // A large payload in progress: read it straight into its
+            // destination (no read-ahead copy, one syscall per big piece).
             let room = c.dec.direct_payload_room() as usize;
             if room >= 4096 && c.cur.is_some() {
                 let room = room.min(4 << 20);
-                c.payload.reserve(room);
-                let len = c.payload.len();
-                let spare = &mut c.payload.spare_capacity_mut()[..room];
-                match c.sock.recv(spare) {
+                let r = match &mut c.into {
+                    Some((dst, at)) => {
+                        let Some(part) = dst.sub(*at, room.min(dst.len() - *at)) else {
+                            // More payload than the destination: the frame
+                            // handler refuses it; read through the buffer.
+                            break;
+                        };
+                        // SAFETY: a get's local memory, valid and ours
+                        // until the get completes (RawBuf's contract).
+                        let d = unsafe { part.as_mut_slice() };
+                        match io::Read::read(&mut &c.sock, d) {
+                            Ok(n) => {
+                                *at += n;
+                                Ok(n)
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    None => {
+                        c.payload.reserve(room);
+                        let len = c.payload.len();
+                        let spare = &mut c.payload.spare_capacity_mut()[..room];
+                        match c.sock.recv(spare) {
+                            Ok(n) => {
+                                // SAFETY: recv initialised the first `n`
+                                // bytes of the spare capacity (n <= room <=
+                                // spare length).
+                                unsafe { c.payload.set_len(len + n) };
+                                Ok(n)
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                match r {
                     Ok(0) => {
                         self.conn_broken(conn, true);
                         return events;
                     }
                     Ok(n) => {
-                        // SAFETY: recv initialised the first `n` bytes of
-                        // the spare capacity (n <= room <= spare length).
-                        unsafe { c.payload.set_len(len + n) };
                         c.dec.payload_read_directly(n as u32);
-                        events += self.decode(conn);
+                        events += self.decode(conn, pass);
                         continue;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return events,
@@ -169,6 +649,9 @@ impl Tcp {
                     }
                 }
             }
+            let Some(c) = self.conns.get_mut(&conn.0) else {
+                return events;
+            };
             let spare = c.dec.spare();
             let r = io::Read::read(&mut &c.sock, spare);
             match r {
@@ -178,7 +661,7 @@ impl Tcp {
                 }
                 Ok(n) => {
                     c.dec.filled(n);
-                    events += self.decode(conn);
+                    events += self.decode(conn, pass);
                     let full = n == self.conns.get(&conn.0).map_or(0, |c| c.dec.capacity());
                     if !full {
                         // Drained what the socket had (probably): stop here,
@@ -198,7 +681,7 @@ impl Tcp {
     }
 
     /// Drains the decoder of `conn`.
-    pub(super) fn decode(&mut self, conn: ConnId) -> usize {
+    fn decode(&mut self, conn: ConnId, pass: &mut Pass<'_, '_>) -> usize {
         enum Todo {
             Nothing,
             Handshake(HandshakeRepr, bool, Option<u32>),
@@ -212,29 +695,71 @@ impl Tcp {
                 let Some(c) = self.conns.get_mut(&conn.0) else {
                     return events;
                 };
+                let peer = c.peer.filter(|_| c.incoming.is_none());
                 match c.dec.next_event(max_frame) {
                     None => return events,
-                    Some(Err(e)) => Todo::Error(e, c.peer.filter(|_| c.incoming.is_none())),
+                    Some(Err(e)) => Todo::Error(e, peer),
                     Some(Ok(Event::Payload(bytes))) => {
-                        c.payload.extend_from_slice(bytes);
+                        match (&mut c.into, c.cur, peer) {
+                            (Some((dst, at)), _, _) => {
+                                if let Some(part) = dst.sub(*at, bytes.len()) {
+                                    // SAFETY: a get's local memory (see
+                                    // read_conn).
+                                    unsafe { part.as_mut_slice() }.copy_from_slice(bytes);
+                                    *at += bytes.len();
+                                } else {
+                                    *at = usize::MAX;
+                                }
+                            }
+                            (None, Some(h), Some(p))
+                                if h.kind == FrameType::Send
+                                    && h.tag <= MAX_USER_TAG
+                                    && c.payload.is_empty()
+                                    && bytes.len() == h.len as usize =>
+                            {
+                                // The whole message is in the read-ahead
+                                // buffer: hand it out in place.
+                                c.delivered = true;
+                                (pass.sink)(TEvent::Message {
+                                    from: p,
+                                    tag: h.tag,
+                                    data: bytes,
+                                });
+                            }
+                            _ => c.payload.extend_from_slice(bytes),
+                        }
                         Todo::Nothing
                     }
                     Some(Ok(Event::Header(h))) => {
                         c.cur = Some(h);
                         c.payload.clear();
-                        // `len` is at most max_frame (checked by the
-                        // decoder); memory grows as the data arrives, so a
-                        // header alone cannot make us allocate max_frame.
-                        c.payload.reserve((h.len as usize).min(1 << 20));
+                        c.delivered = false;
+                        c.into = None;
+                        if h.kind == FrameType::GetResp && !h.error {
+                            if let Some(w) = self.rma_wait.get(&h.id) {
+                                if Some(w.peer) == peer && w.dst.len() == h.len as usize {
+                                    c.into = Some((w.dst, 0));
+                                }
+                            }
+                        }
+                        if c.into.is_none() {
+                            // `len` is at most max_frame (checked by the
+                            // decoder); memory grows as the data arrives,
+                            // so a header alone cannot make us allocate
+                            // max_frame.
+                            c.payload.reserve((h.len as usize).min(1 << 20));
+                        }
                         Todo::Nothing
                     }
                     Some(Ok(Event::Handshake(r))) => {
                         Todo::Handshake(r, c.incoming.is_some(), c.peer)
                     }
-                    Some(Ok(Event::FrameEnd)) => match (c.cur.take(), c.peer) {
-                        (Some(h), Some(p)) if c.incoming.is_none() => {
-                            Todo::Frame(p, h, std::mem::take(&mut c.payload))
+                    Some(Ok(Event::FrameEnd)) => match (c.cur.take(), peer) {
+                        (Some(_), Some(_)) if c.delivered => {
+                            c.delivered = false;
+                            Todo::Nothing
                         }
+                        (Some(h), Some(p)) => Todo::Frame(p, h, std::mem::take(&mut c.payload)),
                         _ => Todo::Nothing,
                     },
                 }
@@ -260,10 +785,9 @@ impl Tcp {
                 }
                 Todo::Handshake(_, false, None) => {}
                 Todo::Frame(peer, h, payload) => {
-                    self.on_frame(conn, peer, h, &payload);
-                    // Give the buffer back for reuse — unless a nested
-                    // progress (a large reply written in place) already
-                    // started the next frame in a new one.
+                    let into = self.conns.get_mut(&conn.0).and_then(|c| c.into.take());
+                    self.on_frame(conn, peer, h, &payload, into, pass);
+                    // Give the buffer back for reuse.
                     if let Some(c) = self.conns.get_mut(&conn.0) {
                         if c.cur.is_none() && c.payload.capacity() == 0 {
                             let mut payload = payload;
@@ -276,89 +800,45 @@ impl Tcp {
         }
     }
 
-    pub(super) fn on_frame(&mut self, conn: ConnId, peer: u32, h: FrameRepr, payload: &[u8]) {
+    fn on_frame(
+        &mut self,
+        conn: ConnId,
+        peer: u32,
+        h: FrameRepr,
+        payload: &[u8],
+        into: Option<(RawBuf, usize)>,
+        pass: &mut Pass<'_, '_>,
+    ) {
         match h.kind {
-            FrameType::Send if h.tag == TAG_CHUNK => self.on_chunk(peer, payload),
+            FrameType::Send if h.tag == TAG_CHUNK => self.on_chunk(peer, payload, pass),
             FrameType::Send if h.tag == TAG_BARRIER => {
                 if let Ok(b) = <[u8; 8]>::try_from(payload) {
-                    let seen = self
-                        .barrier_arrivals
-                        .entry(u64::from_le_bytes(b))
-                        .or_default();
-                    if !seen.contains(&peer) {
-                        seen.push(peer);
-                    }
+                    (pass.sink)(TEvent::Barrier {
+                        from: peer,
+                        epoch: u64::from_le_bytes(b),
+                    });
                 }
             }
-            FrameType::Send => match self
-                .handlers
-                .get_mut(usize::from(h.tag))
-                .and_then(Option::as_mut)
-            {
-                Some(handler) => handler(peer, payload),
-                None => log::warn!(
-                    "tcp: message from {peer} with tag {}, which has no handler",
-                    h.tag
-                ),
-            },
+            FrameType::Send if h.tag <= MAX_USER_TAG => (pass.sink)(TEvent::Message {
+                from: peer,
+                tag: h.tag,
+                data: payload,
+            }),
+            FrameType::Send => log::warn!("tcp: rank {peer} used reserved tag {}", h.tag),
             FrameType::Fin => {
                 let a = self.peers[peer as usize].ep.on_fin(conn);
                 self.apply(peer, a);
             }
-            FrameType::Put | FrameType::Get => self.serve_rma(peer, h, payload),
-            FrameType::GetResp | FrameType::PutAck => match self.rma_wait.get_mut(&h.id) {
-                Some((p, status, data)) if *p == peer => {
-                    *status = Some(if h.error {
-                        RmaStatus::OutOfBounds
-                    } else {
-                        RmaStatus::Ok
-                    });
-                    if h.kind == FrameType::GetResp {
-                        data.extend_from_slice(payload);
-                    }
-                }
-                _ => log::warn!("tcp: {:?} from {peer} for unknown request {}", h.kind, h.id),
-            },
+            FrameType::Put | FrameType::Get => self.serve_rma(peer, h, payload, pass.regions),
+            FrameType::GetResp | FrameType::PutAck => self.on_rma_answer(peer, h, payload, into),
         }
-    }
-
-    /// Sends `data` to rank `peer` with `tag` (one frame, at most
-    /// `max_frame` bytes). The connection opens on the first send; until it
-    /// is up the frame waits in the peer's queue. Returns once the bytes are
-    /// written or queued (`data` may be reused).
-    pub fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), TcpError> {
-        if tag > MAX_USER_TAG {
-            return Err(TcpError::ReservedTag { tag });
-        }
-        let max = self.cfg.max_frame as usize;
-        if data.len() <= max {
-            return self.send_frame(peer, tag, data);
-        }
-        if data.len() as u64 > MAX_MESSAGE {
-            return Err(TcpError::TooLarge {
-                len: data.len(),
-                max: MAX_MESSAGE as u32,
-            });
-        }
-        // Larger than a frame: chunks on the internal tag.
-        let mut first = [0u8; CHUNK_HEADER];
-        first[0] = tag;
-        first[8..16].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        let step = max - CHUNK_HEADER;
-        let mut buf = Vec::with_capacity(max);
-        buf.extend_from_slice(&first);
-        buf.extend_from_slice(&data[..step]);
-        self.send_frame(peer, TAG_CHUNK, &buf)?;
-        for chunk in data[step..].chunks(max) {
-            self.send_frame(peer, TAG_CHUNK, chunk)?;
-        }
-        Ok(())
     }
 
     /// A chunk of a large message arrived.
-    pub(super) fn on_chunk(&mut self, peer: u32, payload: &[u8]) {
-        let entry = match self.partial.remove(&peer) {
-            Some(e) => Some(e),
+    fn on_chunk(&mut self, peer: u32, payload: &[u8], pass: &mut Pass<'_, '_>) {
+        let p = &mut self.peers[peer as usize];
+        let mut entry = match p.partial.take() {
+            Some(e) => e,
             None => {
                 let Some(h) = payload.get(..CHUNK_HEADER) else {
                     log::warn!("tcp: short chunk header from {peer}");
@@ -374,195 +854,63 @@ impl Tcp {
                 }
                 // Memory grows as chunks arrive: the announced total alone
                 // (any peer can write it) reserves at most 1 MiB.
-                let mut v = Vec::with_capacity((total as usize).min(1 << 20));
-                v.extend_from_slice(&payload[CHUNK_HEADER..]);
-                if v.len() as u64 > total {
-                    log::warn!("tcp: chunk from {peer} longer than its message");
-                    return;
-                }
-                self.partial.insert(peer, (tag, total, v));
-                None
+                let v = Vec::with_capacity((total as usize).min(1 << 20));
+                let entry = (tag, total, v);
+                let rest = &payload[CHUNK_HEADER..];
+                return self.chunk_data(peer, entry, rest, pass);
             }
         };
-        if let Some((tag, total, mut v)) = entry {
-            if v.len() as u64 + payload.len() as u64 > total {
-                log::warn!("tcp: chunk from {peer} overruns its message; dropped");
-                return;
-            }
-            v.extend_from_slice(payload);
-            self.partial.insert(peer, (tag, total, v));
+        if entry.2.len() as u64 + payload.len() as u64 > entry.1 {
+            log::warn!("tcp: chunk from {peer} overruns its message; dropped");
+            return;
         }
-        if self
-            .partial
-            .get(&peer)
-            .is_some_and(|(_, t, v)| v.len() as u64 == *t)
-        {
-            if let Some((tag, _, v)) = self.partial.remove(&peer) {
-                match self
-                    .handlers
-                    .get_mut(usize::from(tag))
-                    .and_then(Option::as_mut)
-                {
-                    Some(h) => h(peer, &v),
-                    None => {
-                        log::warn!("tcp: message from {peer} with tag {tag}, which has no handler")
-                    }
-                }
-            }
-        }
+        entry.2.extend_from_slice(payload);
+        self.chunk_done(peer, entry, pass);
     }
 
-    pub(super) fn send_frame(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), TcpError> {
-        let len = u32::try_from(data.len())
-            .ok()
-            .filter(|&l| l <= self.cfg.max_frame)
-            .ok_or(TcpError::TooLarge {
-                len: data.len(),
-                max: self.cfg.max_frame,
-            })?;
-        self.send_repr(peer, FrameRepr::send(tag, len), data)
-    }
-
-    /// Sends one frame (`repr.len == data.len()`, at most `max_frame`).
-    pub(super) fn send_repr(
+    fn chunk_data(
         &mut self,
         peer: u32,
-        repr: FrameRepr,
+        mut entry: (u8, u64, Vec<u8>),
         data: &[u8],
-    ) -> Result<(), TcpError> {
-        if peer >= self.n || peer == self.me {
-            return Err(TcpError::InvalidPeer { peer });
+        pass: &mut Pass<'_, '_>,
+    ) {
+        if entry.2.len() as u64 + data.len() as u64 > entry.1 {
+            log::warn!("tcp: chunk from {peer} longer than its message");
+            return;
         }
-        let now = self.now_ms();
-        match self.peers[peer as usize].ep.on_send_request(now) {
-            SendDecision::SendNow { conn } => self.write_frame(conn, &repr, data),
-            SendDecision::Queue => {
-                self.peers[peer as usize]
-                    .queue
-                    .push_back(frame_bytes(&repr, &[data]));
-                Ok(())
-            }
-            SendDecision::QueueAndConnect => {
-                self.peers[peer as usize]
-                    .queue
-                    .push_back(frame_bytes(&repr, &[data]));
-                self.start_connect(peer)
-            }
-            SendDecision::Refuse(reason) => Err(TcpError::PeerFailed {
-                peer,
-                why: reason.to_string(),
-            }),
+        entry.2.extend_from_slice(data);
+        self.chunk_done(peer, entry, pass);
+    }
+
+    fn chunk_done(&mut self, peer: u32, entry: (u8, u64, Vec<u8>), pass: &mut Pass<'_, '_>) {
+        if entry.2.len() as u64 == entry.1 {
+            (pass.sink)(TEvent::Message {
+                from: peer,
+                tag: entry.0,
+                data: &entry.2,
+            });
+        } else {
+            self.peers[peer as usize].partial = Some(entry);
         }
     }
 
-    /// Header and payload in one `writev` when nothing is queued ahead.
-    /// A small remainder the socket does not take is queued (copied); a
-    /// large one is written straight from `data` while progressing
-    /// (reading what peers send, so two ranks sending to each other cannot
-    /// deadlock) — no user-space copy of bulk data, and `send` returns when
-    /// the kernel has it all.
-    pub(super) fn write_frame(
-        &mut self,
-        conn: ConnId,
-        repr: &FrameRepr,
-        data: &[u8],
-    ) -> Result<(), TcpError> {
-        /// Remainders above this are written in place rather than queued.
-        const DIRECT_MIN: usize = 64 * 1024;
-        let hdr = repr.to_bytes();
-        let total = hdr.len() + data.len();
-        let mut written = 0usize;
-        {
-            let Some(c) = self.conns.get_mut(&conn.0) else {
-                return Err(TcpError::Io {
-                    what: "find the connection",
-                    source: io::Error::other("connection vanished"),
-                });
-            };
-            if !c.out.is_empty() || c.connecting || c.writing_in_place {
-                c.out.push_back(frame_bytes(repr, &[data]));
-                self.flush_conn(conn);
-                return Ok(());
-            }
+    /// Announces our arrival at barrier `epoch` to `peer` (the TCP
+    /// barrier's frame, which the bare-metal node speaks too). Never
+    /// refused for queue bounds.
+    pub fn send_barrier(&mut self, peer: u32, epoch: u64) -> Result<(), PostError> {
+        if peer >= self.n || peer == self.me {
+            return Err(PostError::InvalidPeer);
         }
-        let start = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            let Some(c) = self.conns.get_mut(&conn.0) else {
-                // The connection broke meanwhile (its peer is failed now).
-                return Err(TcpError::Io {
-                    what: "write a frame",
-                    source: io::Error::other("connection lost"),
-                });
-            };
-            let bufs: [IoSlice<'_>; 2] = if written < hdr.len() {
-                [IoSlice::new(&hdr[written..]), IoSlice::new(data)]
-            } else {
-                [
-                    IoSlice::new(&data[written - hdr.len()..]),
-                    IoSlice::new(&[]),
-                ]
-            };
-            match c.sock.send_vectored(&bufs) {
-                Ok(n) => {
-                    written += n;
-                    if written >= total {
-                        c.writing_in_place = false;
-                        self.flush_conn(conn);
-                        return Ok(());
-                    }
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => {
-                    c.writing_in_place = false;
-                    self.conn_broken(conn, false);
-                    return Ok(());
-                }
-            }
-            if total - written <= DIRECT_MIN {
-                let mut rest = Vec::with_capacity(total - written);
-                if written < hdr.len() {
-                    rest.extend_from_slice(&hdr[written..]);
-                    rest.extend_from_slice(data);
-                } else {
-                    rest.extend_from_slice(&data[written - hdr.len()..]);
-                }
-                c.writing_in_place = false;
-                c.out.push_front(rest);
-                self.flush_conn(conn);
-                return Ok(());
-            }
-            // Large remainder: keep the connection to ourselves (frames
-            // queued meanwhile wait behind this one) and progress until the
-            // socket takes more.
-            c.writing_in_place = true;
-            if !c.write_armed {
-                // Wake up as soon as the socket takes more.
-                c.write_armed = true;
-                let _ = epoll::modify(
-                    &self.epoll,
-                    c.sock.as_fd(),
-                    epoll::EventData::new_u64(u64::from(conn.0)),
-                    epoll::EventFlags::IN | epoll::EventFlags::OUT,
-                );
-            }
-            if start.elapsed() > self.timeout {
-                return Err(TcpError::Timeout {
-                    what: "the socket to take a large frame",
-                });
-            }
-            // Busy-poll first (the receiver usually drains the socket in
-            // microseconds; sleeping in epoll_wait and being woken costs
-            // more), then block up to 200 µs at a time.
-            spins = spins.saturating_add(1);
-            let wait = if spins < WRITE_SPINS {
-                Duration::ZERO
-            } else {
-                Duration::from_micros(200)
-            };
-            self.progress_timeout(wait);
+        if self.peers[peer as usize].failed.is_some() {
+            return Err(PostError::PeerFailed);
         }
+        self.post(
+            peer,
+            FrameRepr::send(TAG_BARRIER, 8),
+            &[&epoch.to_le_bytes()],
+            None,
+        )
+        .map(|_| ())
     }
 }

@@ -11,30 +11,39 @@
 //!   meanwhile wait in that peer's queue (owned here; the core decides when
 //!   they may flow). A simultaneous connect keeps the connection started by
 //!   the lower rank; no queued frame is lost.
-//! - Header and payload go out in one `writev`; a read fills the decoder's
-//!   read-ahead buffer (`endpoint_cache`), from which several frames may
-//!   come. `TCP_NODELAY` unless `use_nagle`; `sndbuf`/`rcvbuf` applied.
+//! - Nothing blocks: a post writes what the socket takes at once (header
+//!   and payload in one `writev`) and queues the rest — copied for small
+//!   remainders and copy-semantics sends, or, for `isend_raw`/`iput`, the
+//!   caller's memory itself, written as the socket drains and completed
+//!   with [`TEvent::Done`]. What waits in user space for one peer is
+//!   bounded ([`QueueLimits`]): beyond, posts are refused with
+//!   [`crate::ops::PostError::WouldBlock`] (backpressure), so a peer that stops reading
+//!   cannot make us grow without bound.
+//! - A read fills the decoder's read-ahead buffer (`endpoint_cache`), from
+//!   which several frames may come; a message whose payload is in that
+//!   buffer is handed out in place; a large payload is read straight into
+//!   its destination (the reassembly buffer, or a get's local memory).
+//!   `TCP_NODELAY` unless `use_nagle`; `sndbuf`/`rcvbuf` applied.
+//! - Dead links: keep-alive probes and `TCP_USER_TIMEOUT` (the
+//!   `keepalive_*` and `user_timeout` parameters) make the kernel report a
+//!   peer that stopped answering at the network level (no FIN, no RST) —
+//!   the connection errors and the peer is failed.
 //! - Untrusted input: an accepted connection must identify itself (magic,
 //!   version, job, a known rank) within the handshake timeout or it is
 //!   dropped — logged once, the job goes on; a frame header announcing more
 //!   than `max_frame` bytes is refused before anything is allocated.
 //! - A peer whose connection breaks without a FIN is failed: its queued
-//!   frames are dropped and sends to it return [`TcpError::PeerFailed`]; a
-//!   FIN is a clean close.
-//!
-//! # Safety
-//!
-//! One `unsafe` block: after `recv` into a `Vec`'s spare capacity, the
-//! length is set to cover exactly the bytes the kernel wrote.
+//!   frames are dropped, its operations complete with an error, posts to it
+//!   are refused with [`crate::ops::PostError::PeerFailed`], and the failure is
+//!   reported once as [`TEvent::PeerFailed`]; a FIN is a clean close.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::io::{self};
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use btl_core::rma::RmaStatus;
 use btl_core::tcp::addr::{write_addr_record, AddrRecord};
 use btl_core::tcp::decoder::Decoder;
 use btl_core::tcp::endpoint::{ConnId, Endpoint, EndpointState, Incoming};
@@ -43,7 +52,19 @@ use btl_core::tcp::wire::{job_hash, FrameRepr};
 use rustix::event::epoll;
 use socket2::Socket;
 
+use crate::ops::{OpError, OpId, QueueLimits, RawBuf, TEvent};
+use crate::regions::Regions;
 use crate::wireup::{Identity, WireupError};
+
+mod config;
+mod conn;
+mod frames;
+mod rma;
+
+use config::Config;
+pub use config::{choose_binds, params_from_env, params_from_env_unverified, DEFAULT_QUEUE_LIMITS};
+use conn::listen_in_range;
+use frames::OutBuf;
 
 /// Largest user tag (as for shared memory).
 pub const MAX_USER_TAG: u8 = btl_core::tcp::wire::MAX_USER_TAG;
@@ -51,19 +72,16 @@ const LISTENER: u64 = u64::MAX;
 /// Most established connections for which a non-blocking progress pass
 /// reads the sockets directly instead of asking epoll first.
 const DIRECT_POLL_MAX: usize = 4;
-/// A large frame's writer busy-polls this many times for the socket to
-/// take more before it blocks in `epoll_wait`.
-const WRITE_SPINS: u32 = 2000;
 /// With direct polling, every this many passes go through epoll.
 const DIRECT_POLL_EVERY: u32 = 16;
 
 /// Wire-up key of a rank's listen addresses (comma-separated socket
 /// addresses, one per address family).
 pub const ADDR_KEY: &str = "tcp-addr";
+/// Largest message the receiving side reassembles (1 GiB).
+pub const MAX_MESSAGE: u64 = 1 << 30;
 
-type Handler = Box<dyn FnMut(u32, &[u8])>;
-
-/// Errors of the TCP transport.
+/// Errors of the TCP transport's start-up and configuration.
 #[derive(Debug)]
 pub enum TcpError {
     /// A parameter is malformed.
@@ -89,43 +107,6 @@ pub enum TcpError {
         /// The peer.
         peer: u32,
     },
-    /// No such peer (or it is this rank).
-    InvalidPeer {
-        /// The rank given.
-        peer: u32,
-    },
-    /// The tag is reserved.
-    ReservedTag {
-        /// The tag.
-        tag: u8,
-    },
-    /// The message is larger than the largest frame.
-    TooLarge {
-        /// Its length.
-        len: usize,
-        /// The limit.
-        max: u32,
-    },
-    /// The peer failed (connection lost without a clean close, handshake
-    /// timeout, refused identity).
-    PeerFailed {
-        /// The peer.
-        peer: u32,
-        /// Why.
-        why: String,
-    },
-    /// A get or put was refused by the target (outside its regions).
-    Rma {
-        /// The target.
-        peer: u32,
-        /// Why.
-        status: RmaStatus,
-    },
-    /// A blocking call timed out.
-    Timeout {
-        /// What was waited for.
-        what: &'static str,
-    },
 }
 
 impl fmt::Display for TcpError {
@@ -144,19 +125,6 @@ impl fmt::Display for TcpError {
             Self::BadAddress { peer } => {
                 write!(f, "tcp: rank {peer} published a malformed address")
             }
-            Self::InvalidPeer { peer } => write!(f, "tcp: no peer {peer}"),
-            Self::ReservedTag { tag } => {
-                write!(
-                    f,
-                    "tag {tag} is reserved (user tags are 0..={MAX_USER_TAG})"
-                )
-            }
-            Self::TooLarge { len, max } => {
-                write!(f, "tcp: message of {len} bytes exceeds max_frame ({max})")
-            }
-            Self::PeerFailed { peer, why } => write!(f, "tcp: peer {peer} failed: {why}"),
-            Self::Rma { peer, status } => write!(f, "tcp: get/put at rank {peer}: {status}"),
-            Self::Timeout { what } => write!(f, "tcp: timed out waiting for {what}"),
         }
     }
 }
@@ -166,16 +134,6 @@ impl std::error::Error for TcpError {}
 fn io_err(what: &'static str) -> impl Fn(io::Error) -> TcpError {
     move |source| TcpError::Io { what, source }
 }
-
-/// What the transport needs from the verified parameters.
-mod config;
-mod conn;
-mod frames;
-mod rma;
-
-use config::Config;
-pub use config::{choose_binds, params_from_env};
-use conn::listen_in_range;
 
 /// One socket: a connection in any state.
 struct Conn {
@@ -187,18 +145,21 @@ struct Conn {
     /// Our connect is in progress (waiting for writability).
     connecting: bool,
     dec: Decoder<Box<[u8]>>,
-    /// Bytes to write, in order, and how much of the first is written.
-    out: VecDeque<Vec<u8>>,
+    /// What to write, in order, and how much of the first is written.
+    out: VecDeque<OutBuf>,
     out_off: usize,
     write_armed: bool,
-    /// The frame being received: header and payload so far.
+    /// The frame being received.
     cur: Option<FrameRepr>,
+    /// Its payload so far (unless delivered in place or read into `into`).
     payload: Vec<u8>,
+    /// The current frame's payload goes straight here (a get's answer),
+    /// with the bytes written so far.
+    into: Option<(RawBuf, usize)>,
+    /// The current frame was delivered in place already.
+    delivered: bool,
     /// Drop once `out` is written.
     close_after_write: bool,
-    /// A large frame is being written straight from the sender's buffer:
-    /// nothing else may be written on this connection meanwhile.
-    writing_in_place: bool,
     /// Peer address, for logs.
     addr: String,
 }
@@ -206,10 +167,16 @@ struct Conn {
 struct Peer {
     ep: Endpoint,
     /// Frames waiting for a connection.
-    queue: VecDeque<Vec<u8>>,
+    queue: VecDeque<OutBuf>,
+    /// Bytes and frames of ours waiting in user space for this peer (its
+    /// queue plus its connection's output).
+    queued_bytes: u64,
+    queued_frames: u32,
     /// Where to connect, and our address (same family) to connect from.
     addr: Option<(SocketAddr, IpAddr)>,
     failed: Option<String>,
+    /// A chunked message being reassembled: (tag, total, bytes so far).
+    partial: Option<(u8, u64, Vec<u8>)>,
 }
 
 /// The TCP transport of one process.
@@ -224,29 +191,32 @@ pub struct Tcp {
     conns: HashMap<u32, Conn>,
     next_conn: u32,
     peers: Vec<Peer>,
-    handlers: Vec<Option<Handler>>,
     start: Instant,
     events: Vec<epoll::Event>,
     /// Connections polled directly this pass (see `progress_timeout`).
     direct: Vec<ConnId>,
-    timeout: Duration,
     /// Connections dropped for bad input (for tests and diagnostics).
     rejected: u64,
-    barrier_epoch: u64,
-    /// Peers that announced each barrier epoch.
-    barrier_arrivals: HashMap<u64, Vec<u32>>,
     /// Progress passes (timers run every 64).
     passes: u32,
-    /// Registered regions peers may get from and put into.
-    regions: HashMap<u32, Box<[u8]>>,
-    next_region: u32,
+    limits: QueueLimits,
     next_req: u64,
-    /// Our get/put requests waiting for their answer: status and, for a
-    /// get, the data.
-    rma_wait: HashMap<u64, (u32, Option<RmaStatus>, Vec<u8>)>,
-    /// Messages being reassembled, per sender: (tag, total, bytes so far).
-    partial: HashMap<u32, (u8, u64, Vec<u8>)>,
+    /// Our get/put frames waiting for their answer, by request id.
+    rma_wait: HashMap<u64, rma::Wait>,
+    /// Our get/put operations: frames still unanswered and the first
+    /// refusal.
+    rma_ops: HashMap<OpId, rma::OpState>,
+    /// Completions to report at the end of the pass.
+    done: Vec<(OpId, Result<(), OpError>)>,
+    /// Failures to report at the end of the pass.
+    to_report: Vec<(u32, String)>,
 }
+
+// SAFETY: the only non-`Send` content is `RawBuf` addresses of caller memory
+// kept under its contract (in queued frames and get destinations); the
+// transport is moved as a whole and never shared between threads.
+#[allow(unsafe_code)]
+unsafe impl Send for Tcp {}
 
 impl fmt::Debug for Tcp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -258,12 +228,11 @@ impl fmt::Debug for Tcp {
     }
 }
 
-// The internal tags and the chunk header are the protocol's (btl-core), so
-// that every adapter speaks them alike: chunks of one message follow each
-// other on the connection (one connection per peer, in order).
-use btl_core::tcp::wire::{CHUNK_HEADER_LEN as CHUNK_HEADER, TAG_BARRIER, TAG_CHUNK};
-/// Largest message the receiving side reassembles (1 GiB).
-pub const MAX_MESSAGE: u64 = 1 << 30;
+/// What a progress pass lends the read path.
+pub(crate) struct Pass<'a, 's> {
+    regions: &'a mut Regions,
+    sink: &'a mut (dyn FnMut(TEvent<'_>) + 's),
+}
 
 impl Tcp {
     /// Starts the job's TCP transport: listens on `binds` (loopback for a
@@ -273,10 +242,6 @@ impl Tcp {
     /// connections open lazily on the first send.
     pub fn listen(job: &Identity, params: TcpParams, binds: &[IpAddr]) -> Result<Tcp, TcpError> {
         let cfg = Config::from(&params);
-        let timeout = crate::job::env_secs_opt("BTL_TIMEOUT", Duration::from_secs(300))
-            .ok_or_else(|| {
-                TcpError::Param("BTL_TIMEOUT: accepts a positive number of seconds".into())
-            })?;
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| TcpError::Io {
             what: "create an epoll instance",
             source: e.into(),
@@ -314,14 +279,18 @@ impl Tcp {
             .map(|r| Peer {
                 ep: Endpoint::new(job.rank, r, jh, cfg.handshake_ms),
                 queue: VecDeque::new(),
+                queued_bytes: 0,
+                queued_frames: 0,
                 addr: None,
                 failed: None,
+                partial: None,
             })
             .collect();
         Ok(Tcp {
             me: job.rank,
             n: job.size,
             job: jh,
+            limits: cfg.limits,
             cfg,
             epoll,
             listeners,
@@ -329,20 +298,16 @@ impl Tcp {
             conns: HashMap::new(),
             next_conn: 0,
             peers,
-            handlers: (0..256).map(|_| None).collect(),
             start: Instant::now(),
             events: Vec::with_capacity(64),
             direct: Vec::with_capacity(DIRECT_POLL_MAX + 1),
-            timeout,
             rejected: 0,
-            barrier_epoch: 0,
-            barrier_arrivals: HashMap::new(),
-            partial: HashMap::new(),
             passes: 0,
-            regions: HashMap::new(),
-            next_region: 0,
             next_req: 0,
             rma_wait: HashMap::new(),
+            rma_ops: HashMap::new(),
+            done: Vec::new(),
+            to_report: Vec::new(),
         })
     }
 
@@ -402,6 +367,11 @@ impl Tcp {
         Ok(())
     }
 
+    /// Sets the bounds of what may wait in user space for one peer.
+    pub fn set_queue_limits(&mut self, limits: QueueLimits) {
+        self.limits = limits;
+    }
+
     /// Connections dropped because the other side sent something invalid
     /// (bad handshake, unknown identity, oversized frame, timeout).
     pub fn rejected_connections(&self) -> u64 {
@@ -417,29 +387,50 @@ impl Tcp {
             .collect()
     }
 
+    /// Bytes and frames waiting in user space, over all peers.
+    pub fn queued(&self) -> (u64, u64) {
+        self.peers.iter().fold((0, 0), |(b, f), p| {
+            (b + p.queued_bytes, f + u64::from(p.queued_frames))
+        })
+    }
+
+    /// True when nothing of ours waits: every queued byte is written and
+    /// every get/put answered.
+    pub fn is_flushed(&self) -> bool {
+        self.peers
+            .iter()
+            .all(|p| p.failed.is_some() || p.queued_frames == 0)
+            && self.conns.values().all(|c| c.out.is_empty())
+            && self.rma_wait.is_empty()
+    }
+
     fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
     }
 
-    /// Registers `handler` for `tag` (as for shared memory).
-    pub fn on(
+    /// One pass of progress: waits up to `timeout` for socket events
+    /// (zero: just poll), handles them, checks timers. Events go to `sink`:
+    /// messages, completions of operations posted earlier, barrier
+    /// arrivals, failures. Returns the number of events handled.
+    pub fn progress_timeout(
         &mut self,
-        tag: u8,
-        handler: impl FnMut(u32, &[u8]) + 'static,
-    ) -> Result<(), TcpError> {
-        if tag > MAX_USER_TAG {
-            return Err(TcpError::ReservedTag { tag });
-        }
-        self.handlers[usize::from(tag)] = Some(Box::new(handler));
-        Ok(())
+        regions: &mut Regions,
+        sink: &mut dyn FnMut(TEvent<'_>),
+        timeout: Duration,
+    ) -> usize {
+        let mut pass = Pass { regions, sink };
+        let n = self.poll_sockets(&mut pass, timeout);
+        n + self.report(pass.sink)
     }
 
-    /// One pass of progress: waits up to `timeout` for socket events
-    /// (zero: just poll), handles them, checks timers. Returns the number
-    /// of events handled.
-    pub fn progress_timeout(&mut self, timeout: Duration) -> usize {
+    /// One non-blocking pass of progress.
+    pub fn progress(&mut self, regions: &mut Regions, sink: &mut dyn FnMut(TEvent<'_>)) -> usize {
+        self.progress_timeout(regions, sink, Duration::ZERO)
+    }
+
+    fn poll_sockets(&mut self, pass: &mut Pass<'_, '_>, timeout: Duration) -> usize {
         if timeout.is_zero() && self.passes % DIRECT_POLL_EVERY != 0 {
-            if let Some(n) = self.poll_direct() {
+            if let Some(n) = self.poll_direct(pass) {
                 self.passes = self.passes.wrapping_add(1);
                 if self.passes % 64 == 0 {
                     self.timers();
@@ -447,8 +438,6 @@ impl Tcp {
                 return n;
             }
         }
-        // (Progress can nest — a large write progresses while it waits —
-        // so the event list may have been taken by an outer call.)
         let mut events = std::mem::take(&mut self.events);
         events.clear();
         events.reserve(64);
@@ -478,7 +467,7 @@ impl Tcp {
             if flags
                 .intersects(epoll::EventFlags::IN | epoll::EventFlags::HUP | epoll::EventFlags::ERR)
             {
-                n += self.read_conn(conn);
+                n += self.read_conn(conn, pass);
             }
         }
         self.events = events;
@@ -492,98 +481,68 @@ impl Tcp {
         n
     }
 
-    /// One non-blocking pass of progress.
-    pub fn progress(&mut self) -> usize {
-        self.progress_timeout(Duration::ZERO)
+    /// Hands the pass's failures and completions to `sink`.
+    fn report(&mut self, sink: &mut dyn FnMut(TEvent<'_>)) -> usize {
+        let mut n = 0;
+        if !self.to_report.is_empty() {
+            for (peer, why) in std::mem::take(&mut self.to_report) {
+                n += 1;
+                sink(TEvent::PeerFailed { peer, why: &why });
+            }
+        }
+        if !self.done.is_empty() {
+            for (op, result) in std::mem::take(&mut self.done) {
+                n += 1;
+                sink(TEvent::Done { op, result });
+            }
+        }
+        n
     }
 
-    /// Progresses until `done(self)`, busy-polling for a while (the
-    /// latency-sensitive case), then blocking in `epoll_wait` for up to a
-    /// millisecond at a time. `peer`'s failure ends the wait.
-    pub fn wait_until(
-        &mut self,
-        what: &'static str,
-        peer: Option<u32>,
-        mut done: impl FnMut(&mut Self) -> bool,
-    ) -> Result<(), TcpError> {
-        let start = Instant::now();
-        let mut idle = 0u32;
-        loop {
-            if done(self) {
-                return Ok(());
-            }
-            if let Some(p) = peer {
-                if let Some(why) = self.peers.get(p as usize).and_then(|x| x.failed.clone()) {
-                    return Err(TcpError::PeerFailed { peer: p, why });
-                }
-            }
-            let t = if idle < 2000 {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(1)
-            };
-            if self.progress_timeout(t) > 0 {
-                idle = 0;
-            } else {
-                idle = idle.saturating_add(1);
-                if idle % 256 == 0 && start.elapsed() > self.timeout {
-                    return Err(TcpError::Timeout { what });
+    /// Forgets operation `op` (a blocking call gave up on it): queued
+    /// frames reading its memory are dropped unwritten where that keeps
+    /// the stream intact, answers to it are ignored, and no completion is
+    /// reported. A frame already partly on the wire is finished from a copy.
+    pub fn cancel(&mut self, op: OpId) {
+        let mut removed: Vec<(Option<u32>, OutBuf)> = Vec::new();
+        for c in self.conns.values_mut() {
+            let partial_first = c.out_off > 0;
+            let old = std::mem::take(&mut c.out);
+            for (i, mut b) in old.into_iter().enumerate() {
+                if b.op() != Some(op) {
+                    c.out.push_back(b);
+                } else if i == 0 && partial_first {
+                    b.make_owned();
+                    c.out.push_back(b);
+                } else {
+                    removed.push((c.peer, b));
                 }
             }
         }
-    }
-
-    /// Waits until every other rank has called `barrier` as often.
-    pub fn barrier(&mut self) -> Result<(), TcpError> {
-        self.barrier_epoch += 1;
-        let epoch = self.barrier_epoch;
-        let me = self.me;
-        for peer in (0..self.n).filter(|&p| p != me) {
-            self.send_frame(peer, TAG_BARRIER, &epoch.to_le_bytes())?;
+        for (r, p) in self.peers.iter_mut().enumerate() {
+            let old = std::mem::take(&mut p.queue);
+            for b in old {
+                if b.op() == Some(op) {
+                    removed.push((Some(r as u32), b));
+                } else {
+                    p.queue.push_back(b);
+                }
+            }
         }
-        // Every other rank arrived, or failed (a barrier of the survivors).
-        self.wait_until("the other ranks at a barrier", None, |t| {
-            (0..t.n)
-                .filter(|&p| p != me)
-                .all(|p| t.barrier_arrived(epoch, p) || t.peers[p as usize].failed.is_some())
-        })?;
-        self.barrier_arrivals.remove(&epoch);
-        Ok(())
-    }
-
-    /// Sends `peer` our arrival at barrier `epoch` (the TCP barrier's
-    /// frame, which the bare-metal node speaks too).
-    pub(crate) fn send_barrier(&mut self, peer: u32, epoch: u64) -> Result<(), TcpError> {
-        self.send_frame(peer, TAG_BARRIER, &epoch.to_le_bytes())
-    }
-
-    /// Whether `peer` has announced barrier `epoch`.
-    pub(crate) fn barrier_arrived(&self, epoch: u64, peer: u32) -> bool {
-        self.barrier_arrivals
-            .get(&epoch)
-            .is_some_and(|v| v.contains(&peer))
-    }
-
-    /// Forgets barrier `epoch`'s announcements.
-    pub(crate) fn barrier_forget(&mut self, epoch: u64) {
-        self.barrier_arrivals.remove(&epoch);
-    }
-
-    /// Progresses until every queued byte is written.
-    pub fn flush(&mut self) -> Result<(), TcpError> {
-        self.wait_until("queued frames to be written", None, |t| {
-            t.peers
-                .iter()
-                .all(|p| p.queue.is_empty() || p.failed.is_some())
-                && t.conns.values().all(|c| c.out.is_empty())
-        })
+        for (peer, b) in removed {
+            // Not written: no completion, just the queue accounting.
+            self.uncount_pub(peer, &b);
+        }
+        self.rma_wait.retain(|_, w| w.op != op);
+        self.rma_ops.remove(&op);
+        self.done.retain(|(o, _)| *o != op);
     }
 }
 
 impl Drop for Tcp {
     fn drop(&mut self) {
         // Clean close: FIN on every established connection, written before
-        // the sockets go.
+        // the sockets go (bounded: 2 s).
         for peer in 0..self.n {
             if self.peers[peer as usize].ep.state() == EndpointState::Connected {
                 let a = self.peers[peer as usize].ep.close();
@@ -591,8 +550,9 @@ impl Drop for Tcp {
             }
         }
         let deadline = Instant::now() + Duration::from_secs(2);
+        let mut regions = Regions::new();
         while self.conns.values().any(|c| !c.out.is_empty()) && Instant::now() < deadline {
-            self.progress_timeout(Duration::from_millis(1));
+            self.progress_timeout(&mut regions, &mut |_| {}, Duration::from_millis(1));
         }
     }
 }

@@ -1,40 +1,212 @@
-//! One-sided get and put over TCP: PUT/GET frames naming a registered
-//! region, checked by the target, answered with a status (and the data).
+//! One-sided get and put over TCP, never blocking: PUT/GET frames naming a
+//! registered region, checked by the target, answered with a status (and,
+//! for a get, the data). An operation larger than a frame is several
+//! frames, each answered; it completes when every answer is in (with the
+//! first refusal as its status). A put's data is written straight from the
+//! caller's memory; a get's answer is read straight into it.
+//!
+//! # Safety
+//!
+//! Caller memory travels as [`RawBuf`] under that type's contract; the
+//! `unsafe fn`s pass the contract on to their callers.
+#![allow(unsafe_code)]
 
-use std::collections::HashMap;
-
-use btl_core::rma::{RegionKey, RmaStatus};
+use btl_core::rma::RmaStatus;
 use btl_core::tcp::wire::{FrameRepr, FrameType, RmaPacket, RmaRepr, RMA_HEADER_LEN};
 
 use super::*;
+use crate::ops::{PostError, Posted};
+
+/// One of our PUT or GET frames, waiting for its answer.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Wait {
+    pub(super) peer: u32,
+    pub(super) op: OpId,
+    /// A get's destination for this frame's data (empty for a put).
+    pub(super) dst: RawBuf,
+}
+
+/// An operation's frames still unanswered, and the first refusal.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OpState {
+    pub(super) left: u32,
+    pub(super) status: RmaStatus,
+}
 
 impl Tcp {
+    fn rma_post(
+        &mut self,
+        peer: u32,
+        len: usize,
+        op: OpId,
+        mut frame: impl FnMut(&mut Self, u64, usize, usize) -> Result<(), PostError>,
+        step: usize,
+    ) -> Result<Posted, PostError> {
+        if peer >= self.n || peer == self.me {
+            return Err(PostError::InvalidPeer);
+        }
+        if self.peers[peer as usize].failed.is_some() {
+            return Err(PostError::PeerFailed);
+        }
+        if len as u64 > MAX_MESSAGE {
+            return Err(PostError::TooLarge { max: MAX_MESSAGE });
+        }
+        let p = &self.peers[peer as usize];
+        if !self
+            .limits
+            .admits(p.queued_bytes, p.queued_frames, len as u64)
+        {
+            return Err(PostError::WouldBlock);
+        }
+        let frames = len.div_ceil(step).max(1);
+        self.rma_ops.insert(
+            op,
+            OpState {
+                left: frames as u32,
+                status: RmaStatus::Ok,
+            },
+        );
+        let mut off = 0usize;
+        for _ in 0..frames {
+            let take = step.min(len - off);
+            self.next_req += 1;
+            let id = self.next_req;
+            if let Err(e) = frame(self, id, off, take) {
+                // Frames already posted are answered and ignored.
+                self.cancel(op);
+                return Err(e);
+            }
+            off += take;
+        }
+        Ok(Posted::Pending)
+    }
+
+    /// Writes `src` at `offset` of `peer`'s region `id`; completes with
+    /// [`TEvent::Done`] for `op` once the target applied it (its refusal is
+    /// the completion's status).
+    ///
+    /// # Safety
+    ///
+    /// `src` must stay valid and unchanged until the operation completes
+    /// or is cancelled.
+    pub unsafe fn iput(
+        &mut self,
+        peer: u32,
+        id: u32,
+        offset: u64,
+        src: RawBuf,
+        op: OpId,
+    ) -> Result<Posted, PostError> {
+        let step = (self.cfg.max_frame as usize - RMA_HEADER_LEN).max(1);
+        self.rma_post(
+            peer,
+            src.len(),
+            op,
+            |t, req, off, take| {
+                let rma = RmaRepr {
+                    region: id,
+                    offset: offset + off as u64,
+                    len: take as u64,
+                };
+                let repr = FrameRepr {
+                    kind: FrameType::Put,
+                    tag: 0,
+                    error: false,
+                    len: (RMA_HEADER_LEN + take) as u32,
+                    id: req,
+                };
+                let data = src.sub(off, take).unwrap_or_else(RawBuf::empty);
+                t.rma_wait.insert(
+                    req,
+                    Wait {
+                        peer,
+                        op,
+                        dst: RawBuf::empty(),
+                    },
+                );
+                t.post_raw(peer, repr, &rma.to_bytes(), data, None)
+                    .map(|_| ())
+            },
+            step,
+        )
+    }
+
+    /// Reads `dst.len()` bytes at `offset` of `peer`'s region `id` into
+    /// `dst`; completes with [`TEvent::Done`] for `op` (the target's refusal
+    /// is the completion's status).
+    ///
+    /// # Safety
+    ///
+    /// `dst` must stay valid for writes, and unused otherwise, until the
+    /// operation completes or is cancelled.
+    pub unsafe fn iget(
+        &mut self,
+        peer: u32,
+        id: u32,
+        offset: u64,
+        dst: RawBuf,
+        op: OpId,
+    ) -> Result<Posted, PostError> {
+        let step = self.cfg.max_frame as usize;
+        self.rma_post(
+            peer,
+            dst.len(),
+            op,
+            |t, req, off, take| {
+                let rma = RmaRepr {
+                    region: id,
+                    offset: offset + off as u64,
+                    len: take as u64,
+                };
+                let repr = FrameRepr {
+                    kind: FrameType::Get,
+                    tag: 0,
+                    error: false,
+                    len: RMA_HEADER_LEN as u32,
+                    id: req,
+                };
+                t.rma_wait.insert(
+                    req,
+                    Wait {
+                        peer,
+                        op,
+                        dst: dst.sub(off, take).unwrap_or_else(RawBuf::empty),
+                    },
+                );
+                t.post(peer, repr, &[&rma.to_bytes()], None).map(|_| ())
+            },
+            step,
+        )
+    }
+
     /// A PUT or GET from `peer`: checked against our registered regions
     /// (unknown region or a range outside it is refused: the peer never
     /// writes or reads where it was not invited), then applied and answered.
-    pub(super) fn serve_rma(&mut self, peer: u32, h: FrameRepr, payload: &[u8]) {
+    pub(super) fn serve_rma(
+        &mut self,
+        peer: u32,
+        h: FrameRepr,
+        payload: &[u8],
+        regions: &mut Regions,
+    ) {
         // The decoder validated the sub-header and, for PUT, that its length
         // matches the data.
         let parsed = payload
             .get(..RMA_HEADER_LEN)
             .ok_or(())
             .and_then(|b| RmaRepr::parse(&RmaPacket::new_unchecked(b)).map_err(|_| ()));
-        let range = parsed.ok().and_then(|r| {
-            let region = self.regions.get_mut(&r.region)?;
-            let end = r.offset.checked_add(r.len)?;
-            (end <= region.len() as u64).then_some((r, region))
-        });
+        let range = parsed
+            .ok()
+            .and_then(|r| regions.range_mut(r.region, r.offset, r.len).ok());
         let (reply_kind, ok, data): (FrameType, bool, Vec<u8>) = match (h.kind, range) {
-            (FrameType::Put, Some((r, region))) => {
-                region[r.offset as usize..(r.offset + r.len) as usize]
-                    .copy_from_slice(&payload[RMA_HEADER_LEN..]);
-                (FrameType::PutAck, true, Vec::new())
-            }
-            (FrameType::Get, Some((r, region))) => (
-                FrameType::GetResp,
-                true,
-                region[r.offset as usize..(r.offset + r.len) as usize].to_vec(),
-            ),
+            (FrameType::Put, Some(dst)) => match payload.get(RMA_HEADER_LEN..) {
+                Some(src) if src.len() == dst.len() => {
+                    dst.copy_from_slice(src);
+                    (FrameType::PutAck, true, Vec::new())
+                }
+                _ => (FrameType::PutAck, false, Vec::new()),
+            },
+            (FrameType::Get, Some(src)) => (FrameType::GetResp, true, src.to_vec()),
             (kind, None) => {
                 log::warn!("tcp: refused a {kind:?} from {peer} outside our registered regions");
                 let k = if kind == FrameType::Put {
@@ -53,119 +225,81 @@ impl Tcp {
             len: data.len() as u32,
             id: h.id,
         };
-        if let Err(e) = self.send_repr(peer, reply, &data) {
+        // Answers are never refused for queue bounds: they are bounded by
+        // the peer's own requests.
+        if let Err(e) = self.post(peer, reply, &[&data], None) {
             log::warn!("tcp: cannot answer {peer}'s request: {e}");
         }
     }
 
-    /// Registers a zeroed region of `len` bytes peers may get from and put
-    /// into; send its key to them (as for shared memory).
-    pub fn register(&mut self, len: usize) -> RegionKey {
-        let id = self.next_region;
-        self.next_region += 1;
-        self.regions.insert(id, vec![0u8; len].into_boxed_slice());
-        RegionKey {
-            rank: self.me,
-            id,
-            len: len as u64,
-        }
-    }
-
-    /// The table of our registered regions (the job API lends one table
-    /// to both transports).
-    pub(crate) fn regions_mut(&mut self) -> &mut HashMap<u32, Box<[u8]>> {
-        &mut self.regions
-    }
-
-    /// The contents of one of our regions.
-    pub fn region(&self, key: &RegionKey) -> Option<&[u8]> {
-        (key.rank == self.me).then_some(())?;
-        self.regions.get(&key.id).map(|r| &r[..])
-    }
-
-    /// Sends one RMA request frame and waits for its answer.
-    pub(super) fn rma_request(
+    /// The answer to one of our frames. `into` is where a get's data went
+    /// already (read straight into the destination) and how much of it.
+    pub(super) fn on_rma_answer(
         &mut self,
         peer: u32,
-        kind: FrameType,
-        rma: RmaRepr,
-        data: &[u8],
-    ) -> Result<Vec<u8>, TcpError> {
-        self.next_req += 1;
-        let id = self.next_req;
-        self.rma_wait.insert(id, (peer, None, Vec::new()));
-        let mut body = Vec::with_capacity(RMA_HEADER_LEN + data.len());
-        body.extend_from_slice(&rma.to_bytes());
-        body.extend_from_slice(data);
-        let repr = FrameRepr {
-            kind,
-            tag: 0,
-            error: false,
-            len: body.len() as u32,
-            id,
+        h: FrameRepr,
+        payload: &[u8],
+        into: Option<(RawBuf, usize)>,
+    ) {
+        let Some(w) = self.rma_wait.get(&h.id).copied().filter(|w| w.peer == peer) else {
+            log::warn!("tcp: {:?} from {peer} for unknown request {}", h.kind, h.id);
+            return;
         };
-        let sent = self.send_repr(peer, repr, &body).and_then(|()| {
-            self.wait_until("a get/put answer", Some(peer), |t| {
-                t.rma_wait.get(&id).is_some_and(|w| w.1.is_some())
-            })
-        });
-        let (_, status, data) = self
+        self.rma_wait.remove(&h.id);
+        let status = match (h.kind, h.error) {
+            (_, true) => RmaStatus::OutOfBounds,
+            (FrameType::GetResp, false) => match into {
+                Some((_, got)) if got == w.dst.len() => RmaStatus::Ok,
+                Some(_) => RmaStatus::CopyFailed,
+                None if payload.len() == w.dst.len() => {
+                    // SAFETY: the get's local memory, valid and ours until
+                    // the get completes (RawBuf's contract).
+                    unsafe { w.dst.as_mut_slice() }.copy_from_slice(payload);
+                    RmaStatus::Ok
+                }
+                None => {
+                    log::error!(
+                        "tcp: rank {peer} answered a get of {} bytes with {}",
+                        w.dst.len(),
+                        payload.len()
+                    );
+                    RmaStatus::CopyFailed
+                }
+            },
+            _ => RmaStatus::Ok,
+        };
+        let Some(st) = self.rma_ops.get_mut(&w.op) else {
+            return;
+        };
+        st.left = st.left.saturating_sub(1);
+        if st.status == RmaStatus::Ok {
+            st.status = status;
+        }
+        if st.left == 0 {
+            let status = st.status;
+            self.rma_ops.remove(&w.op);
+            self.done.push((
+                w.op,
+                match status {
+                    RmaStatus::Ok => Ok(()),
+                    s => Err(OpError::Refused(s)),
+                },
+            ));
+        }
+    }
+
+    /// Completes `peer`'s unanswered operations with its failure.
+    pub(super) fn fail_rma_of(&mut self, peer: u32) {
+        let ops: Vec<OpId> = self
             .rma_wait
-            .remove(&id)
-            .unwrap_or((peer, None, Vec::new()));
-        sent?;
-        match status {
-            Some(RmaStatus::Ok) => Ok(data),
-            Some(status) => Err(TcpError::Rma { peer, status }),
-            None => Err(TcpError::PeerFailed {
-                peer,
-                why: "no answer to a get/put".into(),
-            }),
-        }
-    }
-
-    /// Writes `src` at `offset` of the peer's region `key`; returns once the
-    /// peer applied it. A range outside the region is refused by the peer.
-    pub fn put(&mut self, key: &RegionKey, offset: u64, src: &[u8]) -> Result<(), TcpError> {
-        let step = (self.cfg.max_frame as usize - RMA_HEADER_LEN).max(1);
-        let mut done = 0usize;
-        loop {
-            let end = (done + step).min(src.len());
-            let rma = RmaRepr {
-                region: key.id,
-                offset: offset + done as u64,
-                len: (end - done) as u64,
-            };
-            self.rma_request(key.rank, FrameType::Put, rma, &src[done..end])?;
-            done = end;
-            if done >= src.len() {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Reads `dst.len()` bytes at `offset` of the peer's region `key`.
-    pub fn get(&mut self, key: &RegionKey, offset: u64, dst: &mut [u8]) -> Result<(), TcpError> {
-        let step = self.cfg.max_frame as usize;
-        let mut done = 0usize;
-        loop {
-            let end = (done + step).min(dst.len());
-            let rma = RmaRepr {
-                region: key.id,
-                offset: offset + done as u64,
-                len: (end - done) as u64,
-            };
-            let data = self.rma_request(key.rank, FrameType::Get, rma, &[])?;
-            if data.len() != end - done {
-                return Err(TcpError::PeerFailed {
-                    peer: key.rank,
-                    why: "answered a get with the wrong length".into(),
-                });
-            }
-            dst[done..end].copy_from_slice(&data);
-            done = end;
-            if done >= dst.len() {
-                return Ok(());
+            .values()
+            .filter(|w| w.peer == peer)
+            .map(|w| w.op)
+            .collect();
+        self.rma_wait.retain(|_, w| w.peer != peer);
+        for op in ops {
+            if self.rma_ops.remove(&op).is_some() {
+                self.done.push((op, Err(OpError::PeerFailed { peer })));
             }
         }
     }

@@ -202,7 +202,7 @@ pub struct Identity {
 }
 
 /// A wire-up source of this platform.
-pub type DynWireup = Box<dyn Wireup<Error = WireupError>>;
+pub type DynWireup = Box<dyn Wireup<Error = WireupError> + Send>;
 
 /// Reads `rank`'s value of `key` into a new vector (`None` if never
 /// published).

@@ -1,0 +1,392 @@
+//! What both transports share with the job API: operation ids, caller
+//! memory a transport keeps until an operation completes, the events a
+//! transport reports from its progress pass, and the bounds of its queues.
+//!
+//! # The transport contract
+//!
+//! A transport never blocks and never waits for a peer. Operations are
+//! *posted* (`isend`, `iput`, `iget`) and either finish at once or later;
+//! a later completion is reported by the transport's progress pass as
+//! [`TEvent::Done`] with the [`OpId`] the caller chose. Everything else a
+//! peer causes — a message, a barrier arrival, the peer's failure — is an
+//! event of the same pass. Waiting is the job API's business: one loop,
+//! driving every transport ([`crate::progress`]).
+//!
+//! # Safety
+//!
+//! [`RawBuf`] names caller memory by address; turning it back into a slice
+//! is `unsafe`, with the contract on the type. This module only builds and
+//! slices such addresses.
+#![allow(unsafe_code)]
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use btl_core::rma::RmaStatus;
+
+/// Names an operation posted to a transport; chosen by the caller (the job
+/// API uses its request ids) and echoed in [`TEvent::Done`].
+pub type OpId = u64;
+
+/// Why an operation failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpError {
+    /// The peer failed (died, its connection broke, or it corrupted the
+    /// protocol) before the operation completed.
+    PeerFailed {
+        /// The peer (the transport's numbering in a transport's event, the
+        /// job's global rank from the job API).
+        peer: u32,
+    },
+    /// The target refused a get or put (unknown region, range outside it)
+    /// or could not copy.
+    Refused(RmaStatus),
+    /// The peer could not handle the message (no handler, copy failed).
+    Remote,
+}
+
+impl fmt::Display for OpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::PeerFailed { peer } => write!(f, "rank {peer} failed"),
+            Self::Refused(s) => write!(f, "refused by the target: {s}"),
+            Self::Remote => f.write_str("the receiver could not handle the message"),
+        }
+    }
+}
+
+impl std::error::Error for OpError {}
+
+/// An event of a transport's progress pass. Ranks are the transport's own
+/// numbering (node-local for shared memory); data borrows the transport's
+/// buffers and is valid during the callback only.
+#[derive(Debug)]
+pub enum TEvent<'a> {
+    /// A message for a user tag.
+    Message {
+        /// The sender.
+        from: u32,
+        /// Its tag.
+        tag: u8,
+        /// Its bytes, in place (a shared-memory fragment, a TCP read
+        /// buffer, or a reassembly buffer for a message that came in
+        /// pieces).
+        data: &'a [u8],
+    },
+    /// An operation posted earlier completed.
+    Done {
+        /// The caller's id.
+        op: OpId,
+        /// Its outcome.
+        result: Result<(), OpError>,
+    },
+    /// A peer announced its arrival at barrier `epoch`.
+    Barrier {
+        /// The peer.
+        from: u32,
+        /// Its epoch (counted from 1).
+        epoch: u64,
+    },
+    /// A peer was declared failed (reported once).
+    PeerFailed {
+        /// The peer.
+        peer: u32,
+        /// Why, for people.
+        why: &'a str,
+    },
+}
+
+/// How a post went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Posted {
+    /// Done already: the bytes are copied (or sent); no event follows.
+    Done,
+    /// In progress: a [`TEvent::Done`] with the operation's id follows.
+    Pending,
+}
+
+/// Why a transport did not accept an operation. Nothing was sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PostError {
+    /// No such peer (or it is this rank).
+    InvalidPeer,
+    /// The tag is reserved for the transports.
+    ReservedTag,
+    /// The peer has failed.
+    PeerFailed,
+    /// The peer's queue is full (see [`QueueLimits`]): progress and retry.
+    WouldBlock,
+    /// Larger than the transport carries.
+    TooLarge {
+        /// The limit in bytes.
+        max: u64,
+    },
+    /// The local memory of a get or put is not (inside) a registered
+    /// region.
+    BadLocal(RmaStatus),
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidPeer => f.write_str("no such peer"),
+            Self::ReservedTag => write!(
+                f,
+                "the tag is reserved (user tags are 0..={})",
+                btl_core::tags::MAX_USER_TAG
+            ),
+            Self::PeerFailed => f.write_str("the peer has failed"),
+            Self::WouldBlock => f.write_str("the peer's send queue is full"),
+            Self::TooLarge { max } => write!(f, "larger than the {max}-byte limit"),
+            Self::BadLocal(s) => write!(f, "local memory: {s}"),
+        }
+    }
+}
+
+/// Bounds of what a transport queues for one peer in user space (messages
+/// that could not leave at once: a full ring, a socket that does not
+/// drain). A post beyond them is refused with [`PostError::WouldBlock`];
+/// the blocking calls of the job API then progress and retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// Bytes queued per peer.
+    pub bytes: u64,
+    /// Messages (or frames) queued per peer.
+    pub messages: u32,
+}
+
+impl QueueLimits {
+    /// Whether one more item of `len` bytes fits after `bytes` bytes and
+    /// `messages` items already queued. An empty queue always takes one
+    /// item, however large (a message larger than the byte bound must be
+    /// able to leave).
+    pub fn admits(&self, bytes: u64, messages: u32, len: u64) -> bool {
+        messages == 0 || (messages < self.messages && bytes.saturating_add(len) <= self.bytes)
+    }
+}
+
+/// Caller memory a transport reads (a send's or put's source) or writes (a
+/// get's destination) after the post returned, until the operation
+/// completes or is cancelled.
+///
+/// Creating one is safe; using it ([`Self::as_slice`],
+/// [`Self::as_mut_slice`]) is not: the creator promises the memory stays
+/// valid, and is not used otherwise, until then. The job API keeps that
+/// promise for registered regions (borrowed for the job's lifetime `'m`)
+/// and for owned buffers (kept in the request); the C ABI passes it on to
+/// C callers.
+#[derive(Clone, Copy, Debug)]
+pub struct RawBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a RawBuf is an address and a length; the memory it names is
+// owned by whoever created it, under the contract above, which does not
+// depend on the thread that uses it (the job API is `Send`, not `Sync`).
+unsafe impl Send for RawBuf {}
+
+impl RawBuf {
+    /// Names `s` (read-only use).
+    pub fn new(s: &[u8]) -> Self {
+        Self {
+            ptr: NonNull::from(s).cast(),
+            len: s.len(),
+        }
+    }
+
+    /// Names `s` (read or write use).
+    pub fn new_mut(s: &mut [u8]) -> Self {
+        let len = s.len();
+        Self {
+            ptr: NonNull::from(s).cast(),
+            len,
+        }
+    }
+
+    /// Names `len` bytes at `ptr` (a null pointer is accepted only with
+    /// `len == 0`).
+    pub fn from_raw(ptr: *mut u8, len: usize) -> Option<Self> {
+        match NonNull::new(ptr) {
+            Some(ptr) => Some(Self { ptr, len }),
+            None if len == 0 => Some(Self::empty()),
+            None => None,
+        }
+    }
+
+    /// An empty buffer.
+    pub fn empty() -> Self {
+        Self {
+            ptr: NonNull::dangling(),
+            len: 0,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address (for single copy: a peer reads or writes it).
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// `[off, off + len)` of this buffer, if inside it.
+    pub fn sub(&self, off: usize, len: usize) -> Option<Self> {
+        let end = off.checked_add(len)?;
+        (end <= self.len).then(|| Self {
+            // SAFETY: off <= len of the named memory (checked above), so the
+            // pointer stays inside it or one past its end.
+            ptr: unsafe { self.ptr.add(off) },
+            len,
+        })
+    }
+
+    /// The bytes.
+    ///
+    /// # Safety
+    ///
+    /// The memory must be valid for reads for `'a` and not written
+    /// meanwhile by anything but a peer's single copy under the protocol.
+    pub unsafe fn as_slice<'a>(&self) -> &'a [u8] {
+        // SAFETY: the caller's promise above; ptr is non-null and aligned
+        // (u8), len is the length the creator named.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, writable.
+    ///
+    /// # Safety
+    ///
+    /// The memory must be valid for writes for `'a` and not accessed
+    /// otherwise meanwhile.
+    pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
+        // SAFETY: the caller's promise above.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Several [`RawBuf`]s read as one message (a vectored send).
+#[derive(Clone, Debug, Default)]
+pub struct RawParts {
+    parts: Vec<RawBuf>,
+    len: usize,
+}
+
+impl RawParts {
+    /// Names the slices of `parts`, in order.
+    pub fn new(parts: &[&[u8]]) -> Self {
+        let mut v = Vec::with_capacity(parts.len());
+        let mut len = 0usize;
+        for p in parts.iter().filter(|p| !p.is_empty()) {
+            v.push(RawBuf::new(p));
+            len += p.len();
+        }
+        Self { parts: v, len }
+    }
+
+    /// One buffer.
+    pub fn one(b: RawBuf) -> Self {
+        Self {
+            len: b.len(),
+            parts: if b.is_empty() { Vec::new() } else { vec![b] },
+        }
+    }
+
+    /// Total length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The single contiguous buffer, if the message is one piece.
+    pub fn contiguous(&self) -> Option<RawBuf> {
+        match self.parts.as_slice() {
+            [] => Some(RawBuf::empty()),
+            [one] => Some(*one),
+            _ => None,
+        }
+    }
+
+    /// The pieces covering `[off, off + len)` of the message, appended to
+    /// `out` (cleared first).
+    pub fn range(&self, mut off: usize, mut len: usize, out: &mut Vec<RawBuf>) {
+        out.clear();
+        for p in &self.parts {
+            if len == 0 {
+                break;
+            }
+            if off >= p.len() {
+                off -= p.len();
+                continue;
+            }
+            let take = (p.len() - off).min(len);
+            if let Some(s) = p.sub(off, take) {
+                out.push(s);
+            }
+            len -= take;
+            off = 0;
+        }
+    }
+
+    /// The slices of the message.
+    ///
+    /// # Safety
+    ///
+    /// As [`RawBuf::as_slice`], for every part.
+    pub unsafe fn slices(&self, out: &mut Vec<&[u8]>) {
+        out.clear();
+        // SAFETY: the caller's promise, part by part.
+        out.extend(self.parts.iter().map(|p| unsafe { p.as_slice() }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_limits_always_admit_one() {
+        let q = QueueLimits {
+            bytes: 100,
+            messages: 2,
+        };
+        assert!(q.admits(0, 0, 1 << 30));
+        assert!(q.admits(50, 1, 50));
+        assert!(!q.admits(50, 1, 51));
+        assert!(!q.admits(0, 2, 1));
+    }
+
+    #[test]
+    fn raw_parts_ranges_cross_pieces() {
+        let a = [1u8, 2, 3];
+        let b = [4u8, 5];
+        let c = [6u8, 7, 8, 9];
+        let p = RawParts::new(&[&a, &[], &b, &c]);
+        assert_eq!(p.len(), 9);
+        assert!(p.contiguous().is_none());
+        let mut out = Vec::new();
+        p.range(2, 4, &mut out);
+        // SAFETY: a, b, c live for the whole test and are not written.
+        let got: Vec<u8> = out
+            .iter()
+            .flat_map(|r| unsafe { r.as_slice() }.to_vec())
+            .collect();
+        assert_eq!(got, vec![3, 4, 5, 6]);
+        p.range(8, 10, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].len(), 1);
+        assert!(RawBuf::from_raw(std::ptr::null_mut(), 1).is_none());
+        assert!(RawBuf::from_raw(std::ptr::null_mut(), 0).is_some());
+    }
+}

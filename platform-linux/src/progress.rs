@@ -1,0 +1,161 @@
+//! The one wait loop's pacing, shared by every blocking call: poll while
+//! work arrives; when idle, spin, then yield, then sleep (or block in
+//! `epoll_wait`) briefly — so an oversubscribed job keeps moving; look at
+//! the clock only every [`CLOCK_EVERY`] rounds (a clock read costs as much
+//! as a shared-memory message here), and then check liveness and the
+//! timeout.
+//!
+//! The loop itself is the job API's (`World::wait_until`): it drives every
+//! transport on each round, so a request that arrives on one transport
+//! while the rank waits for another is served (a blocking call on one
+//! transport alone could deadlock a cycle of ranks across transports). The
+//! standalone transports use the same pacing for the little they wait on
+//! their own (the flush when they are dropped).
+
+use std::time::{Duration, Instant};
+
+/// Rounds between clock reads.
+pub const CLOCK_EVERY: u32 = 256;
+/// Empty polls before yielding (when ranks do not outnumber cores).
+pub const SPIN: u32 = 2000;
+/// Empty polls before yielding when ranks outnumber cores.
+pub const SPIN_OVERSUBSCRIBED: u32 = 8;
+/// Yields before sleeping.
+pub const YIELDS: u32 = 5000;
+/// One sleep when idle for long.
+pub const NAP: Duration = Duration::from_micros(50);
+
+/// What to do after an empty poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Idle {
+    /// Busy-poll again (`spin_loop` hint).
+    Spin,
+    /// Give the core away once.
+    Yield,
+    /// Sleep (or block on sockets) this long.
+    Nap(Duration),
+}
+
+/// The state of one blocking wait.
+#[derive(Debug)]
+pub struct Waiter {
+    what: &'static str,
+    timeout: Duration,
+    started: Option<Instant>,
+    rounds: u32,
+    idle: u32,
+    spin: u32,
+}
+
+impl Waiter {
+    /// A wait for `what` that gives up after `timeout`; `oversubscribed`
+    /// (more ranks than cores) yields after a few empty polls.
+    pub fn new(what: &'static str, timeout: Duration, oversubscribed: bool) -> Self {
+        Self {
+            what,
+            timeout,
+            started: None,
+            rounds: 0,
+            idle: 0,
+            spin: if oversubscribed {
+                SPIN_OVERSUBSCRIBED
+            } else {
+                SPIN
+            },
+        }
+    }
+
+    /// What is waited for.
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+
+    /// Records a pass that handled `events`; returns the time when the
+    /// caller should look at the clock-driven checks (liveness, timeout):
+    /// every [`CLOCK_EVERY`] rounds (the timeout counts from the first
+    /// such look).
+    pub fn pass(&mut self, events: usize) -> Option<Instant> {
+        if events > 0 {
+            self.idle = 0;
+        } else {
+            self.idle = self.idle.saturating_add(1);
+        }
+        self.rounds = self.rounds.wrapping_add(1);
+        if self.rounds % CLOCK_EVERY == 0 {
+            let now = Instant::now();
+            self.started.get_or_insert(now);
+            Some(now)
+        } else {
+            None
+        }
+    }
+
+    /// How long the wait has lasted, if longer than its timeout.
+    pub fn expired(&self, now: Instant) -> Option<Duration> {
+        let waited = now.duration_since(self.started?);
+        (waited > self.timeout).then_some(waited)
+    }
+
+    /// True on the first empty poll past spinning (the moment to release
+    /// resources a busy poller holds back, e.g. a partial lazy-free batch).
+    pub fn just_stopped_spinning(&self) -> bool {
+        self.idle == self.spin
+    }
+
+    /// What to do now, after [`Self::pass`].
+    pub fn idle(&self) -> Idle {
+        if self.idle == 0 || self.idle < self.spin {
+            Idle::Spin
+        } else if self.idle < self.spin + YIELDS {
+            Idle::Yield
+        } else {
+            Idle::Nap(NAP)
+        }
+    }
+
+    /// Carries out [`Self::idle`] without sockets to block on.
+    pub fn rest(&self) {
+        match self.idle() {
+            Idle::Spin => std::hint::spin_loop(),
+            Idle::Yield => std::thread::yield_now(),
+            Idle::Nap(d) => std::thread::sleep(d),
+        }
+    }
+}
+
+/// Whether more ranks run on this node than this process may use cores:
+/// then waits yield almost at once.
+pub fn oversubscribed(local_ranks: u32) -> bool {
+    let online = rustix::thread::sched_getaffinity(None)
+        .map(|s| s.count())
+        .unwrap_or(1)
+        .max(1);
+    local_ranks as usize > online as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pacing_spins_then_yields_then_naps() {
+        let mut w = Waiter::new("x", Duration::from_secs(1), true);
+        assert!(w.pass(0).is_none());
+        assert_eq!(w.idle(), Idle::Spin);
+        for _ in 0..SPIN_OVERSUBSCRIBED {
+            w.pass(0);
+        }
+        assert_eq!(w.idle(), Idle::Yield);
+        for _ in 0..YIELDS {
+            w.pass(0);
+        }
+        assert_eq!(w.idle(), Idle::Nap(NAP));
+        w.pass(3);
+        assert_eq!(w.idle(), Idle::Spin);
+        // The clock is looked at every CLOCK_EVERY rounds.
+        let mut w = Waiter::new("x", Duration::ZERO, false);
+        let seen: Vec<_> = (0..CLOCK_EVERY).filter_map(|_| w.pass(1)).collect();
+        assert_eq!(seen.len(), 1);
+        assert!(w.expired(seen[0]).is_none());
+    }
+}

@@ -1,0 +1,213 @@
+//! The table of registered memory: one per process, owned by the job API
+//! and lent (`&mut`) to the transport that needs it during a call.
+//!
+//! A region is caller memory peers may get from and put into: borrowed for
+//! the job's lifetime (`World::register(&'m mut [u8])`), owned by the table
+//! (`register_owned`), or raw memory from C under the C ABI's contract.
+//! Ids are never reused, so a key that outlived its region is refused
+//! (unknown region), as is a forged one; every range a peer names is
+//! checked against the region's length.
+//!
+//! Regions used by operations of our own that are still in flight (the
+//! local side of a get or put, a send straight from a region) are pinned:
+//! deregistering them is refused until the operations complete.
+//!
+//! # Safety
+//!
+//! The table turns the [`RawBuf`]s it holds into slices; the contract of
+//! [`Regions::insert`] (or the owned box) keeps them valid, and `&mut self`
+//! makes each mutable slice the only borrow out of the table.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+
+use btl_core::rma::RmaStatus;
+
+use crate::ops::RawBuf;
+
+struct Region {
+    mem: RawBuf,
+    /// Operations of ours using it.
+    pins: u32,
+    /// Memory the table owns (register_owned); `mem` points into it.
+    owned: Option<Box<[u8]>>,
+}
+
+/// Why a region could not be removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeregisterError {
+    /// No region with that id.
+    Unknown,
+    /// Operations of ours still use it.
+    Busy {
+        /// How many.
+        ops: u32,
+    },
+}
+
+/// The registered regions of this process.
+#[derive(Default)]
+pub struct Regions {
+    map: HashMap<u32, Region>,
+    next: u32,
+}
+
+impl std::fmt::Debug for Regions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Regions")
+            .field("count", &self.map.len())
+            .finish()
+    }
+}
+
+impl Regions {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds memory the caller keeps valid, and accessed only through this
+    /// table, until it is removed; returns its id.
+    ///
+    /// # Safety
+    ///
+    /// `mem` must be valid for reads and writes, and not accessed other
+    /// than through this table (or by peers' single copy under the
+    /// protocol), until [`Self::remove`] returns it.
+    pub unsafe fn insert(&mut self, mem: RawBuf) -> u32 {
+        self.add(mem, None)
+    }
+
+    /// Adds a buffer the table owns; returns its id.
+    pub fn insert_owned(&mut self, mut buf: Box<[u8]>) -> u32 {
+        let mem = RawBuf::new_mut(&mut buf);
+        // Moving the Box moves the pointer, not the heap allocation `mem`
+        // names.
+        self.add(mem, Some(buf))
+    }
+
+    fn add(&mut self, mem: RawBuf, owned: Option<Box<[u8]>>) -> u32 {
+        let id = self.next;
+        // Ids are never reused: after 2^32 registrations the counter wraps,
+        // skipping ids still present.
+        self.next = self.next.wrapping_add(1);
+        while self.map.contains_key(&self.next) {
+            self.next = self.next.wrapping_add(1);
+        }
+        self.map.insert(
+            id,
+            Region {
+                mem,
+                pins: 0,
+                owned,
+            },
+        );
+        id
+    }
+
+    /// Removes region `id`; hands back the buffer if the table owned it.
+    pub fn remove(&mut self, id: u32) -> Result<Option<Box<[u8]>>, DeregisterError> {
+        match self.map.get(&id) {
+            None => Err(DeregisterError::Unknown),
+            Some(r) if r.pins > 0 => Err(DeregisterError::Busy { ops: r.pins }),
+            Some(_) => Ok(self.map.remove(&id).and_then(|r| r.owned)),
+        }
+    }
+
+    /// Length of region `id`.
+    pub fn len_of(&self, id: u32) -> Option<usize> {
+        self.map.get(&id).map(|r| r.mem.len())
+    }
+
+    /// Number of regions.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True if there are none.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// `[offset, offset + len)` of region `id`, checked: unknown id or a
+    /// range outside the region is refused.
+    pub fn range(&self, id: u32, offset: u64, len: u64) -> Result<RawBuf, RmaStatus> {
+        let r = self.map.get(&id).ok_or(RmaStatus::UnknownRegion)?;
+        let (off, len) = (
+            usize::try_from(offset).map_err(|_| RmaStatus::OutOfBounds)?,
+            usize::try_from(len).map_err(|_| RmaStatus::OutOfBounds)?,
+        );
+        r.mem.sub(off, len).ok_or(RmaStatus::OutOfBounds)
+    }
+
+    /// The bytes of a checked range, writable.
+    pub fn range_mut(&mut self, id: u32, offset: u64, len: u64) -> Result<&mut [u8], RmaStatus> {
+        let raw = self.range(id, offset, len)?;
+        // SAFETY: `insert`'s contract (and the Box for owned regions): the
+        // memory is valid and accessed only through this table, and
+        // `&mut self` makes this the only borrow out of the table.
+        Ok(unsafe { raw.as_mut_slice() })
+    }
+
+    /// The bytes of region `id`.
+    pub fn get(&self, id: u32) -> Option<&[u8]> {
+        let r = self.map.get(&id)?;
+        // SAFETY: as in `range_mut`; `&self` allows only shared borrows.
+        Some(unsafe { r.mem.as_slice() })
+    }
+
+    /// The bytes of region `id`, writable.
+    pub fn get_mut(&mut self, id: u32) -> Option<&mut [u8]> {
+        let r = self.map.get(&id)?;
+        // SAFETY: as in `range_mut`.
+        Some(unsafe { r.mem.as_mut_slice() })
+    }
+
+    /// Marks region `id` as used by one more operation of ours.
+    pub fn pin(&mut self, id: u32) {
+        if let Some(r) = self.map.get_mut(&id) {
+            r.pins += 1;
+        }
+    }
+
+    /// Ends one [`Self::pin`].
+    pub fn unpin(&mut self, id: u32) {
+        if let Some(r) = self.map.get_mut(&id) {
+            r.pins = r.pins.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_checked_and_ids_not_reused() {
+        let mut t = Regions::new();
+        let a = t.insert_owned(vec![1u8; 16].into_boxed_slice());
+        assert_eq!(t.range(a, 8, 8).map(|r| r.len()), Ok(8));
+        assert_eq!(
+            t.range(a, 8, 9).map(|r| r.len()),
+            Err(RmaStatus::OutOfBounds)
+        );
+        assert_eq!(
+            t.range(a, u64::MAX, 2).map(|r| r.len()),
+            Err(RmaStatus::OutOfBounds)
+        );
+        assert_eq!(
+            t.range(a + 1, 0, 1).map(|r| r.len()),
+            Err(RmaStatus::UnknownRegion)
+        );
+        t.range_mut(a, 0, 2).unwrap().copy_from_slice(&[7, 8]);
+        assert_eq!(&t.get(a).unwrap()[..3], &[7, 8, 1]);
+        t.pin(a);
+        assert_eq!(t.remove(a), Err(DeregisterError::Busy { ops: 1 }));
+        t.unpin(a);
+        let back = t.remove(a).unwrap().unwrap();
+        assert_eq!(back[0], 7);
+        let b = t.insert_owned(vec![0u8; 4].into_boxed_slice());
+        assert_ne!(a, b);
+        assert_eq!(t.remove(a), Err(DeregisterError::Unknown));
+    }
+}

@@ -1,0 +1,451 @@
+//! Joining the job: configuration from code ([`Builder`]) over the
+//! environment, wire-up (our own sources in two rounds, or an external
+//! runtime's in two phases: [`Builder::open`], the runtime's fence,
+//! [`Opened::connect`]), and starting the transports.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use btl_core::sm::params::{ParamSource, SmParams};
+use btl_core::tcp::params::TcpParams;
+
+use super::*;
+use crate::job::JobEnv;
+use crate::ops::QueueLimits;
+
+/// Default `BTL_TIMEOUT`: how long any blocking call may wait.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Wire-up key of a rank's process id (single copy checks it against the
+/// shared-memory control record).
+pub const PID_KEY: &str = "pid";
+
+/// How to join the job: transports, parameters, wire-up. Parameters set
+/// here are validated as the environment's are (same names, same errors)
+/// and win over the environment, which is still read.
+///
+/// ```no_run
+/// use btl_linux::world::{Builder, Choice};
+/// let mut w = Builder::new()
+///     .transports(Choice::Auto)
+///     .set("sm", "fifo_size", "8192")?
+///     .set("btl", "timeout", "30")?
+///     .init()?;
+/// # Ok::<(), btl_linux::world::WorldError>(())
+/// ```
+pub struct Builder {
+    choice: Choice,
+    sm: Vec<(String, String)>,
+    tcp: Vec<(String, String)>,
+    timeout: Option<Duration>,
+    wireup: Option<(Identity, DynWireup)>,
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("choice", &self.choice)
+            .field("sm", &self.sm)
+            .field("tcp", &self.tcp)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A positive number of seconds, as `BTL_TIMEOUT` accepts it.
+fn parse_secs(v: &str) -> Option<Duration> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+        .map(Duration::from_secs_f64)
+}
+
+impl Builder {
+    /// Shared memory inside a node, TCP between nodes, parameters from the
+    /// environment, wire-up from the environment's source.
+    pub fn new() -> Self {
+        Self {
+            choice: Choice::Auto,
+            sm: Vec::new(),
+            tcp: Vec::new(),
+            timeout: None,
+            wireup: None,
+        }
+    }
+
+    /// Which transports to use.
+    pub fn transports(mut self, choice: Choice) -> Self {
+        self.choice = choice;
+        self
+    }
+
+    /// Sets parameter `name` of `component` (`"sm"`, `"tcp"`, or `"btl"`
+    /// for the job's own: `timeout`, seconds any blocking call may wait)
+    /// from its text, as `BTL_<COMPONENT>_<NAME>` would. An unknown name
+    /// or a malformed value is an error naming the parameter and what it
+    /// accepts; rules between parameters are checked at `init`.
+    pub fn set(mut self, component: &str, name: &str, value: &str) -> Result<Self, WorldError> {
+        let full = format!("{component}.{name}");
+        match component {
+            "sm" => {
+                SmParams::default()
+                    .set(name, value, ParamSource::Code)
+                    .map_err(|e| WorldError::Param {
+                        name: full,
+                        message: e.to_string(),
+                    })?;
+                self.sm.push((name.into(), value.into()));
+            }
+            "tcp" => {
+                TcpParams::default()
+                    .set(name, value, ParamSource::Code)
+                    .map_err(|e| WorldError::Param {
+                        name: full,
+                        message: e.to_string(),
+                    })?;
+                self.tcp.push((name.into(), value.into()));
+            }
+            "btl" if name == "timeout" => {
+                self.timeout = Some(parse_secs(value).ok_or(WorldError::Param {
+                    name: full,
+                    message: format!("{value:?}: accepts a positive number of seconds"),
+                })?);
+            }
+            "btl" => {
+                return Err(WorldError::Param {
+                    name: full,
+                    message: "unknown parameter (the btl component has: timeout)".into(),
+                })
+            }
+            _ => {
+                return Err(WorldError::Param {
+                    name: full,
+                    message: "unknown component (sm, tcp or btl)".into(),
+                })
+            }
+        }
+        Ok(self)
+    }
+
+    /// Joins through `w` with identity `id` instead of the environment's
+    /// wire-up source (an external runtime's key/value exchange).
+    pub fn wireup(mut self, id: Identity, w: DynWireup) -> Self {
+        self.wireup = Some((id, w));
+        self
+    }
+
+    fn params(&self) -> Result<(SmParams, TcpParams, Duration), WorldError> {
+        let timeout = match self.timeout {
+            Some(t) => t,
+            None => crate::job::env_secs_opt("BTL_TIMEOUT", DEFAULT_TIMEOUT).ok_or(
+                WorldError::Param {
+                    name: "BTL_TIMEOUT".into(),
+                    message: "accepts a positive number of seconds".into(),
+                },
+            )?,
+        };
+        let mut sm = crate::sm::params_from_env_unverified()?;
+        for (n, v) in &self.sm {
+            sm.set(n, v, ParamSource::Code)
+                .map_err(|e| WorldError::Param {
+                    name: format!("sm.{n}"),
+                    message: e.to_string(),
+                })?;
+        }
+        sm.verify().map_err(|e| WorldError::Param {
+            name: "sm".into(),
+            message: e.to_string(),
+        })?;
+        let mut tcp = crate::tcp::params_from_env_unverified()?;
+        for (n, v) in &self.tcp {
+            tcp.set(n, v, ParamSource::Code)
+                .map_err(|e| WorldError::Param {
+                    name: format!("tcp.{n}"),
+                    message: e.to_string(),
+                })?;
+        }
+        tcp.verify().map_err(|e| WorldError::Param {
+            name: "tcp".into(),
+            message: e.to_string(),
+        })?;
+        Ok((sm, tcp, timeout))
+    }
+
+    fn source(&mut self) -> Result<(Identity, DynWireup), WorldError> {
+        match self.wireup.take() {
+            Some(w) => Ok(w),
+            None => Ok(wireup::open()?),
+        }
+    }
+
+    /// Joins the job: wire-up (node names; then, if some peer is on another
+    /// node, TCP addresses), then the transports.
+    pub fn init<'m>(mut self) -> Result<World<'m>, WorldError> {
+        let (sm_p, tcp_p, timeout) = self.params()?;
+        let (id, mut w) = self.source()?;
+        publish_identity(&id, &mut w)?;
+        w.fence()?;
+        let names = node_names(&id, &mut w)?;
+        let plan = Plan::new(&id, &names, self.choice)?;
+        let mut tcp = None;
+        if plan.route.contains(&Route::Tcp) {
+            let t = start_tcp(&id, tcp_p, plan.nodes > 1)?;
+            w.put(crate::tcp::ADDR_KEY, t.published_addrs().as_bytes())?;
+            w.fence()?;
+            tcp = Some(t);
+        }
+        finish(id, w, plan, tcp, sm_p, timeout, self.choice)
+    }
+
+    /// The first phase for a runtime that runs the fence itself (Open
+    /// MPI's modex): publishes this rank's records (node name, pid, and —
+    /// unless the choice is shared memory only — TCP listen addresses,
+    /// listening already). Then the runtime fences, then
+    /// [`Opened::connect`].
+    pub fn open(mut self) -> Result<Opened, WorldError> {
+        let (sm_p, tcp_p, timeout) = self.params()?;
+        let (id, mut w) = self.source()?;
+        publish_identity(&id, &mut w)?;
+        let tcp = if self.choice == Choice::Sm {
+            None
+        } else {
+            // A job across nodes is assumed (the node names are not known
+            // yet): the interface rules pick the address.
+            let t = start_tcp(&id, tcp_p, true)?;
+            w.put(crate::tcp::ADDR_KEY, t.published_addrs().as_bytes())?;
+            Some(t)
+        };
+        Ok(Opened {
+            id,
+            w,
+            choice: self.choice,
+            tcp,
+            sm_p,
+            timeout,
+        })
+    }
+}
+
+/// A rank that published its records and waits for the runtime's fence
+/// ([`Builder::open`]).
+pub struct Opened {
+    id: Identity,
+    w: DynWireup,
+    choice: Choice,
+    tcp: Option<Tcp>,
+    sm_p: SmParams,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Opened {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Opened")
+            .field("id", &self.id)
+            .field("choice", &self.choice)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Opened {
+    /// Who we are.
+    pub fn identity(&self) -> &Identity {
+        &self.id
+    }
+
+    /// After the runtime's fence: reads the peers' records and starts the
+    /// transports.
+    pub fn connect<'m>(mut self) -> Result<World<'m>, WorldError> {
+        let names = node_names(&self.id, &mut self.w)?;
+        let plan = Plan::new(&self.id, &names, self.choice)?;
+        let tcp = if plan.route.contains(&Route::Tcp) {
+            self.tcp
+        } else {
+            None
+        };
+        finish(
+            self.id,
+            self.w,
+            plan,
+            tcp,
+            self.sm_p,
+            self.timeout,
+            self.choice,
+        )
+    }
+}
+
+fn publish_identity(id: &Identity, w: &mut DynWireup) -> Result<(), WorldError> {
+    w.put(NODE_KEY, id.node.as_bytes())?;
+    w.put(PID_KEY, std::process::id().to_string().as_bytes())?;
+    Ok(())
+}
+
+fn node_of(w: &mut DynWireup, rank: u32) -> Result<String, WorldError> {
+    wireup::get_vec(w.as_mut(), rank, NODE_KEY)?
+        .and_then(|v| String::from_utf8(v).ok())
+        .filter(|n| crate::job::is_valid_name(n))
+        .ok_or(WorldError::BadRecord {
+            rank,
+            key: NODE_KEY,
+        })
+}
+
+fn node_names(id: &Identity, w: &mut DynWireup) -> Result<Vec<String>, WorldError> {
+    let mut names = Vec::with_capacity(id.size as usize);
+    for r in 0..id.size {
+        names.push(if r == id.rank {
+            id.node.clone()
+        } else {
+            node_of(w, r)?
+        });
+    }
+    Ok(names)
+}
+
+fn start_tcp(id: &Identity, params: TcpParams, multi_node: bool) -> Result<Tcp, WorldError> {
+    let binds = crate::tcp::choose_binds(&params, multi_node)?;
+    Ok(Tcp::listen(id, params, &binds)?)
+}
+
+/// Who is reached how.
+struct Plan {
+    nodes: usize,
+    /// Global ranks of our node, by local rank.
+    local: Vec<u32>,
+    route: Vec<Route>,
+}
+
+impl Plan {
+    fn new(id: &Identity, names: &[String], choice: Choice) -> Result<Plan, WorldError> {
+        let mut distinct: Vec<&String> = names.iter().collect();
+        distinct.sort();
+        distinct.dedup();
+        let nodes = distinct.len();
+        if choice == Choice::Sm && nodes > 1 {
+            return Err(WorldError::NotOneNode { nodes });
+        }
+        let local: Vec<u32> = if choice == Choice::Tcp {
+            vec![id.rank]
+        } else {
+            (0..id.size)
+                .filter(|&r| names[r as usize] == id.node)
+                .collect()
+        };
+        let route = (0..id.size)
+            .map(|r| {
+                if r == id.rank {
+                    Route::Me
+                } else if let Some(l) = local.iter().position(|&x| x == r) {
+                    Route::Sm(l as u32)
+                } else {
+                    Route::Tcp
+                }
+            })
+            .collect();
+        Ok(Plan {
+            nodes,
+            local,
+            route,
+        })
+    }
+}
+
+fn finish<'m>(
+    id: Identity,
+    mut w: DynWireup,
+    plan: Plan,
+    mut tcp: Option<Tcp>,
+    sm_p: SmParams,
+    timeout: Duration,
+    choice: Choice,
+) -> Result<World<'m>, WorldError> {
+    if let Some(t) = &mut tcp {
+        for r in (0..id.size).filter(|&r| plan.route[r as usize] == Route::Tcp) {
+            let rec = wireup::get_vec(w.as_mut(), r, crate::tcp::ADDR_KEY)?.ok_or(
+                WorldError::BadRecord {
+                    rank: r,
+                    key: crate::tcp::ADDR_KEY,
+                },
+            )?;
+            t.set_peer_addrs(r, &rec)?;
+        }
+    }
+    // Shared memory among the ranks of this node.
+    let sm = if plan.local.len() > 1 {
+        let me_local = plan.local.iter().position(|&x| x == id.rank).unwrap_or(0) as u32;
+        let session_dir = std::env::var_os(crate::job::ENV_SESSION_DIR)
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let job = JobEnv {
+            job: id.job.clone(),
+            rank: id.rank,
+            size: id.size,
+            local_rank: me_local,
+            local_size: plan.local.len() as u32,
+            session_dir,
+            node: id.node.clone(),
+        };
+        Some(Sm::init(&job, sm_p)?)
+    } else {
+        None
+    };
+    let oversubscribed = crate::progress::oversubscribed(plan.local.len() as u32);
+    Ok(World {
+        hub: Hub {
+            me: id.rank,
+            local: plan.local,
+            handlers: (0..256).map(|_| None).collect(),
+            outbox: Outbox::default(),
+            stash: VecDeque::new(),
+            to_self: VecDeque::new(),
+            reqs: HashMap::new(),
+            completed: VecDeque::new(),
+            next_req: 0,
+            barrier_in: HashMap::<u64, HashSet<u32>>::new(),
+            failed: Vec::new(),
+            unpin: Vec::new(),
+        },
+        id,
+        _wireup: w,
+        nodes: plan.nodes,
+        route: plan.route,
+        sm,
+        tcp,
+        regions: Regions::new(),
+        timeout,
+        oversubscribed,
+        choice,
+        passes: 0,
+        barrier_epoch: 0,
+        _mem: PhantomData,
+    })
+}
+
+impl World<'_> {
+    /// Joins the job through the wire-up source the environment names
+    /// (see [`crate::wireup`]), with parameters from the environment.
+    pub fn init(choice: Choice) -> Result<Self, WorldError> {
+        Builder::new().transports(choice).init()
+    }
+
+    /// Sets the bounds of what may wait in user space for one peer, per
+    /// transport (defaults: [`crate::sm::DEFAULT_QUEUE_LIMITS`],
+    /// [`crate::tcp::DEFAULT_QUEUE_LIMITS`]).
+    pub fn set_queue_limits(&mut self, sm: Option<QueueLimits>, tcp: Option<QueueLimits>) {
+        if let (Some(s), Some(l)) = (self.sm.as_mut(), sm) {
+            s.set_queue_limits(l);
+        }
+        if let (Some(t), Some(l)) = (self.tcp.as_mut(), tcp) {
+            t.set_queue_limits(l);
+        }
+    }
+}

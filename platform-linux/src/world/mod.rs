@@ -1,0 +1,899 @@
+//! The job API: one object per process that reaches every rank of the job,
+//! over shared memory inside a node and over TCP between nodes — with
+//! non-blocking operations, completions, and one progress call.
+//!
+//! [`World::init`] (or [`Builder`]) asks the wire-up source
+//! ([`crate::wireup`]) who we are, publishes our node name, and after a
+//! fence knows which ranks share our node. Those are reached over shared
+//! memory ([`Sm`], which ranks in node-local numbering — the world
+//! translates); every other rank over TCP ([`Tcp`]). TCP is started only
+//! when the job spans several nodes, or when forced with [`Choice::Tcp`].
+//!
+//! # Operations and completions
+//!
+//! Posting never waits for a peer: [`World::isend`] (copying; the bytes may
+//! be reused at once), [`World::isendv`] (several slices, one message),
+//! [`World::isend_owned`] (zero copy: the buffer travels with the request),
+//! `isend_raw` (zero copy over caller memory, for the C ABI),
+//! [`World::iput`] / [`World::iget`] (between our registered memory and a
+//! peer's; the target's refusal is the completion's status). Each returns
+//! a [`Request`]; [`Request::COMPLETE`] when it finished at once.
+//!
+//! [`World::poll`] runs one progress pass of every transport and hands
+//! out [`Event`]s: messages in place (the bytes borrow the shared-memory
+//! fragment or the TCP read buffer), completions, peer failures. Replies
+//! go through the [`Outbox`] the callback gets, posted when it returns —
+//! no interior mutability needed. Per-tag handlers ([`World::on`]) are
+//! served on the same path. Each completion is reported exactly once: by
+//! `poll` as [`Event::Done`], or by [`World::test`] / [`World::wait`],
+//! whichever sees it first.
+//!
+//! # Blocking calls, one wait loop
+//!
+//! `send`, `put`, `get`, `barrier`, `flush`, `wait` and [`World::drive`]
+//! wait in one loop ([`crate::progress`]) that drives every transport (and
+//! messages to ourselves) on every round, so requests that arrive on one
+//! transport while we wait for another are served: no cycle of ranks
+//! blocked on different transports can deadlock. Messages that arrive
+//! during a blocking call and have no handler are kept (copied) for the
+//! next `poll`. Every wait honours `BTL_TIMEOUT` and ends, naming the peer,
+//! when a peer it depends on fails.
+//!
+//! # Threads
+//!
+//! A `World` is `Send` (it may move to another thread) but not `Sync`: one
+//! thread at a time calls it. Handlers run on the thread that calls
+//! `poll` or a blocking call.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use btl_core::rma::RmaStatus;
+
+use crate::ops::{OpError, PostError, TEvent};
+use crate::progress::{Idle, Waiter, CLOCK_EVERY};
+use crate::regions::Regions;
+use crate::sm::{Sm, SmError};
+use crate::tcp::{Tcp, TcpError};
+use crate::wireup::{self, DynWireup, Identity, WireupError};
+
+mod init;
+mod ops;
+
+pub use btl_core::rma::RegionKey;
+pub use init::{Builder, Opened};
+
+/// Largest user tag of the job API (the table is [`btl_core::tags`]).
+pub const MAX_USER_TAG: u8 = btl_core::tags::MAX_USER_TAG;
+/// Wire-up key of a rank's node name.
+pub const NODE_KEY: &str = "node";
+
+/// Whether this process is a rank of a job (some wire-up source is set,
+/// see [`crate::wireup`]): `Ok(false)` when none is, an error when the
+/// environment names one wrongly.
+pub fn in_job() -> Result<bool, WireupError> {
+    match wireup::Source::from_env() {
+        Ok(_) => Ok(true),
+        Err(WireupError::NoSource) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Our rank as the environment tells it (for error messages before or
+/// without wire-up): `BTL_RANK`, `PMIX_RANK` or `SLURM_PROCID`, else `?`.
+pub fn rank_hint() -> String {
+    [
+        "BTL_RANK",
+        "PMIX_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "SLURM_PROCID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok())
+    .unwrap_or_else(|| "?".into())
+}
+
+/// Which transports to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// Shared memory inside a node, TCP between nodes.
+    Auto,
+    /// Shared memory only (every rank must be on this node).
+    Sm,
+    /// TCP only, even between ranks of one node.
+    Tcp,
+}
+
+impl Choice {
+    /// From `--transport`'s value (`auto`, `sm` or `tcp`).
+    pub fn parse(s: &str) -> Option<Choice> {
+        match s {
+            "auto" => Some(Choice::Auto),
+            "sm" => Some(Choice::Sm),
+            "tcp" => Some(Choice::Tcp),
+            _ => None,
+        }
+    }
+}
+
+/// How a peer is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Me,
+    /// Shared memory, with its node-local rank.
+    Sm(u32),
+    Tcp,
+}
+
+/// The job API's errors.
+#[derive(Debug)]
+pub enum WorldError {
+    /// Wire-up failed.
+    Wireup(WireupError),
+    /// Shared memory failed to start.
+    Sm(SmError),
+    /// TCP failed to start.
+    Tcp(TcpError),
+    /// `--transport sm` in a job across nodes.
+    NotOneNode {
+        /// Nodes of the job.
+        nodes: usize,
+    },
+    /// A peer's wire-up record is missing or malformed.
+    BadRecord {
+        /// The peer.
+        rank: u32,
+        /// The record.
+        key: &'static str,
+    },
+    /// The tag is reserved (user tags are `0..=MAX_USER_TAG`).
+    ReservedTag {
+        /// The tag.
+        tag: u8,
+    },
+    /// There is no such rank.
+    InvalidPeer {
+        /// The rank.
+        peer: u32,
+    },
+    /// A peer failed (died, its connection broke, or it corrupted the
+    /// protocol).
+    PeerFailed {
+        /// The peer.
+        peer: u32,
+        /// Why, as its transport saw it.
+        why: String,
+    },
+    /// A wait took longer than `BTL_TIMEOUT`.
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+    },
+    /// The peer's send queue is full: progress (`poll`) and retry.
+    WouldBlock {
+        /// The peer.
+        peer: u32,
+    },
+    /// The message is larger than the transports carry.
+    TooLarge {
+        /// The limit in bytes.
+        max: u64,
+    },
+    /// The target refused a get or put (unknown region, range outside it)
+    /// or could not copy.
+    Refused {
+        /// Why.
+        status: RmaStatus,
+    },
+    /// The receiver could not handle the message.
+    Remote {
+        /// The peer.
+        peer: u32,
+    },
+    /// The local side of a get or put is not inside a region registered
+    /// with this world (or the key is not ours).
+    BadLocal {
+        /// Why.
+        status: RmaStatus,
+    },
+    /// The region is still used by operations of ours.
+    RegionBusy {
+        /// How many.
+        ops: u32,
+    },
+    /// The request is unknown (never posted, or its completion was already
+    /// reported).
+    UnknownRequest {
+        /// The request.
+        request: u64,
+    },
+    /// A parameter given in code is unknown or malformed.
+    Param {
+        /// The parameter, as `component.name`.
+        name: String,
+        /// What is wrong and what it accepts.
+        message: String,
+    },
+    /// An argument is invalid (null pointer, zero length where one is
+    /// needed, ...).
+    InvalidArgument(&'static str),
+}
+
+impl fmt::Display for WorldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Wireup(e) => write!(f, "{e}"),
+            Self::Sm(e) => write!(f, "{e}"),
+            Self::Tcp(e) => write!(f, "{e}"),
+            Self::NotOneNode { nodes } => write!(
+                f,
+                "--transport sm needs every rank on one node, but the job spans {nodes} nodes"
+            ),
+            Self::BadRecord { rank, key } => {
+                write!(
+                    f,
+                    "rank {rank}'s wire-up record {key:?} is missing or malformed"
+                )
+            }
+            Self::ReservedTag { tag } => {
+                write!(
+                    f,
+                    "tag {tag} is reserved (user tags are 0..={MAX_USER_TAG})"
+                )
+            }
+            Self::InvalidPeer { peer } => write!(f, "there is no rank {peer}"),
+            Self::PeerFailed { peer, why } => write!(f, "rank {peer} failed: {why}"),
+            Self::Timeout { what, waited } => write!(
+                f,
+                "timed out after {:.1} s waiting for {what} (BTL_TIMEOUT)",
+                waited.as_secs_f64()
+            ),
+            Self::WouldBlock { peer } => write!(
+                f,
+                "the send queue to rank {peer} is full (the peer does not drain it)"
+            ),
+            Self::TooLarge { max } => write!(f, "message larger than the {max}-byte limit"),
+            Self::Refused { status } => write!(f, "get/put refused: {status}"),
+            Self::Remote { peer } => write!(f, "rank {peer} could not handle the message"),
+            Self::BadLocal { status } => write!(f, "local side of a get/put: {status}"),
+            Self::RegionBusy { ops } => {
+                write!(f, "region still used by {ops} operation(s) in flight")
+            }
+            Self::UnknownRequest { request } => write!(
+                f,
+                "unknown request {request} (never posted, or already completed and reported)"
+            ),
+            Self::Param { name, message } => write!(f, "parameter {name}: {message}"),
+            Self::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for WorldError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Wireup(e) => Some(e),
+            Self::Sm(e) => Some(e),
+            Self::Tcp(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<WireupError> for WorldError {
+    fn from(e: WireupError) -> Self {
+        Self::Wireup(e)
+    }
+}
+impl From<SmError> for WorldError {
+    fn from(e: SmError) -> Self {
+        Self::Sm(e)
+    }
+}
+impl From<TcpError> for WorldError {
+    fn from(e: TcpError) -> Self {
+        Self::Tcp(e)
+    }
+}
+
+/// A non-blocking operation. [`Request::COMPLETE`] is an operation that
+/// finished when it was posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Request(u64);
+
+impl Request {
+    /// An operation that completed when posted (nothing to wait for).
+    pub const COMPLETE: Request = Request(0);
+
+    /// True for [`Request::COMPLETE`].
+    pub fn is_complete(&self) -> bool {
+        self.0 == 0
+    }
+
+    /// The request's number (0 for [`Request::COMPLETE`]).
+    pub fn id(&self) -> u64 {
+        self.0
+    }
+
+    /// The request numbered `id` (the C ABI's handle).
+    pub fn from_id(id: u64) -> Self {
+        Self(id)
+    }
+}
+
+/// What a progress pass hands out.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A message for a tag without a registered handler.
+    Message {
+        /// The sender's rank.
+        from: u32,
+        /// Its tag.
+        tag: u8,
+        /// Its bytes, valid during the callback.
+        data: &'a [u8],
+    },
+    /// A request completed.
+    Done {
+        /// The request.
+        req: Request,
+        /// Its outcome (the target's refusal of a get or put, a peer's
+        /// failure).
+        result: Result<(), WorldError>,
+    },
+    /// A peer was declared failed (reported once).
+    PeerFailed {
+        /// The peer.
+        peer: u32,
+        /// Why.
+        why: &'a str,
+    },
+}
+
+/// Whether [`World::drive`] goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Keep waiting.
+    Continue,
+    /// Done: return.
+    Done,
+}
+
+/// Messages to post when the callback (or handler) that wrote them
+/// returns: replies without borrowing the world. Each is copied; they are
+/// posted in order.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    buf: Vec<u8>,
+    items: VecDeque<(u32, u8, usize, usize)>,
+}
+
+impl Outbox {
+    /// Queues a message to `peer` with `tag`.
+    pub fn send(&mut self, peer: u32, tag: u8, data: &[u8]) {
+        self.sendv(peer, tag, &[data]);
+    }
+
+    /// Queues the concatenation of `parts` as one message.
+    pub fn sendv(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) {
+        let at = self.buf.len();
+        for p in parts {
+            self.buf.extend_from_slice(p);
+        }
+        self.items.push_back((peer, tag, at, self.buf.len() - at));
+    }
+
+    /// True if nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Hands every queued message to `f` (peer, tag, bytes), in order, and
+    /// empties the outbox (for transports other than the job API's that
+    /// serve the same consumers).
+    pub fn drain(&mut self, mut f: impl FnMut(u32, u8, &[u8])) {
+        while let Some((peer, tag, at, len)) = self.items.pop_front() {
+            f(peer, tag, &self.buf[at..at + len]);
+        }
+        self.buf.clear();
+    }
+}
+
+/// A message handler: the outbox for replies, the sender's rank, the bytes
+/// (in place, valid during the call).
+pub type Handler<'m> = Box<dyn FnMut(&mut Outbox, u32, &[u8]) + Send + 'm>;
+
+/// An event consumer: returns whether it took the event (an event it does
+/// not take is kept, as if nobody were listening).
+type User<'u> = &'u mut dyn FnMut(&mut Outbox, Event<'_>) -> bool;
+
+/// The state of a request.
+struct Req {
+    /// Its outcome, once known.
+    result: Option<Result<(), OpError>>,
+    /// Our region it uses (unpinned at completion).
+    pin: Option<u32>,
+    /// A buffer it owns (zero-copy send of an owned buffer).
+    _keep: Option<Box<dyn AsRef<[u8]> + Send>>,
+    /// Where it went (for cancelling).
+    route: Route,
+}
+
+/// Everything the transports' events touch: handlers, requests, barrier
+/// arrivals, failures, messages kept for later.
+struct Hub<'m> {
+    me: u32,
+    /// Global ranks of our node, by local rank.
+    local: Vec<u32>,
+    handlers: Vec<Option<Handler<'m>>>,
+    outbox: Outbox,
+    /// Messages that arrived with nobody listening (blocking calls).
+    stash: VecDeque<(u32, u8, Vec<u8>)>,
+    /// Messages to ourselves, delivered by the next pass.
+    to_self: VecDeque<(u8, Vec<u8>)>,
+    reqs: HashMap<u64, Req>,
+    /// Requests completed with nobody listening, in order.
+    completed: VecDeque<u64>,
+    next_req: u64,
+    /// Peers (global) that announced each barrier epoch.
+    barrier_in: HashMap<u64, HashSet<u32>>,
+    /// Peers (global) declared failed, with why.
+    failed: Vec<(u32, String)>,
+    /// Regions to unpin after the pass (completed operations).
+    unpin: Vec<u32>,
+}
+
+impl Hub<'_> {
+    fn global(&self, sm: bool, peer: u32) -> u32 {
+        if sm {
+            self.local.get(peer as usize).copied().unwrap_or(u32::MAX)
+        } else {
+            peer
+        }
+    }
+
+    fn new_req(&mut self, pin: Option<u32>, route: Route) -> u64 {
+        self.next_req += 1;
+        let id = self.next_req;
+        self.reqs.insert(
+            id,
+            Req {
+                result: None,
+                pin,
+                _keep: None,
+                route,
+            },
+        );
+        id
+    }
+
+    /// Delivers a message: to its handler, else to the consumer, else
+    /// kept.
+    fn message(&mut self, from: u32, tag: u8, data: &[u8], user: &mut Option<User<'_>>) {
+        if let Some(h) = self
+            .handlers
+            .get_mut(usize::from(tag))
+            .and_then(Option::as_mut)
+        {
+            h(&mut self.outbox, from, data);
+            return;
+        }
+        if let Some(u) = user.as_mut() {
+            if u(&mut self.outbox, Event::Message { from, tag, data }) {
+                return;
+            }
+        }
+        self.stash.push_back((from, tag, data.to_vec()));
+    }
+
+    fn done(&mut self, op: u64, result: Result<(), OpError>, user: &mut Option<User<'_>>) {
+        let Some(r) = self.reqs.get_mut(&op) else {
+            // Cancelled: nobody waits for it.
+            return;
+        };
+        if let Some(id) = r.pin.take() {
+            self.unpin.push(id);
+        }
+        if let Some(u) = user.as_mut() {
+            let ev = Event::Done {
+                req: Request(op),
+                result: result.clone().map_err(|e| op_error(e, &self.failed)),
+            };
+            if u(&mut self.outbox, ev) {
+                self.reqs.remove(&op);
+                return;
+            }
+        }
+        if let Some(r) = self.reqs.get_mut(&op) {
+            r.result = Some(result);
+            r._keep = None;
+        }
+        self.completed.push_back(op);
+    }
+
+    fn on_event(&mut self, sm: bool, ev: TEvent<'_>, user: &mut Option<User<'_>>) {
+        match ev {
+            TEvent::Message { from, tag, data } => {
+                let g = self.global(sm, from);
+                self.message(g, tag, data, user);
+            }
+            TEvent::Done { op, result } => {
+                let result = result.map_err(|e| match e {
+                    OpError::PeerFailed { peer } => OpError::PeerFailed {
+                        peer: self.global(sm, peer),
+                    },
+                    e => e,
+                });
+                self.done(op, result, user);
+            }
+            TEvent::Barrier { from, epoch } => {
+                let g = self.global(sm, from);
+                self.barrier_in.entry(epoch).or_default().insert(g);
+            }
+            TEvent::PeerFailed { peer, why } => {
+                let g = self.global(sm, peer);
+                if !self.failed.iter().any(|(p, _)| *p == g) {
+                    self.failed.push((g, why.to_string()));
+                }
+                if let Some(u) = user.as_mut() {
+                    u(&mut self.outbox, Event::PeerFailed { peer: g, why });
+                }
+            }
+        }
+    }
+
+    /// Hands what was kept during blocking calls to a consumer that is
+    /// listening now.
+    fn replay(&mut self, user: &mut Option<User<'_>>) -> usize {
+        let Some(u) = user.as_mut() else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Some((from, tag, data)) = self.stash.pop_front() {
+            n += 1;
+            if !u(
+                &mut self.outbox,
+                Event::Message {
+                    from,
+                    tag,
+                    data: &data,
+                },
+            ) {
+                self.stash.push_front((from, tag, data));
+                return n;
+            }
+        }
+        while let Some(op) = self.completed.pop_front() {
+            let Some(result) = self.reqs.get(&op).and_then(|r| r.result.clone()) else {
+                continue;
+            };
+            n += 1;
+            let ev = Event::Done {
+                req: Request(op),
+                result: result.map_err(|e| op_error(e, &self.failed)),
+            };
+            if u(&mut self.outbox, ev) {
+                self.reqs.remove(&op);
+            } else {
+                self.completed.push_front(op);
+                return n;
+            }
+        }
+        n
+    }
+}
+
+/// An operation's error as the job API reports it.
+fn op_error(e: OpError, failed: &[(u32, String)]) -> WorldError {
+    match e {
+        OpError::PeerFailed { peer } => WorldError::PeerFailed {
+            peer,
+            why: failed
+                .iter()
+                .find(|(p, _)| *p == peer)
+                .map(|(_, w)| w.clone())
+                .unwrap_or_else(|| "failed".into()),
+        },
+        OpError::Refused(status) => WorldError::Refused { status },
+        OpError::Remote => WorldError::Remote { peer: u32::MAX },
+    }
+}
+
+/// One process's view of its job: every rank, over the right transport.
+/// `'m` is the lifetime of memory registered with [`World::register`].
+pub struct World<'m> {
+    id: Identity,
+    /// Kept for the job's life: with a user-given rendezvous, rank 0's
+    /// holds the service the others may still be reading from.
+    _wireup: DynWireup,
+    nodes: usize,
+    route: Vec<Route>,
+    sm: Option<Sm>,
+    tcp: Option<Tcp>,
+    regions: Regions,
+    hub: Hub<'m>,
+    timeout: Duration,
+    oversubscribed: bool,
+    choice: Choice,
+    /// Passes since the clock was last looked at (liveness checks).
+    passes: u32,
+    barrier_epoch: u64,
+    _mem: PhantomData<&'m mut [u8]>,
+}
+
+impl fmt::Debug for World<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("World")
+            .field("id", &self.id)
+            .field("nodes", &self.nodes)
+            .field("local", &self.hub.local)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'m> World<'m> {
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.id.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> u32 {
+        self.id.size
+    }
+
+    /// Who we are (job, rank, size, node).
+    pub fn identity(&self) -> &Identity {
+        &self.id
+    }
+
+    /// Number of nodes the job spans.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// The ranks that share our node (reached over shared memory, unless
+    /// TCP was forced).
+    pub fn local_ranks(&self) -> &[u32] {
+        &self.hub.local
+    }
+
+    /// The shared-memory transport, if any peer uses it.
+    pub fn sm(&self) -> Option<&Sm> {
+        self.sm.as_ref()
+    }
+
+    /// The TCP transport, if any peer uses it.
+    pub fn tcp(&self) -> Option<&Tcp> {
+        self.tcp.as_ref()
+    }
+
+    /// How long blocking calls wait at most (`BTL_TIMEOUT`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn route_of(&self, peer: u32) -> Result<Route, WorldError> {
+        self.route
+            .get(peer as usize)
+            .copied()
+            .ok_or(WorldError::InvalidPeer { peer })
+    }
+
+    /// Registers `handler` for `tag` (replacing any earlier one). It runs
+    /// inside [`Self::poll`] or a blocking call with the outbox for
+    /// replies, the sender's rank and the message.
+    pub fn on(
+        &mut self,
+        tag: u8,
+        handler: impl FnMut(&mut Outbox, u32, &[u8]) + Send + 'm,
+    ) -> Result<(), WorldError> {
+        if tag > MAX_USER_TAG {
+            return Err(WorldError::ReservedTag { tag });
+        }
+        self.hub.handlers[usize::from(tag)] = Some(Box::new(handler));
+        Ok(())
+    }
+
+    /// Removes the handler of `tag`: its messages go to `poll` again.
+    pub fn off(&mut self, tag: u8) {
+        if let Some(h) = self.hub.handlers.get_mut(usize::from(tag)) {
+            *h = None;
+        }
+    }
+
+    /// One progress pass over every transport and our own messages,
+    /// handing each event to `f` (messages for tags without a handler,
+    /// completions, failures). Returns the number of events. Never blocks.
+    pub fn poll(&mut self, mut f: impl FnMut(&mut Outbox, Event<'_>)) -> usize {
+        let mut u = |o: &mut Outbox, e: Event<'_>| {
+            f(o, e);
+            true
+        };
+        self.pass(&mut Some(&mut u), Duration::ZERO)
+    }
+
+    /// One progress pass with nobody listening: messages go to their
+    /// handlers (or are kept for the next [`Self::poll`]), completions are
+    /// kept for [`Self::test`]. Returns the number of events.
+    pub fn progress(&mut self) -> usize {
+        self.pass(&mut None, Duration::ZERO)
+    }
+
+    /// One pass: every transport, messages to ourselves, the outbox; the
+    /// liveness check every [`CLOCK_EVERY`] passes. `block` lets a
+    /// TCP-only world sleep in `epoll_wait` that long.
+    fn pass(&mut self, user: &mut Option<User<'_>>, block: Duration) -> usize {
+        let mut n = self.hub.replay(user);
+        if let Some(sm) = &mut self.sm {
+            let hub = &mut self.hub;
+            n += sm.progress(&mut self.regions, &mut |ev| hub.on_event(true, ev, user));
+        }
+        if let Some(tcp) = &mut self.tcp {
+            let hub = &mut self.hub;
+            let t = if self.sm.is_some() {
+                Duration::ZERO
+            } else {
+                block
+            };
+            n += tcp.progress_timeout(
+                &mut self.regions,
+                &mut |ev| hub.on_event(false, ev, user),
+                t,
+            );
+        }
+        while let Some((tag, data)) = self.hub.to_self.pop_front() {
+            n += 1;
+            let me = self.hub.me;
+            self.hub.message(me, tag, &data, user);
+        }
+        for id in std::mem::take(&mut self.hub.unpin) {
+            self.regions.unpin(id);
+        }
+        if !self.hub.outbox.is_empty() {
+            n += self.post_outbox();
+        }
+        self.passes = self.passes.wrapping_add(1);
+        if self.passes % CLOCK_EVERY == 0 {
+            if let Some(sm) = &mut self.sm {
+                sm.check_peers_every(std::time::Instant::now());
+            }
+        }
+        n
+    }
+
+    /// Posts what handlers and callbacks left in the outbox (in order; a
+    /// full queue keeps the rest for the next pass).
+    fn post_outbox(&mut self) -> usize {
+        let mut out = std::mem::take(&mut self.hub.outbox);
+        let mut n = 0;
+        while let Some(&(peer, tag, at, len)) = out.items.front() {
+            match self.isend(peer, tag, &out.buf[at..at + len]) {
+                Err(WorldError::WouldBlock { .. }) => break,
+                Err(e) => log::warn!("reply to rank {peer} with tag {tag} dropped: {e}"),
+                Ok(_) => n += 1,
+            }
+            out.items.pop_front();
+        }
+        if out.items.is_empty() {
+            out.buf.clear();
+        }
+        // Replies queued by the handlers of this very loop come after.
+        let newer = std::mem::take(&mut self.hub.outbox);
+        for (peer, tag, at, len) in newer.items {
+            out.sendv(peer, tag, &[&newer.buf[at..at + len]]);
+        }
+        self.hub.outbox = out;
+        n
+    }
+
+    /// Peers that failed so far, with the reason.
+    pub fn failed_peers(&self) -> Vec<(u32, String)> {
+        self.hub.failed.clone()
+    }
+
+    /// The one wait loop: passes until `done`, idling politely, checking
+    /// liveness; ends with [`WorldError::PeerFailed`] when a failed peer
+    /// `p` has `fatal(world, p)`, with [`WorldError::Timeout`] after
+    /// `BTL_TIMEOUT`. Events go to `user` (if any) as in `poll`.
+    fn wait_loop(
+        &mut self,
+        what: &'static str,
+        fatal: &mut dyn FnMut(&World<'m>, u32) -> bool,
+        user: &mut Option<User<'_>>,
+        done: &mut dyn FnMut(&mut World<'m>) -> bool,
+    ) -> Result<(), WorldError> {
+        let mut w = Waiter::new(what, self.timeout, self.oversubscribed);
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            let block = match w.idle() {
+                Idle::Nap(_) if self.sm.is_none() => Duration::from_millis(1),
+                _ => Duration::ZERO,
+            };
+            let n = self.pass(user, block);
+            if let Some(now) = w.pass(n) {
+                if let Some(sm) = &mut self.sm {
+                    sm.check_peers_every(now);
+                }
+                let failed = self
+                    .hub
+                    .failed
+                    .iter()
+                    .find(|(p, _)| fatal(self, *p))
+                    .cloned();
+                if let Some((peer, why)) = failed {
+                    return Err(WorldError::PeerFailed { peer, why });
+                }
+                if let Some(waited) = w.expired(now) {
+                    return Err(WorldError::Timeout { what, waited });
+                }
+            }
+            if n > 0 {
+                continue;
+            }
+            if w.just_stopped_spinning() {
+                if let Some(sm) = &mut self.sm {
+                    sm.release_consumed();
+                }
+            }
+            if block.is_zero() {
+                w.rest();
+            }
+        }
+    }
+
+    /// Progresses until `cond(world)`: messages go to handlers (or are kept
+    /// for the next `poll`). Ends with [`WorldError::PeerFailed`] when
+    /// `peer` fails — or, with `peer` `None`, when any peer fails — and with
+    /// [`WorldError::Timeout`] after `BTL_TIMEOUT`.
+    pub fn wait_until(
+        &mut self,
+        what: &'static str,
+        peer: Option<u32>,
+        mut cond: impl FnMut(&mut World<'m>) -> bool,
+    ) -> Result<(), WorldError> {
+        self.wait_loop(
+            what,
+            &mut |_, p| peer.is_none_or(|want| want == p),
+            &mut None,
+            &mut cond,
+        )
+    }
+
+    /// Progresses, handing every event to `f` as [`Self::poll`] does,
+    /// until `f` returns [`Flow::Done`]; events after that are kept for
+    /// later. Ends with an error as [`Self::wait_until`] does. The state
+    /// `f` updates is its own (a closure over local variables): no shared
+    /// cells needed.
+    pub fn drive(
+        &mut self,
+        what: &'static str,
+        peer: Option<u32>,
+        mut f: impl FnMut(&mut Outbox, Event<'_>) -> Flow,
+    ) -> Result<(), WorldError> {
+        // Internal to this call: the consumer sets it, the loop reads it.
+        let finished = std::cell::Cell::new(false);
+        let mut wrapped = |o: &mut Outbox, e: Event<'_>| {
+            if finished.get() {
+                return false;
+            }
+            if f(o, e) == Flow::Done {
+                finished.set(true);
+            }
+            true
+        };
+        let mut u: Option<User<'_>> = Some(&mut wrapped);
+        self.wait_loop(
+            what,
+            &mut |_, p| peer.is_none_or(|want| want == p),
+            &mut u,
+            &mut |_| finished.get(),
+        )
+    }
+}
