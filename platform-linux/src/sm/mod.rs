@@ -380,6 +380,13 @@ impl Sm {
         }
     }
 
+    /// Whether the address range `data` lies in the shared segment (a message handed out in
+    /// place, from its fragment).
+    pub fn holds(&self, data: &std::ops::Range<usize>) -> bool {
+        let base = self.segment.as_ptr() as usize;
+        base <= data.start && data.end <= base + self.segment.len()
+    }
+
     /// Sends and acknowledgements that had to wait behind a full ring.
     pub fn queued_total(&self) -> u64 {
         self.engine.queued_total()

@@ -117,10 +117,12 @@ impl Tcp {
             what: "register a connection",
             source: e.into(),
         })?;
+        let buf = vec![0u8; self.cfg.cache].into_boxed_slice();
+        let rbuf = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
         let dec = if incoming.is_some() || connecting {
-            Decoder::expecting_handshake(vec![0u8; self.cfg.cache].into_boxed_slice())
+            Decoder::expecting_handshake(buf)
         } else {
-            Decoder::new(vec![0u8; self.cfg.cache].into_boxed_slice())
+            Decoder::new(buf)
         }
         .map_err(|e| TcpError::Param(e.to_string()))?;
         self.conns.insert(
@@ -138,6 +140,7 @@ impl Tcp {
                 payload: Vec::new(),
                 into: None,
                 delivered: false,
+                rbuf,
                 close_after_write: false,
                 addr,
             },

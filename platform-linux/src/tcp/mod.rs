@@ -158,6 +158,9 @@ struct Conn {
     into: Option<(RawBuf, usize)>,
     /// The current frame was delivered in place already.
     delivered: bool,
+    /// Where the read-ahead buffer is (the decoder owns it; a boxed slice
+    /// does not move).
+    rbuf: std::ops::Range<usize>,
     /// Drop once `out` is written.
     close_after_write: bool,
     /// Peer address, for logs.
@@ -402,6 +405,18 @@ impl Tcp {
             .all(|p| p.failed.is_some() || p.queued_frames == 0)
             && self.conns.values().all(|c| c.out.is_empty())
             && self.rma_wait.is_empty()
+    }
+
+    /// Whether the address range `data` lies in one of our connections' read buffers (the
+    /// read-ahead buffer, or the buffer a large payload was read into
+    /// directly): how messages are handed out in place.
+    pub fn holds(&self, data: &std::ops::Range<usize>) -> bool {
+        let (a, b) = (data.start, data.end);
+        self.conns.values().any(|c| {
+            let p = c.payload.as_ptr() as usize;
+            (c.rbuf.start <= a && b <= c.rbuf.end)
+                || (c.payload.capacity() > 0 && p <= a && b <= p + c.payload.capacity())
+        })
     }
 
     fn now_ms(&self) -> u64 {

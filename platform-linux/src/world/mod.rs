@@ -354,6 +354,17 @@ pub enum Event<'a> {
     },
 }
 
+/// Where a payload lies ([`World::payload_location`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadLocation {
+    /// In the shared segment (a fragment).
+    SharedMemory,
+    /// In a TCP connection's read buffer.
+    TcpReadBuffer,
+    /// Anywhere else (a reassembly or staging copy).
+    Elsewhere,
+}
+
 /// Whether [`World::drive`] goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
@@ -670,6 +681,20 @@ impl<'m> World<'m> {
     /// The TCP transport, if any peer uses it.
     pub fn tcp(&self) -> Option<&Tcp> {
         self.tcp.as_ref()
+    }
+
+    /// Where the `len` bytes at `ptr` lie — a diagnostic for payloads
+    /// handed out by events (record `data.as_ptr()` in the callback, ask
+    /// afterwards): it shows that messages are handed out in place.
+    pub fn payload_location(&self, ptr: *const u8, len: usize) -> PayloadLocation {
+        let r = ptr as usize..ptr as usize + len;
+        if self.sm.as_ref().is_some_and(|s| s.holds(&r)) {
+            PayloadLocation::SharedMemory
+        } else if self.tcp.as_ref().is_some_and(|t| t.holds(&r)) {
+            PayloadLocation::TcpReadBuffer
+        } else {
+            PayloadLocation::Elsewhere
+        }
     }
 
     /// How long blocking calls wait at most (`BTL_TIMEOUT`).

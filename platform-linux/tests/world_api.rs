@@ -1,0 +1,526 @@
+//! The non-blocking job API, used as a program would, with ranks started
+//! by `btl run` (or, for the cross-transport cycle, by hand through a
+//! rendezvous with chosen node names): request/reply inside a handler,
+//! overlap of posted sends with computation, vectored sends, messages
+//! handed out in place, registration of user memory with keys exchanged
+//! (stale and forged keys refused), and get/put cycles across both
+//! transports that must not deadlock.
+//!
+//! The ranks are this test binary itself, re-run with `BTL_TEST_ROLE`
+//! (`scenario:transport`); the `role` test then does the rank's work.
+
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use btl_linux::world::{
+    Builder, Choice, Event, Flow, Outbox, PayloadLocation, RegionKey, Request, World, WorldError,
+};
+
+const BTL: &str = env!("CARGO_BIN_EXE_btl");
+const TAG_REQ: u8 = 1;
+const TAG_REP: u8 = 2;
+const TAG_DATA: u8 = 3;
+const TAG_KEY: u8 = 4;
+
+type R<T> = Result<T, String>;
+
+fn e(x: impl std::fmt::Display) -> String {
+    x.to_string()
+}
+
+/// Bytes of message `i` from `src`, `len` long.
+fn pattern(src: u32, i: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| (k as u64 ^ i.wrapping_mul(0x9e37) ^ u64::from(src) << 5) as u8)
+        .collect()
+}
+
+/// Request/reply in a handler: every rank answers requests with the bytes
+/// reversed, through the handler's outbox; rank 0 asks everybody.
+fn reqreply(w: &mut World<'_>) -> R<String> {
+    let me = w.rank();
+    w.on(TAG_REQ, move |out: &mut Outbox, from, data| {
+        let mut r = data.to_vec();
+        r.reverse();
+        r.extend_from_slice(&me.to_le_bytes());
+        out.send(from, TAG_REP, &r);
+    })
+    .map_err(e)?;
+    w.barrier().map_err(e)?;
+    if me == 0 {
+        let n = w.size();
+        for p in 1..n {
+            w.isend(p, TAG_REQ, &pattern(0, u64::from(p), 100 + p as usize))
+                .map_err(e)?;
+        }
+        let mut answers = 0;
+        let mut bad = Vec::new();
+        w.drive("the replies", None, |_, ev| {
+            if let Event::Message {
+                from,
+                tag: TAG_REP,
+                data,
+            } = ev
+            {
+                let mut want = pattern(0, u64::from(from), 100 + from as usize);
+                want.reverse();
+                want.extend_from_slice(&from.to_le_bytes());
+                if data != want.as_slice() {
+                    bad.push(from);
+                }
+                answers += 1;
+            }
+            if answers == n - 1 {
+                Flow::Done
+            } else {
+                Flow::Continue
+            }
+        })
+        .map_err(e)?;
+        if !bad.is_empty() {
+            return Err(format!("wrong replies from {bad:?}"));
+        }
+    }
+    w.barrier().map_err(e)?;
+    Ok("request/reply ok".into())
+}
+
+/// Overlap: rank 0 posts 64 zero-copy sends (and a vectored one), computes
+/// while they complete, then checks every request completed; rank 1 checks
+/// every message.
+fn overlap(w: &mut World<'_>) -> R<String> {
+    const N: u64 = 64;
+    let size = |i: u64| if i % 2 == 0 { 256 << 10 } else { 3000 };
+    w.barrier().map_err(e)?;
+    match w.rank() {
+        0 => {
+            let mut reqs: Vec<Request> = Vec::new();
+            for i in 0..N {
+                reqs.push(
+                    w.isend_owned(1, TAG_DATA, pattern(0, i, size(i)))
+                        .map_err(e)?,
+                );
+            }
+            // One message in three pieces.
+            let (a, b, c) = (b"vec".as_slice(), [7u8; 5000], b"tored".as_slice());
+            w.isendv(1, TAG_REQ, &[a, &b, c]).map_err(e)?;
+            // Compute, progressing now and then.
+            let t0 = Instant::now();
+            let mut x = 0x1234_5678_u64;
+            let mut done = vec![false; reqs.len()];
+            let mut rounds = 0u64;
+            while done.iter().any(|d| !d) {
+                for _ in 0..10_000 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                }
+                w.progress();
+                for (i, r) in reqs.iter().enumerate() {
+                    if !done[i] {
+                        if let Some(res) = w.test(*r).map_err(e)? {
+                            res.map_err(|err| format!("send {i}: {err}"))?;
+                            done[i] = true;
+                        }
+                    }
+                }
+                rounds += 1;
+                if t0.elapsed() > Duration::from_secs(60) {
+                    return Err("the posted sends did not complete".into());
+                }
+            }
+            std::hint::black_box(x);
+            w.flush().map_err(e)?;
+            w.barrier().map_err(e)?;
+            Ok(format!("64 sends overlapped with {rounds} compute rounds"))
+        }
+        1 => {
+            let (mut got, mut vectored, mut bad) = (0u64, false, Vec::new());
+            w.drive("the 64 sends", Some(0), |_, ev| {
+                match ev {
+                    Event::Message {
+                        tag: TAG_DATA,
+                        data,
+                        ..
+                    } => {
+                        if data != pattern(0, got, size(got)).as_slice() {
+                            bad.push(got);
+                        }
+                        got += 1;
+                    }
+                    Event::Message {
+                        tag: TAG_REQ, data, ..
+                    } => {
+                        let mut want = b"vec".to_vec();
+                        want.extend_from_slice(&[7u8; 5000]);
+                        want.extend_from_slice(b"tored");
+                        vectored = data == want.as_slice();
+                    }
+                    _ => {}
+                }
+                if got == N && vectored {
+                    Flow::Done
+                } else {
+                    Flow::Continue
+                }
+            })
+            .map_err(e)?;
+            if !bad.is_empty() {
+                return Err(format!("messages {bad:?} differ"));
+            }
+            w.barrier().map_err(e)?;
+            Ok("64 messages and the vectored one intact".into())
+        }
+        _ => Ok("idle".into()),
+    }
+}
+
+/// Messages are handed out in place: the payload lies in the TCP read
+/// buffer or the shared segment, not in a fresh allocation.
+fn inplace(w: &mut World<'_>, tcp: bool) -> R<String> {
+    let sizes = [64usize, 4096, 16 << 10];
+    w.barrier().map_err(e)?;
+    if w.rank() == 0 {
+        // Rank 1 says when it listens (messages that arrive during a
+        // blocking call with nobody listening are kept as copies).
+        w.drive("rank 1 to listen", Some(1), |_, ev| match ev {
+            Event::Message { tag: TAG_REQ, .. } => Flow::Done,
+            _ => Flow::Continue,
+        })
+        .map_err(e)?;
+        for (i, &s) in sizes.iter().enumerate() {
+            w.send(1, TAG_DATA, &pattern(0, i as u64, s)).map_err(e)?;
+        }
+    } else if w.rank() == 1 {
+        w.isend(0, TAG_REQ, b"go").map_err(e)?;
+        let mut seen: Vec<(usize, usize)> = Vec::new();
+        while seen.len() < sizes.len() {
+            w.poll(|_, ev| {
+                if let Event::Message { data, .. } = ev {
+                    seen.push((data.as_ptr() as usize, data.len()));
+                }
+            });
+        }
+        let want = if tcp {
+            PayloadLocation::TcpReadBuffer
+        } else {
+            PayloadLocation::SharedMemory
+        };
+        for (ptr, len) in seen {
+            let at = w.payload_location(ptr as *const u8, len);
+            if at != want {
+                return Err(format!("a {len}-byte message was handed out from {at:?}"));
+            }
+        }
+    }
+    w.barrier().map_err(e)?;
+    Ok("messages handed out in place".into())
+}
+
+/// Registration of user memory: keys exchanged as bytes, puts and gets
+/// into every peer's memory, then a stale key and a forged one refused.
+fn regions<'m>(w: &mut World<'m>, mem: &'m mut [u8]) -> R<String> {
+    let (me, n) = (w.rank(), w.size());
+    let slot = mem.len() / n as usize;
+    // Borrowed by the world for its life ('m): the caller declared the
+    // memory before the world.
+    let key = w.register(mem);
+    let mut keys: Vec<Option<RegionKey>> = vec![None; n as usize];
+    keys[me as usize] = Some(key);
+    for p in (0..n).filter(|&p| p != me) {
+        w.isend(p, TAG_KEY, &key.to_bytes()).map_err(e)?;
+    }
+    if keys.iter().any(Option::is_none) {
+        w.drive("the keys", None, |_, ev| {
+            if let Event::Message {
+                from,
+                tag: TAG_KEY,
+                data,
+            } = ev
+            {
+                keys[from as usize] = RegionKey::from_bytes(data);
+            }
+            if keys.iter().all(Option::is_some) {
+                Flow::Done
+            } else {
+                Flow::Continue
+            }
+        })
+        .map_err(e)?;
+    }
+    // A second region of ours as the local side of iput/iget.
+    let local = w.register_owned(pattern(me, 7, slot).into_boxed_slice());
+    let mut reqs = Vec::new();
+    for p in 0..n {
+        let k = keys[p as usize].ok_or("missing key")?;
+        reqs.push(
+            w.iput(&local, 0, &k, u64::from(me) * slot as u64, slot as u64)
+                .map_err(e)?,
+        );
+    }
+    for r in reqs {
+        w.wait(r).map_err(e)?;
+    }
+    w.barrier().map_err(e)?;
+    let mine = w.region(&key).ok_or("our region is gone")?.to_vec();
+    for p in 0..n {
+        let at = p as usize * slot;
+        if mine[at..at + slot] != pattern(p, 7, slot)[..] {
+            return Err(format!("rank {p}'s put into our memory is wrong"));
+        }
+    }
+    // Read back what we put, into the local region, and check it.
+    let scratch = w.register_owned(vec![0u8; slot].into_boxed_slice());
+    for p in 0..n {
+        let k = keys[p as usize].ok_or("missing key")?;
+        let r = w
+            .iget(&scratch, 0, &k, u64::from(me) * slot as u64, slot as u64)
+            .map_err(e)?;
+        w.wait(r).map_err(e)?;
+        if w.region(&scratch).ok_or("scratch gone")? != pattern(me, 7, slot).as_slice() {
+            return Err(format!("get from rank {p} returned the wrong bytes"));
+        }
+    }
+    // A region in use cannot go; one that is idle can.
+    w.barrier().map_err(e)?;
+    w.deregister(&key).map_err(e)?;
+    w.barrier().map_err(e)?;
+    let next = (me + 1) % n;
+    let k = keys[next as usize].ok_or("missing key")?;
+    let forged = RegionKey {
+        id: k.id + 1000,
+        ..k
+    };
+    for (what, k) in [("stale", k), ("forged", forged)] {
+        let r = w.iget(&scratch, 0, &k, 0, 8).map_err(e)?;
+        match w.wait(r) {
+            Err(WorldError::Refused { .. }) => {}
+            other => return Err(format!("a get with a {what} key: {other:?}")),
+        }
+    }
+    if RegionKey::from_bytes(&[1, 2, 3]).is_some() {
+        return Err("a malformed key decoded".into());
+    }
+    w.barrier().map_err(e)?;
+    Ok("registered memory, keys, stale and forged keys refused".into())
+}
+
+/// Four ranks, nodes a, b, a, b: each gets from (and puts into) the next in
+/// the cycle 0 → 1 (TCP) → 3 (shared memory) → 2 (TCP) → 0 (shared
+/// memory), all at the same time, many rounds. A rank waiting on one
+/// transport must serve requests on the other, or the cycle deadlocks.
+fn cycle(w: &mut World<'_>) -> R<String> {
+    let me = w.rank();
+    let next = [1u32, 3, 0, 2][me as usize];
+    let len = 256 << 10;
+    let key = w.register_owned(pattern(me, 9, len).into_boxed_slice());
+    let mut keys = vec![None; 4];
+    keys[me as usize] = Some(key);
+    for p in (0..4).filter(|&p| p != me) {
+        w.isend(p, TAG_KEY, &key.to_bytes()).map_err(e)?;
+    }
+    w.drive("the keys", None, |_, ev| {
+        if let Event::Message {
+            from,
+            tag: TAG_KEY,
+            data,
+        } = ev
+        {
+            keys[from as usize] = RegionKey::from_bytes(data);
+        }
+        if keys.iter().all(Option::is_some) {
+            Flow::Done
+        } else {
+            Flow::Continue
+        }
+    })
+    .map_err(e)?;
+    let k = keys[next as usize].ok_or("missing key")?;
+    let mut buf = vec![0u8; len];
+    for round in 0..40u32 {
+        w.barrier().map_err(e)?;
+        // Everybody blocks in a get to the next one at once.
+        w.get(&k, 0, &mut buf)
+            .map_err(e)?
+            .map_err(|s| format!("round {round}: get refused: {s}"))?;
+        if buf != pattern(next, 9, len) {
+            return Err(format!("round {round}: get returned the wrong bytes"));
+        }
+        w.put(&k, 0, &buf)
+            .map_err(e)?
+            .map_err(|s| format!("round {round}: put refused: {s}"))?;
+    }
+    w.barrier().map_err(e)?;
+    Ok(format!(
+        "40 rounds of get/put in a cycle across both transports ({})",
+        w.summary()
+    ))
+}
+
+#[test]
+fn role() {
+    let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
+        return;
+    };
+    let (scenario, transport) = role.split_once(':').expect("scenario:transport");
+    let choice = Choice::parse(transport).expect("a transport choice");
+    // Declared before the world, so it outlives it.
+    let mut mem = vec![0u8; 4 * 8192];
+    let r = (|| -> R<String> {
+        let mut w = Builder::new().transports(choice).init().map_err(e)?;
+        match scenario {
+            "reqreply" => reqreply(&mut w),
+            "overlap" => overlap(&mut w),
+            "inplace" => inplace(&mut w, transport == "tcp"),
+            "regions" => {
+                let n = w.size() as usize;
+                regions(&mut w, &mut mem[..n * 8192])
+            }
+            "cycle" => cycle(&mut w),
+            other => Err(format!("unknown scenario {other}")),
+        }
+    })();
+    match r {
+        Ok(line) => println!("OK {scenario}: {line}"),
+        Err(err) => panic!("rank failed in {scenario}: {err}"),
+    }
+}
+
+fn run_job(n: u32, scenario: &str, transport: &str) -> Output {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(BTL)
+        .args(["run", "-n", &n.to_string(), "--timeout", "120", "--"])
+        .arg(&exe)
+        .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
+        .env("BTL_TEST_ROLE", format!("{scenario}:{transport}"))
+        .env("BTL_TIMEOUT", "60")
+        .output()
+        .unwrap();
+    check(&out, n, scenario);
+    out
+}
+
+fn check(o: &Output, n: u32, scenario: &str) {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{:?}\n{out}\n{err}", o.status);
+    assert_eq!(
+        out.matches(&format!("OK {scenario}:")).count(),
+        n as usize,
+        "{out}\n{err}"
+    );
+}
+
+#[test]
+fn request_reply_in_a_handler() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(4, "reqreply", "sm");
+        run_job(3, "reqreply", "tcp");
+    }
+}
+
+#[test]
+fn posted_sends_overlap_with_computation() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(2, "overlap", "sm");
+        run_job(2, "overlap", "tcp");
+    }
+}
+
+#[test]
+fn messages_are_handed_out_in_place() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(2, "inplace", "tcp");
+    }
+}
+
+#[test]
+fn registered_user_memory_and_keys() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(3, "regions", "sm");
+        run_job(3, "regions", "tcp");
+    }
+}
+
+/// The cycle of blocking gets across transports (the cross-host get/put
+/// deadlock), four ranks on two "nodes" of this machine through a
+/// rendezvous with chosen node names.
+#[test]
+fn get_put_cycle_across_transports_completes() {
+    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+        return;
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let exe = std::env::current_exe().unwrap();
+    let job = format!("cyc{}", std::process::id());
+    let children: Vec<_> = (0..4u32)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
+                .env("BTL_TEST_ROLE", "cycle:auto")
+                .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
+                .env("BTL_RANK", r.to_string())
+                .env("BTL_SIZE", "4")
+                .env("BTL_NODE", if r % 2 == 0 { "nodea" } else { "nodeb" })
+                .env("BTL_JOB", &job)
+                .env("BTL_TIMEOUT", "60")
+                .env_remove("BTL_SESSION_DIR")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let mut outs = Vec::new();
+    for mut c in children {
+        while c.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("a rank of the cycle hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        outs.push(c.wait_with_output().unwrap());
+    }
+    for (r, o) in outs.iter().enumerate() {
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "rank {r}:\n{out}\n{err}");
+        assert!(out.contains("OK cycle:"), "rank {r}:\n{out}\n{err}");
+        assert!(
+            out.contains("shared memory to 1 rank(s), TCP to 2 rank(s)"),
+            "rank {r} did not use both transports:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn builder_errors_name_the_parameter() {
+    let err = |b: Result<Builder, WorldError>| match b {
+        Err(WorldError::Param { name, message }) => format!("{name}: {message}"),
+        other => panic!("expected a parameter error, got {other:?}"),
+    };
+    let m = err(Builder::new().set("sm", "fifo_size", "lots"));
+    assert!(m.starts_with("sm.fifo_size:"), "{m}");
+    assert!(m.contains("fifo_size"), "{m}");
+    let m = err(Builder::new().set("sm", "no_such_thing", "1"));
+    assert!(m.contains("no_such_thing"), "{m}");
+    let m = err(Builder::new().set("tcp", "port_min_v4", "many"));
+    assert!(m.starts_with("tcp.port_min_v4:"), "{m}");
+    let m = err(Builder::new().set("btl", "timeout", "-3"));
+    assert!(m.contains("positive number of seconds"), "{m}");
+    let m = err(Builder::new().set("gpu", "x", "1"));
+    assert!(m.contains("unknown component"), "{m}");
+    // Good values are taken.
+    assert!(Builder::new()
+        .set("sm", "fifo_size", "8k")
+        .and_then(|b| b.set("tcp", "if_include", "lo"))
+        .and_then(|b| b.set("btl", "timeout", "2.5"))
+        .is_ok());
+}
