@@ -178,3 +178,49 @@ fn stress_across_three_hosts_under_mpirun() {
     );
     drop(c);
 }
+
+/// Jobs across hosts used to deadlock in the one-sided phase: a rank
+/// blocked in a get/put over TCP stopped serving shared memory, and one
+/// blocked over shared memory stopped serving TCP. `btl stress` (messages,
+/// then put/get with every peer) across 4 hosts × 2 ranks, 20 times, then
+/// across 8 hosts × 2 ranks once: every run intact, none hanging
+/// (`BTL_TIMEOUT=40`, and the launcher's own timeout).
+#[test]
+fn stress_across_four_hosts_twenty_times_and_eight_hosts_once() {
+    let Some(c) = Cluster::new(3, 8) else { return };
+    let run = |hosts: usize| {
+        let list = c.hosts[..hosts]
+            .iter()
+            .map(|h| format!("{h}:2"))
+            .collect::<Vec<_>>()
+            .join(",");
+        Command::new(BTL)
+            .args(["run", "--timeout", "120", "-n", &(2 * hosts).to_string()])
+            .args(["--host", &list])
+            .args(["--agent", &agent(), "--wireup-addr", &c.head, "--", BTL])
+            .args(["stress", "--messages", "60", "--max-size", "200000"])
+            .env("BTL_TCP_IF_INCLUDE", &c.cidr)
+            .env("BTL_NETNS_HOSTS", c.hosts_file())
+            .env("BTL_TIMEOUT", "40")
+            .env_remove("BTL_RANK")
+            .env_remove("BTL_WIREUP")
+            .output()
+            .unwrap()
+    };
+    for i in 0..20 {
+        let o = run(4);
+        println!("4 hosts, run {i}:");
+        check(
+            &o,
+            8,
+            "on 4 node(s): shared memory to 1 rank(s), TCP to 6 rank(s)",
+        );
+    }
+    let o = run(8);
+    check(
+        &o,
+        16,
+        "on 8 node(s): shared memory to 1 rank(s), TCP to 14 rank(s)",
+    );
+    drop(c);
+}
