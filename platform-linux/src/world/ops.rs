@@ -17,6 +17,11 @@ use super::*;
 use crate::ops::{Posted, RawBuf, RawParts};
 use crate::regions::DeregisterError;
 
+/// Messages up to this size are copied by the blocking sends (one copy
+/// into a fragment or the socket is cheaper than tracking a request);
+/// larger ones travel without a copy.
+const COPY_LIMIT: usize = 32 << 10;
+
 impl<'m> World<'m> {
     fn post_error(&self, peer: u32, e: PostError) -> WorldError {
         match e {
@@ -496,6 +501,13 @@ impl<'m> World<'m> {
 
     /// [`Self::send`] of the concatenation of `parts`.
     pub fn sendv(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<(), WorldError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len <= COPY_LIMIT {
+            // Small: copied at once (no request to track).
+            return self
+                .retry_would_block(peer, |w| w.isendv(peer, tag, parts))
+                .map(|_| ());
+        }
         let req = self.retry_would_block(peer, |w| {
             // SAFETY: `parts` outlives this call, which waits for the
             // request to complete or cancels it.
