@@ -8,6 +8,9 @@
 //! - [`shm`]: regions of shared memory, the [`shm::ShmOffset`] newtype that
 //!   shared memory holds instead of pointers, and checked resolution of
 //!   offsets into references;
+//! - [`params`]: the parameter registry every component shares
+//!   (definitions, one parser, one error type, the environment mapping, one
+//!   verify driver, Open MPI's base BTL parameters);
 //! - [`sm`]: shared memory inside a node — the ring, fragments, the
 //!   control area, the segment layout, the `sm` parameters and the
 //!   progress engine;
@@ -29,6 +32,7 @@ extern crate std;
 #[macro_use]
 mod fmt;
 
+pub mod params;
 pub mod shm;
 pub mod sm;
 pub mod sync;

@@ -56,6 +56,7 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use btl_core::params::{ParamError, Params as _};
 use btl_core::shm::Region;
 use btl_core::sm::control::{Control, ControlError, RANK_DONE, RANK_READY};
 use btl_core::sm::engine::{
@@ -63,8 +64,10 @@ use btl_core::sm::engine::{
 };
 use btl_core::sm::fifo::Consumer;
 use btl_core::sm::frag::FragView;
-use btl_core::sm::layout::{segment_layout, SegmentLayout, SizeError, PART_ALIGN};
-use btl_core::sm::params::{calc_sm_max_procs, ParamError, SmParams};
+use btl_core::sm::layout::{
+    calc_sm_max_procs, segment_layout, SegmentLayout, SizeError, PART_ALIGN,
+};
+use btl_core::sm::params::SmParams;
 use btl_core::sync::{AtomicU64, Ordering};
 
 use crate::cma;

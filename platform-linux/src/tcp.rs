@@ -36,6 +36,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use btl_core::params::Params as _;
 use btl_core::tcp::addr::{write_addr_record, AddrRecord};
 use btl_core::tcp::decoder::{Decoder, Event};
 use btl_core::tcp::endpoint::{
