@@ -19,7 +19,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::fmt::Debug;
 
 use arbitrary::Arbitrary;
-use btl_core::params::{EnvApplied, ParamKey, ParamSource, Params, Value as Typed};
+use btl_core::params::{EnvApplied, ParamDef, ParamKey, ParamSource, Params, Value as Typed};
 use btl_core::sm::layout::{calc_sm_max_procs, segment_layout};
 use btl_core::sm::params::{ParamId, SmParams};
 use btl_core::tcp::iflist::{entries, IfSpec};
@@ -82,49 +82,40 @@ struct Input {
 
 const IF_NAMES: [&str; 6] = ["lo", "eth0", "eth1", "eth0:1", "ib0", "enp3s0"];
 
+/// The table parameter `n` names, if it names one.
+fn def(n: &Name) -> Option<&'static ParamDef> {
+    match n {
+        Name::Sm { i, .. } => Some(ParamId::ALL[usize::from(*i) % ParamId::ALL.len()].def()),
+        Name::Tcp { i, .. } => Some(TcpParam::ALL[usize::from(*i) % TcpParam::ALL.len()].def()),
+        Name::Override { .. } | Name::Raw(_) => None,
+    }
+}
+
 /// The environment variable for `n`.
 fn name(n: &Name) -> String {
-    match n {
-        Name::Sm { i, ompi } => {
-            let def = ParamId::ALL[usize::from(*i) % ParamId::ALL.len()].def();
-            if *ompi {
-                def.ompi_env_name().to_string()
-            } else {
-                def.env_name().to_string()
-            }
+    match (n, def(n)) {
+        (Name::Sm { ompi: true, .. } | Name::Tcp { ompi: true, .. }, Some(def)) => {
+            def.ompi_env_name().to_string()
         }
-        Name::Tcp { i, ompi } => {
-            let def = TcpParam::ALL[usize::from(*i) % TcpParam::ALL.len()].def();
-            if *ompi {
-                def.ompi_env_name().to_string()
-            } else {
-                def.env_name().to_string()
-            }
-        }
-        Name::Override { latency, rest } => {
+        (_, Some(def)) => def.env_name().to_string(),
+        (Name::Override { latency, rest }, None) => {
             let kind = if *latency { "LATENCY" } else { "BANDWIDTH" };
             format!("BTL_TCP_{kind}_{rest}")
         }
-        Name::Raw(s) => s.clone(),
+        (_, None) => param_name(n),
     }
 }
 
 /// The parameter name for `n`, as code names it.
 fn param_name(n: &Name) -> String {
-    match n {
-        Name::Sm { i, .. } => ParamId::ALL[usize::from(*i) % ParamId::ALL.len()]
-            .def()
-            .name
-            .to_string(),
-        Name::Tcp { i, .. } => TcpParam::ALL[usize::from(*i) % TcpParam::ALL.len()]
-            .def()
-            .name
-            .to_string(),
-        Name::Override { latency, rest } => {
+    match (n, def(n)) {
+        (_, Some(def)) => def.name.to_string(),
+        (Name::Override { latency, rest }, None) => {
             let kind = if *latency { "latency" } else { "bandwidth" };
             format!("{kind}_{rest}")
         }
-        Name::Raw(s) => s.clone(),
+        (Name::Raw(s), None) => s.clone(),
+        (Name::Sm { .. } | Name::Tcp { .. }, None) => unreachable!("table parameters have a def"),
     }
 }
 

@@ -53,10 +53,22 @@
 //!    parameters, `set_other` for names outside the table.
 //!
 //! Everything else (parsing, errors, environment names, sources, listing,
-//! the verify driver) then works for it as for `sm` and `tcp`: Open MPI's
-//! registration enumerates `Component::params` and sets values with
-//! [`Params::set`]; a configuration builder calls [`Params::set`] with
-//! [`ParamSource::Code`] and [`Params::apply_env_var`] for the environment.
+//! the verify driver) then works for it as for `sm` and `tcp`.
+//!
+//! # For Open MPI's registration and a configuration builder
+//!
+//! - Open MPI's `mca_base_component_var_register` per parameter: enumerate
+//!   [`Component::params`] (each [`ParamDef`] has its [`ParamKind`] — int,
+//!   unsigned, size, bool, string —, its default as a [`Value`] and as
+//!   text, its help and info level), then set what Open MPI read with
+//!   [`Params::set`] (by name, from text): the same validation and the same
+//!   errors as the environment path.
+//! - A configuration builder (`btl_config_set(cfg, "sm", "fifo_size",
+//!   "8192")`): find the component by [`Component::name`], set with
+//!   [`Params::set`] / [`Params::set_typed`] and [`ParamSource::Code`],
+//!   then read the environment with [`Params::apply_env_var`], which keeps
+//!   what code set (code wins, whatever the order); [`Params::source`] and
+//!   [`Params::iter`] report code, environment or default.
 
 pub mod base;
 mod def;
@@ -72,9 +84,9 @@ pub use error::{ParamError, ParamName, PARAM_NAME_CAP};
 pub use parse::{entries, parse_bool, parse_int, NumberError};
 pub use registry::{
     Adjustment, Assign, EnvApplied, ParamInfo, ParamKey, ParamSource, ParamState, Params,
-    Precedence, Verified,
+    Precedence, Setting, Verified,
 };
 pub use text::FixedStr;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -77,6 +77,9 @@ impl ParamState {
     }
 }
 
+// One bit of `ParamState::adjusted` per parameter.
+const _: () = assert!(MAX_PARAMS <= u32::BITS as usize);
+
 fn bit(index: usize) -> u32 {
     u32::try_from(index)
         .ok()
@@ -171,6 +174,29 @@ pub enum Precedence {
     Replace,
     /// A value set by code stays (the new one is still validated).
     KeepCode,
+}
+
+/// A value to set, where it comes from and how it meets one set before
+/// (what [`Params::set_other`] receives).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting<'a> {
+    /// The value (text as typed, or a number).
+    pub value: Value<'a>,
+    /// Where it comes from.
+    pub source: ParamSource,
+    /// Whether it replaces a value set by code.
+    pub precedence: Precedence,
+}
+
+impl<'a> Setting<'a> {
+    /// `value` from `source`, replacing any value set before.
+    pub fn new(value: impl Into<Value<'a>>, source: ParamSource) -> Self {
+        Setting {
+            value: value.into(),
+            source,
+            precedence: Precedence::Replace,
+        }
+    }
 }
 
 /// What [`Params::apply_env_var`] did.
@@ -337,14 +363,8 @@ pub trait Params {
     /// tcp's `bandwidth_eth0`): `None` if the component has no such
     /// parameter, else whether the value was stored (`Ok(false)`: kept a
     /// value set by code under [`Precedence::KeepCode`]).
-    fn set_other(
-        &mut self,
-        name: &str,
-        value: Value<'_>,
-        source: ParamSource,
-        precedence: Precedence,
-    ) -> Option<Result<bool, ParamError>> {
-        let _ = (name, value, source, precedence);
+    fn set_other(&mut self, name: &str, setting: Setting<'_>) -> Option<Result<bool, ParamError>> {
+        let _ = (name, setting);
         None
     }
 
@@ -405,7 +425,7 @@ pub trait Params {
     where
         Self: Sized,
     {
-        set_key(self, key.into(), value.into(), source, Precedence::Replace).map(|_| ())
+        set_key(self, key.into(), Setting::new(value, source)).map(|_| ())
     }
 
     /// Sets parameter `name` (its table name, ASCII case-insensitive, or a
@@ -430,7 +450,7 @@ pub trait Params {
     where
         Self: Sized,
     {
-        set_by_name(self, name, name, value.into(), source, Precedence::Replace).map(|_| ())
+        set_by_name(self, name, name, Setting::new(value, source)).map(|_| ())
     }
 
     /// Applies one environment variable: `Ok(false)` if `var` is not a
@@ -543,20 +563,14 @@ pub trait Params {
 }
 
 /// Sets table parameter `key` (see [`Params::set_value`]).
-fn set_key<P: Params>(
-    p: &mut P,
-    key: P::Key,
-    value: Value<'_>,
-    source: ParamSource,
-    precedence: Precedence,
-) -> Result<bool, ParamError> {
+fn set_key<P: Params>(p: &mut P, key: P::Key, setting: Setting<'_>) -> Result<bool, ParamError> {
     let def = key.def();
-    let value = def.validate(value)?;
-    if precedence == Precedence::KeepCode && p.source(key) == ParamSource::Code {
+    let value = def.validate(setting.value)?;
+    if setting.precedence == Precedence::KeepCode && p.source(key) == ParamSource::Code {
         return Ok(false);
     }
     p.store(key, Assign { def, value })?;
-    p.state_mut().record(key.index(), source);
+    p.state_mut().record(key.index(), setting.source);
     Ok(true)
 }
 
@@ -566,19 +580,16 @@ fn set_by_name<P: Params>(
     p: &mut P,
     name: &str,
     shown: &str,
-    value: Value<'_>,
-    source: ParamSource,
-    precedence: Precedence,
+    setting: Setting<'_>,
 ) -> Result<bool, ParamError> {
     match P::Key::from_name(name) {
-        Some(key) => set_key(p, key, value, source, precedence),
-        None => {
-            p.set_other(name, value, source, precedence)
-                .unwrap_or(Err(ParamError::UnknownParam {
-                    component: P::Key::component().name,
-                    name: ParamName::new(shown),
-                }))
-        }
+        Some(key) => set_key(p, key, setting),
+        None => p
+            .set_other(name, setting)
+            .unwrap_or(Err(ParamError::UnknownParam {
+                component: P::Key::component().name,
+                name: ParamName::new(shown),
+            })),
     }
 }
 
@@ -591,14 +602,11 @@ fn apply_env<P: Params>(
     let Some(name) = env_param_part(P::Key::component().name, var) else {
         return Ok(EnvApplied::NotOurs);
     };
-    let stored = set_by_name(
-        p,
-        name,
-        var,
-        Value::Text(value),
-        ParamSource::Environment,
+    let setting = Setting {
         precedence,
-    )?;
+        ..Setting::new(value, ParamSource::Environment)
+    };
+    let stored = set_by_name(p, name, var, setting)?;
     Ok(if stored {
         EnvApplied::Set
     } else {

@@ -102,6 +102,12 @@ struct Demo {
     state: ParamState,
 }
 
+impl Default for Demo {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Demo {
     fn new() -> Self {
         Demo {
@@ -175,13 +181,12 @@ impl Params for Demo {
         (key == Key::Limit).then_some(self.limit.is_some())
     }
 
-    fn set_other(
-        &mut self,
-        name: &str,
-        value: Value<'_>,
-        source: ParamSource,
-        precedence: Precedence,
-    ) -> Option<Result<bool, ParamError>> {
+    fn set_other(&mut self, name: &str, setting: Setting<'_>) -> Option<Result<bool, ParamError>> {
+        let Setting {
+            value,
+            source,
+            precedence,
+        } = setting;
         let target = name
             .get(..7)
             .filter(|p| p.eq_ignore_ascii_case("weight_"))
@@ -418,14 +423,40 @@ fn verify_driver() {
     assert!(!d.is_adjusted(Key::MinRdma));
 }
 
+/// The checks every component's table passes: keys index the table in
+/// order, definitions carry the component's name, a fresh struct holds
+/// every default (within its definition's accepted values) from source
+/// default, every parameter is documented and found by its name and both
+/// its environment variables.
+pub(crate) fn check_table<P: Params + Default>() {
+    let p = P::default();
+    let component = P::Key::component();
+    assert_eq!(P::Key::ALL.len(), component.params.len());
+    for (i, &key) in P::Key::ALL.iter().enumerate() {
+        let def = key.def();
+        assert_eq!(key.index(), i);
+        assert!(core::ptr::eq(def, &component.params[i]), "{}", def.name);
+        assert_eq!(P::Key::from_index(i), Some(key));
+        assert_eq!(def.component, component.name);
+        assert_eq!(p.value(key), def.default, "{}", def.name);
+        assert_eq!(p.default_value(key), def.default, "{}", def.name);
+        assert_eq!(def.validate(def.default), Ok(def.default), "{}", def.name);
+        if let Value::Int(default) = def.default {
+            assert!(def.min <= default && default <= def.max, "{}", def.name);
+        }
+        assert!(!def.help.is_empty() && !def.accepts.is_empty());
+        assert!((1..=9).contains(&def.level), "{}", def.name);
+        assert_eq!(P::Key::from_name(def.name), Some(key));
+        for var in [def.env_name().to_string(), def.ompi_env_name().to_string()] {
+            assert_eq!(P::Key::from_env_name(&var), Some(key), "{var}");
+        }
+        assert_eq!(p.source(key), ParamSource::Default, "{}", def.name);
+        assert!(!p.is_adjusted(key));
+    }
+    assert_eq!(P::Key::from_index(P::Key::ALL.len()), None);
+}
+
 #[test]
 fn table_rows_are_complete() {
-    for (i, key) in Key::ALL.into_iter().enumerate() {
-        let def = key.def();
-        assert_eq!(Key::from_index(i), Some(key));
-        assert_eq!(Key::from_name(def.name), Some(key));
-        assert_eq!(def.component, "demo");
-        assert!(def.validate(def.default).is_ok(), "{}", def.name);
-    }
-    assert_eq!(Key::from_index(Key::ALL.len()), None);
+    check_table::<Demo>();
 }

@@ -6,8 +6,8 @@
 //!   accepted range, help text, Open MPI info level), indexed by [`ParamId`]
 //!   and named by [`SM`].
 //! - [`SmParams`] holds one typed field per parameter plus where each value
-//!   came from ([`ParamSource`](crate::params::ParamSource)). Values are set from code (assign a field,
-//!   or [`Params::set`]) or from the environment
+//!   came from ([`crate::params::ParamSource`]). Values are set from code
+//!   (assign a field, or [`Params::set`]) or from the environment
 //!   ([`Params::set_from_env_var`], which understands both
 //!   `BTL_SM_FIFO_SIZE` and Open MPI's `OMPI_MCA_btl_sm_fifo_size`).
 //! - [`Params::verify`] applies the seed's register/verify/open rules and
@@ -557,22 +557,17 @@ impl Params for SmParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::tests::check_table;
     use crate::params::{env_name, ParamSource};
     use std::string::ToString;
 
     #[test]
     fn table_matches_ids_and_defaults() {
+        check_table::<SmParams>();
         let p = SmParams::new();
         for (i, id) in ParamId::ALL.into_iter().enumerate() {
             assert_eq!(id.index(), i);
-            let def = id.def();
-            assert_eq!(def.component, "sm");
-            assert_eq!(Value::Int(p.get(id)), def.default, "{}", def.name);
-            let default = def.default.as_int().unwrap();
-            assert!(def.min <= default && default <= def.max, "{}", def.name);
-            assert!(!def.help.is_empty() && !def.accepts.is_empty());
-            assert_eq!(ParamId::from_name(def.name), Some(id));
-            assert_eq!(p.source(id), ParamSource::Default);
+            assert_eq!(Value::Int(p.get(id)), id.def().default);
         }
         assert_eq!(SmParams::default(), p);
         assert_eq!(ParamId::FifoSize.def().default, Value::Int(4096));

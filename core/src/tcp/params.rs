@@ -47,7 +47,8 @@ use super::iflist;
 use crate::params::base::{self, BaseKeys, ACCEPTS_BOOL, FLAG_GET, FLAG_PUT, FLAG_SEND};
 use crate::params::{
     env_name, parse_int, table, Assign, Component, FixedStr, NumberError, ParamDef, ParamError,
-    ParamKey, ParamKind, ParamName, ParamSource, ParamState, Params, Precedence, Value, Verified,
+    ParamKey, ParamKind, ParamName, ParamSource, ParamState, Params, Precedence, Setting, Value,
+    Verified,
 };
 
 /// Name of the component, the middle part of `BTL_TCP_LINKS`.
@@ -961,9 +962,7 @@ impl TcpParams {
         &mut self,
         kind: OverrideKind,
         rest: &str,
-        value: Value<'_>,
-        source: ParamSource,
-        precedence: Precedence,
+        setting: Setting<'_>,
     ) -> Result<bool, ParamError> {
         let bad = |reason| bad_override(kind, rest, reason);
         let (if_name, link) = match rest.rsplit_once(':') {
@@ -976,7 +975,7 @@ impl TcpParams {
             None => (rest, None),
         };
         const OUT_OF_RANGE: &str = "out of range; it accepts an integer between 0 and 4294967295";
-        let value = match value {
+        let value = match setting.value {
             Value::Int(v) => v,
             Value::Text(text) => parse_int(text).map_err(|e| match e {
                 NumberError::Overflow { .. } => bad(OUT_OF_RANGE),
@@ -986,8 +985,8 @@ impl TcpParams {
             })?,
         };
         let value = u32::try_from(value).map_err(|_| bad(OUT_OF_RANGE))?;
-        let entry = IfOverride::new(kind, if_name, link, value, source, rest)?;
-        self.put_override(entry, rest, precedence)
+        let entry = IfOverride::new(kind, if_name, link, value, setting.source, rest)?;
+        self.put_override(entry, rest, setting.precedence)
     }
 
     /// The seed's open-time rule: `if_include` and `if_exclude` are mutually
@@ -1173,15 +1172,9 @@ impl Params for TcpParams {
         }
     }
 
-    fn set_other(
-        &mut self,
-        name: &str,
-        value: Value<'_>,
-        source: ParamSource,
-        precedence: Precedence,
-    ) -> Option<Result<bool, ParamError>> {
+    fn set_other(&mut self, name: &str, setting: Setting<'_>) -> Option<Result<bool, ParamError>> {
         let (kind, rest) = split_override(name)?;
-        Some(self.set_override_from(kind, rest, value, source, precedence))
+        Some(self.set_override_from(kind, rest, setting))
     }
 
     fn check_rules(&self) -> Result<(), ParamError> {
@@ -1244,10 +1237,12 @@ impl Params for TcpParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::tests::check_table;
     use std::string::ToString;
 
     #[test]
     fn table_matches_ids_and_defaults() {
+        check_table::<TcpParams>();
         let p = TcpParams::new();
         for (i, id) in TcpParamId::ALL.into_iter().enumerate() {
             assert_eq!(id.index(), i);
@@ -1255,9 +1250,6 @@ mod tests {
             assert_eq!(def.component, "tcp");
             assert_eq!(Value::Int(p.get(id)), def.default, "{}", def.name);
             assert_eq!(Value::Int(p.default_of(id)), def.default, "{}", def.name);
-            let default = def.default.as_int().unwrap();
-            assert!(def.min <= default && default <= def.max, "{}", def.name);
-            assert!(!def.help.is_empty() && !def.accepts.is_empty());
             assert_eq!(TcpParamId::from_name(def.name), Some(id));
             assert_eq!(p.source(id), ParamSource::Default, "{}", def.name);
         }
