@@ -163,8 +163,7 @@ pub fn specs(list: &str) -> impl Iterator<Item = IfSpec<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::params::ParamKey;
-    use crate::tcp::params::TcpParam;
+    use crate::params::table;
     use core::net::{Ipv4Addr, Ipv6Addr};
     use std::string::ToString;
     use std::vec::Vec;
@@ -199,9 +198,14 @@ mod tests {
         assert_eq!(entries(" a,, b ,").collect::<Vec<_>>(), ["a", "b"]);
     }
 
+    static LISTS: [ParamDef; 1] = table(
+        "tcp",
+        [ParamDef::text("if_exclude", "", 64).doc(1, "a list", "A list.")],
+    );
+
     #[test]
     fn list_errors_name_the_parameter() {
-        let def = TcpParam::from_name("if_exclude").unwrap().def();
+        let def = &LISTS[0];
         assert_eq!(validate_list(def, " eth0, ,10.0.0.0/8,fd00::/8"), Ok(()));
         let e = validate_list(def, "eth0,fd00::/129").unwrap_err();
         assert_eq!(
