@@ -11,6 +11,9 @@
 //! - [`tags`]: every tag value in one table (the user range and each
 //!   transport's internal tags); [`rma`]: the one-sided types every adapter
 //!   uses ([`rma::RegionKey`], [`rma::RmaStatus`]);
+//! - [`params`]: the parameter registry every component shares
+//!   (definitions, one parser, one error type, the environment mapping, one
+//!   verify driver, Open MPI's base BTL parameters);
 //! - [`sm`]: shared memory inside a node — the ring, fragments, the
 //!   control area, the segment layout, the `sm` parameters and the
 //!   progress engine;
@@ -32,6 +35,7 @@ extern crate std;
 #[macro_use]
 mod fmt;
 
+pub mod params;
 pub mod rma;
 pub mod shm;
 pub mod sm;

@@ -1,21 +1,29 @@
-//! Parameter and interface-spec parsing: environment variables (names and
-//! values as a user could type them) applied to the `sm` and `tcp`
-//! parameters, then verification, segment sizing and interface selection
-//! over arbitrary interfaces.
+//! Parameter and interface-spec parsing through the shared registry
+//! (`btl_core::params`): settings (environment variables as a user could
+//! type them, the same under "code wins", and typed or textual settings
+//! from code) applied to the `sm` and `tcp` parameters, then verification,
+//! segment sizing and interface selection over arbitrary interfaces.
 //!
-//! Checked, besides "never panics": a refused variable changes nothing; a
-//! failing verify leaves the parameters as they were; verify is idempotent
-//! (a second call adjusts nothing); every error has a message; a parsed
-//! CIDR has a prefix length within its family; selection writes only
-//! interfaces that exist, and links within `links`.
+//! Checked, besides "never panics": a refused setting changes nothing; an
+//! environment value that code's value wins over changes nothing, and a
+//! value set by code stays; a failing verify leaves the parameters as they
+//! were; verify is idempotent (a second call adjusts nothing); every value
+//! the listing shows that was set (not adjusted) is accepted by its
+//! definition; every error has a message; a parsed CIDR has a prefix length
+//! within its family; selection writes only interfaces that exist, and
+//! links within `links`.
 #![no_main]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use std::fmt::Debug;
+
 use arbitrary::Arbitrary;
-use btl_core::sm::params::{calc_sm_max_procs, ParamId, SmParams};
-use btl_core::sm::layout::segment_layout;
-use btl_core::tcp::ifsel::{entries, select, IfSpec, Instance, Interface};
+use btl_core::params::{EnvApplied, ParamDef, ParamKey, ParamSource, Params, Value as Typed};
+use btl_core::sm::layout::{calc_sm_max_procs, segment_layout};
+use btl_core::sm::params::{ParamId, SmParams};
+use btl_core::tcp::iflist::{entries, IfSpec};
+use btl_core::tcp::ifsel::{select, Instance, Interface};
 use btl_core::tcp::params::{TcpParam, TcpParams};
 use libfuzzer_sys::fuzz_target;
 
@@ -53,9 +61,20 @@ struct Iface {
     loopback: bool,
 }
 
+/// How a setting is made.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Via {
+    /// `set_from_env_var` (the value replaces any).
+    Env,
+    /// `apply_env_var` (a value set by code wins).
+    EnvUnderCode,
+    /// From code, by parameter name (typed when the value is `Int`).
+    Code,
+}
+
 #[derive(Arbitrary, Debug)]
 struct Input {
-    vars: Vec<(Name, Value)>,
+    vars: Vec<(Name, Value, Via)>,
     n_local: u8,
     ifaces: Vec<Iface>,
     specs: Vec<String>,
@@ -63,29 +82,91 @@ struct Input {
 
 const IF_NAMES: [&str; 6] = ["lo", "eth0", "eth1", "eth0:1", "ib0", "enp3s0"];
 
-fn name(n: &Name) -> String {
+/// The table parameter `n` names, if it names one.
+fn def(n: &Name) -> Option<&'static ParamDef> {
     match n {
-        Name::Sm { i, ompi } => {
-            let def = ParamId::ALL[usize::from(*i) % ParamId::ALL.len()].def();
-            if *ompi {
-                def.ompi_env_name().to_string()
-            } else {
-                def.env_name().to_string()
-            }
+        Name::Sm { i, .. } => Some(ParamId::ALL[usize::from(*i) % ParamId::ALL.len()].def()),
+        Name::Tcp { i, .. } => Some(TcpParam::ALL[usize::from(*i) % TcpParam::ALL.len()].def()),
+        Name::Override { .. } | Name::Raw(_) => None,
+    }
+}
+
+/// The environment variable for `n`.
+fn name(n: &Name) -> String {
+    match (n, def(n)) {
+        (Name::Sm { ompi: true, .. } | Name::Tcp { ompi: true, .. }, Some(def)) => {
+            def.ompi_env_name().to_string()
         }
-        Name::Tcp { i, ompi } => {
-            let p = TcpParam::ALL[usize::from(*i) % TcpParam::ALL.len()];
-            if *ompi {
-                p.ompi_env_name().to_string()
-            } else {
-                p.env_name().to_string()
-            }
-        }
-        Name::Override { latency, rest } => {
+        (_, Some(def)) => def.env_name().to_string(),
+        (Name::Override { latency, rest }, None) => {
             let kind = if *latency { "LATENCY" } else { "BANDWIDTH" };
             format!("BTL_TCP_{kind}_{rest}")
         }
-        Name::Raw(s) => s.clone(),
+        (_, None) => param_name(n),
+    }
+}
+
+/// The parameter name for `n`, as code names it.
+fn param_name(n: &Name) -> String {
+    match (n, def(n)) {
+        (_, Some(def)) => def.name.to_string(),
+        (Name::Override { latency, rest }, None) => {
+            let kind = if *latency { "latency" } else { "bandwidth" };
+            format!("{kind}_{rest}")
+        }
+        (Name::Raw(s), None) => s.clone(),
+        (Name::Sm { .. } | Name::Tcp { .. }, None) => unreachable!("table parameters have a def"),
+    }
+}
+
+/// Applies one setting to `p`, checking that a refused one, or one that
+/// code's value wins over, changes nothing.
+fn apply<P: Params + Clone + PartialEq + Debug>(p: &mut P, n: &Name, v: &Value, via: Via) {
+    let before = p.clone();
+    let (what, refused) = match via {
+        Via::Env => {
+            let (var, val) = (name(n), value(v));
+            let r = p.set_from_env_var(&var, &val);
+            (format!("{var}={val:?}"), r.err())
+        }
+        Via::EnvUnderCode => {
+            let (var, val) = (name(n), value(v));
+            match p.apply_env_var(&var, &val) {
+                Ok(EnvApplied::Set) => (String::new(), None),
+                Ok(EnvApplied::NotOurs | EnvApplied::KeptCode) => {
+                    assert_eq!(*p, before, "{var}={val:?} under code changed something");
+                    (String::new(), None)
+                }
+                Err(e) => (format!("{var}={val:?}"), Some(e)),
+            }
+        }
+        Via::Code => {
+            let name = param_name(n);
+            let r = match v {
+                Value::Int(i) => p.set_typed(&name, Typed::Int(*i), ParamSource::Code),
+                _ => p.set(&name, &value(v), ParamSource::Code),
+            };
+            (format!("code {name}={v:?}"), r.err())
+        }
+    };
+    if let Some(e) = refused {
+        assert!(!e.to_string().is_empty());
+        assert_eq!(*p, before, "a refused {what} changed the parameters");
+    }
+}
+
+/// Every value the listing shows as set (from the environment or code, and
+/// not changed by verify since) is accepted by its definition.
+fn check_listing<P: Params>(p: &P) {
+    for info in p.iter() {
+        if info.source != ParamSource::Default && !info.adjusted {
+            assert!(
+                info.def.validate(info.value).is_ok(),
+                "{} = {} was accepted but is not valid",
+                info.def.name,
+                info.value
+            );
+        }
     }
 }
 
@@ -109,28 +190,12 @@ fn value(v: &Value) -> String {
 fuzz_target!(|input: Input| {
     let mut sm = SmParams::default();
     let mut tcp = TcpParams::default();
-    for (n, v) in input.vars.iter().take(64) {
-        let (var, val) = (name(n), value(v));
-        let before = sm;
-        match sm.set_from_env_var(&var, &val) {
-            Ok(_) => {}
-            Err(e) => {
-                assert!(!e.to_string().is_empty());
-                assert_eq!(
-                    sm, before,
-                    "a refused {var}={val:?} changed the sm parameters"
-                );
-            }
-        }
-        let before = tcp.clone();
-        if let Err(e) = tcp.set_from_env_var(&var, &val) {
-            assert!(!e.to_string().is_empty());
-            assert_eq!(
-                tcp, before,
-                "a refused {var}={val:?} changed the tcp parameters"
-            );
-        }
+    for (n, v, via) in input.vars.iter().take(64) {
+        apply(&mut sm, n, v, *via);
+        apply(&mut tcp, n, v, *via);
     }
+    check_listing(&sm);
+    check_listing(&tcp);
 
     // sm: verify, idempotence, sizing.
     let before = sm;
@@ -141,7 +206,7 @@ fuzz_target!(|input: Input| {
             assert!(
                 again.is_empty(),
                 "second verify adjusted {:?}",
-                again.adjustments()
+                again.adjustments().collect::<Vec<_>>()
             );
             assert_eq!(sm, once);
             let n_local = u32::from(input.n_local % 64) + 1;

@@ -53,10 +53,10 @@
 use core::fmt;
 
 use crate::shm::{Region, ResolveError, SegmentTable, ShmOffset};
-use crate::sm::fifo::{Consumer, Fifo, FifoError, Producer};
+use crate::sm::fifo::{fifo_map, Consumer, Fifo, FifoError, Producer};
 use crate::sm::frag::{read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError};
 use crate::sm::layout::{SegmentLayout, SizeError};
-use crate::sm::params::{fifo_map, SmParams};
+use crate::sm::params::SmParams;
 
 /// Most local ranks one engine can address (size of its segment table).
 pub const MAX_LOCAL_RANKS: usize = 1024;

@@ -1,9 +1,9 @@
 //! The shared-memory FIFO: a lock-free ring of 64-bit slots with many
 //! writers and one reader (the seed's `sm_fifo_t`).
 //!
-//! Each receiver owns `fifo_map_num(num_fifos, nprocs)` of these rings in
-//! its part of the segment; sender `s` writes into ring
-//! `s & (num_fifos - 1)` ([`crate::sm::params::fifo_map`]).
+//! Each receiver owns [`fifo_map_num`]`(num_fifos, nprocs)` of these rings
+//! in its part of the segment; sender `s` writes into ring
+//! `s & (num_fifos - 1)` ([`fifo_map`]).
 //!
 //! # Protocol
 //!
@@ -545,6 +545,23 @@ impl Drop for Consumer<'_> {
     }
 }
 
+/// How many receive rings a process owns: `min(num_fifos, nprocs)` (the
+/// seed's `FIFO_MAP_NUM`).
+pub fn fifo_map_num(num_fifos: u32, nprocs: u32) -> u32 {
+    num_fifos.min(nprocs)
+}
+
+/// The ring of a receiver that `sender` writes into: `sender & (num_fifos -
+/// 1)` (the seed's `FIFO_MAP`). `num_fifos` must be a power of two (verified
+/// parameters are).
+pub fn fifo_map(sender: u32, num_fifos: u32) -> u32 {
+    debug_assert!(
+        num_fifos.is_power_of_two(),
+        "num_fifos must be a power of two"
+    );
+    sender & num_fifos.wrapping_sub(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -791,5 +808,18 @@ mod tests {
             }
             assert_eq!(c.pop(), None);
         });
+    }
+
+    #[test]
+    fn fifo_mapping() {
+        assert_eq!(fifo_map_num(4, 2), 2);
+        assert_eq!(fifo_map_num(1, 8), 1);
+        assert_eq!(fifo_map(5, 4), 1);
+        assert_eq!(fifo_map(5, 1), 0);
+        // With fewer processes than rings, every sender still maps below
+        // fifo_map_num.
+        for s in 0..3 {
+            assert!(fifo_map(s, 4) < fifo_map_num(4, 3));
+        }
     }
 }

@@ -1,4 +1,6 @@
-//! Shared-segment sizing with overflow detection.
+//! Shared-segment sizing with overflow detection: how many processes the
+//! segment is sized for ([`calc_sm_max_procs`]) and where everything sits
+//! in it ([`segment_layout`]).
 //!
 //! One segment per node holds everything the `sm` transport shares:
 //!
@@ -35,9 +37,10 @@
 
 use core::fmt;
 
-use crate::sm::fifo::Fifo;
+use crate::params::{ParamError, ParamKey};
+use crate::sm::fifo::{fifo_map_num, Fifo};
 use crate::sm::frag::FragHeader;
-use crate::sm::params::{fifo_map_num, SmParams, MAX_FIFO_SIZE, MIN_EAGER_LIMIT};
+use crate::sm::params::{ParamId, SmParams, COMPONENT, MAX_FIFO_SIZE, MIN_EAGER_LIMIT};
 use crate::sync::CACHE_LINE;
 
 /// Alignment (and granularity) of each rank's part: a page.
@@ -72,7 +75,8 @@ pub enum SizeError {
         /// The number of valid indices.
         limit: u32,
     },
-    /// The parameters were not verified ([`SmParams::verify`]) or
+    /// The parameters were not verified
+    /// ([`Params::verify`](crate::params::Params::verify)) or
     /// `max_procs` is 0.
     InvalidParams {
         /// The rule that does not hold.
@@ -187,8 +191,51 @@ fn frag_bytes(limit: u32, what: &'static str) -> Result<usize, SizeError> {
     round_up(add(FRAG_HEADER, limit, what)?, CACHE_LINE, what)
 }
 
+/// The number of processes the shared segment is sized for, given the
+/// number of processes on this node (`n_local`, counting the caller): the
+/// seed's `calc_sm_max_procs`. With `max_procs` < 0 it is `n_local +
+/// sm_extra_procs` if `sm_extra_procs` >= 0, else `2 * n_local`; otherwise
+/// `max_procs`, which must then be >= `n_local`.
+pub fn calc_sm_max_procs(params: &SmParams, n_local: u32) -> Result<u32, ParamError> {
+    let overflow = |id: ParamId| ParamError::Overflow {
+        component: COMPONENT,
+        name: id.def().name,
+        what: "the number of processes",
+    };
+    if n_local == 0 {
+        return Err(ParamError::Argument {
+            reason: "the number of local processes must be >= 1 (it counts the calling process)",
+        });
+    }
+    let max_procs = params.max_procs;
+    if max_procs < 0 {
+        let extra = params.sm_extra_procs;
+        if extra >= 0 {
+            n_local
+                .checked_add(extra.unsigned_abs())
+                .ok_or(overflow(ParamId::SmExtraProcs))
+        } else {
+            n_local.checked_mul(2).ok_or(overflow(ParamId::MaxProcs))
+        }
+    } else {
+        let max_procs = max_procs.unsigned_abs();
+        if max_procs < n_local {
+            let def = ParamId::MaxProcs.def();
+            return Err(ParamError::TooSmall {
+                component: COMPONENT,
+                name: def.name,
+                value: i64::from(max_procs),
+                needed: u64::from(n_local),
+                what: "processes on this node",
+                accepts: def.accepts,
+            });
+        }
+        Ok(max_procs)
+    }
+}
+
 /// Computes the layout of a segment for `max_procs` ranks (the result of
-/// [`crate::sm::params::calc_sm_max_procs`]) from verified parameters.
+/// [`calc_sm_max_procs`]) from verified parameters.
 pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout, SizeError> {
     let invalid = |what| Err(SizeError::InvalidParams { what });
     if max_procs == 0 {
@@ -326,7 +373,8 @@ impl SegmentLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sm::params::calc_sm_max_procs;
+    use crate::params::Params;
+    use std::string::ToString;
 
     fn verified(f: impl FnOnce(&mut SmParams)) -> SmParams {
         let mut p = SmParams::new();
@@ -542,6 +590,52 @@ mod tests {
         assert_eq!(
             control_segment_size(3),
             Ok(CONTROL_HEADER + 3 * CONTROL_RECORD)
+        );
+    }
+
+    #[test]
+    fn max_procs() {
+        let mut p = SmParams::new();
+        assert_eq!(calc_sm_max_procs(&p, 4), Ok(4));
+        p.sm_extra_procs = 2;
+        assert_eq!(calc_sm_max_procs(&p, 4), Ok(6));
+        p.sm_extra_procs = -1;
+        assert_eq!(calc_sm_max_procs(&p, 4), Ok(8));
+        assert!(matches!(
+            calc_sm_max_procs(&p, u32::MAX),
+            Err(ParamError::Overflow {
+                name: "max_procs",
+                ..
+            })
+        ));
+        p.sm_extra_procs = i32::MAX;
+        assert!(matches!(
+            calc_sm_max_procs(&p, u32::MAX - 1),
+            Err(ParamError::Overflow {
+                name: "sm_extra_procs",
+                ..
+            })
+        ));
+        p.max_procs = 16;
+        assert_eq!(calc_sm_max_procs(&p, 16), Ok(16));
+        let e = calc_sm_max_procs(&p, 17).unwrap_err();
+        assert_eq!(
+            e,
+            ParamError::TooSmall {
+                component: "sm",
+                name: "max_procs",
+                value: 16,
+                needed: 17,
+                what: "processes on this node",
+                accepts: ParamId::MaxProcs.def().accepts,
+            }
+        );
+        assert!(e
+            .to_string()
+            .starts_with("BTL_SM_MAX_PROCS=16 is less than the 17"));
+        assert_eq!(
+            calc_sm_max_procs(&p, 0).unwrap_err().to_string(),
+            "the number of local processes must be >= 1 (it counts the calling process)"
         );
     }
 }

@@ -5,15 +5,18 @@
 //! The layers, bottom up:
 //!
 //! - [`fifo`]: the lock-free many-writer / one-reader ring of 64-bit slots
-//!   (the seed's `sm_fifo_t`), initialised in place inside a region;
+//!   (the seed's `sm_fifo_t`), initialised in place inside a region, and
+//!   which ring a sender writes to (`FIFO_MAP`);
 //! - [`frag`]: fragment headers and the slot encoding (offset + type bits +
 //!   status bit);
 //! - [`control`]: the segment's control area (creator, layout parameters,
 //!   one record per rank);
-//! - [`layout`]: where everything sits in the segment, with overflow
+//! - [`layout`]: how many processes the segment is sized for
+//!   (`calc_sm_max_procs`) and where everything sits in it, with overflow
 //!   detection;
 //! - [`params`]: the `sm` component's parameters with the seed's names,
-//!   defaults, help texts and validation rules;
+//!   defaults, help texts and validation rules (a table and rules over
+//!   [`crate::params`]);
 //! - [`engine`]: the progress state machine (SEND → handler → ACK →
 //!   completion and recycling, pending queues, flow control).
 

@@ -19,13 +19,11 @@
 //!   ([`Instance::addr_v4`], [`Instance::addr_v6`]; [`Instance::addr`]
 //!   prefers IPv4); [`addresses`] lists all of them for the address
 //!   exchange. Instances come in the order of the interface list.
-//! - **List entries** (`if_include`, `if_exclude`; comma-separated,
-//!   surrounding blanks and empty entries ignored) are name prefixes (`eth`
-//!   matches `eth0` and `eth1`; any entry name of the group counts) or CIDR
-//!   networks (`10.0.0.0/8`, `fd00::/8`; host bits may be set, as in the
-//!   default `127.0.0.1/8`). An address without `/prefix`, an unparsable
-//!   address or a prefix above 32 / 128 is an error naming the variable
-//!   ([`TcpParamError::BadListEntry`]), checked before anything else.
+//! - **List entries** (`if_include`, `if_exclude`; their syntax is
+//!   [`super::iflist`]'s) are name prefixes (`eth` matches `eth0` and
+//!   `eth1`; any entry name of the group counts) or CIDR networks
+//!   (`10.0.0.0/8`, `fd00::/8`). A malformed entry is an error naming the
+//!   variable ([`ParamError::BadListEntry`]), checked before anything else.
 //! - **`if_include` given** (at least one entry): exactly the usable
 //!   interfaces it matches, in include mode a CIDR matching only addresses
 //!   of an enabled family. `if_exclude` is then ignored unless it is not
@@ -63,11 +61,11 @@
 use core::fmt;
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::iflist::{entries, specs, validate_list, IfSpec};
 use super::params::{
-    IfOverride, IpFamily, OverrideKind, TcpParamError, TcpParamId, TcpParams, TextParamId,
-    DEFAULT_IF_EXCLUDE,
+    IfOverride, IpFamily, OverrideKind, TcpParamId, TcpParams, TextParamId, DEFAULT_IF_EXCLUDE,
 };
-use crate::sm::params::ParamName;
+use crate::params::ParamError;
 
 /// One address of a network interface (an interface with several addresses
 /// appears once per address, as `getifaddrs` lists it).
@@ -111,138 +109,6 @@ pub struct Instance<'a> {
     pub bandwidth: u32,
     /// Latency in microseconds.
     pub latency: u32,
-}
-
-/// One parsed entry of `if_include` / `if_exclude`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IfSpec<'a> {
-    /// An interface name prefix (`eth` matches `eth0`; an exact name
-    /// matches itself).
-    Name(&'a str),
-    /// A network: an interface matches if one of its addresses is inside.
-    Cidr {
-        /// The network address (host bits may be set).
-        addr: IpAddr,
-        /// Prefix length, at most 32 (IPv4) or 128 (IPv6).
-        prefix_len: u8,
-    },
-}
-
-/// Why a list entry is malformed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum SpecError {
-    /// The entry is empty.
-    Empty,
-    /// An IP address without `/prefix`.
-    MissingPrefix,
-    /// The part before `/` is not an IPv4 or IPv6 address.
-    BadAddress,
-    /// The part after `/` is not a number.
-    BadPrefix,
-    /// The prefix length exceeds the address size.
-    PrefixTooLong {
-        /// 32 or 128.
-        max: u8,
-    },
-}
-
-impl fmt::Display for SpecError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SpecError::Empty => f.write_str("empty entry"),
-            SpecError::MissingPrefix => f.write_str("an address needs a /prefix length"),
-            SpecError::BadAddress => f.write_str("not an IPv4 or IPv6 address before the `/`"),
-            SpecError::BadPrefix => f.write_str("the prefix length after the `/` is not a number"),
-            SpecError::PrefixTooLong { max } => write!(f, "the prefix length is above {max}"),
-        }
-    }
-}
-
-impl core::error::Error for SpecError {}
-
-impl<'a> IfSpec<'a> {
-    /// Parses one entry (surrounding blanks ignored): with a `/` a CIDR,
-    /// otherwise a name prefix — unless it is a bare IP address, which is
-    /// [`SpecError::MissingPrefix`].
-    pub fn parse(entry: &'a str) -> Result<IfSpec<'a>, SpecError> {
-        let entry = entry.trim();
-        if entry.is_empty() {
-            return Err(SpecError::Empty);
-        }
-        if let Some((addr, prefix)) = entry.split_once('/') {
-            let addr: IpAddr = addr.trim().parse().map_err(|_| SpecError::BadAddress)?;
-            let prefix = prefix.trim();
-            if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(SpecError::BadPrefix);
-            }
-            let max = match addr {
-                IpAddr::V4(_) => 32,
-                IpAddr::V6(_) => 128,
-            };
-            let prefix_len = prefix
-                .parse::<u8>()
-                .ok()
-                .filter(|p| *p <= max)
-                .ok_or(SpecError::PrefixTooLong { max })?;
-            return Ok(IfSpec::Cidr { addr, prefix_len });
-        }
-        if entry.parse::<IpAddr>().is_ok() {
-            return Err(SpecError::MissingPrefix);
-        }
-        Ok(IfSpec::Name(entry))
-    }
-
-    /// Whether interface name `if_name` starts with this name prefix (never
-    /// for a CIDR).
-    pub fn matches_name(&self, if_name: &str) -> bool {
-        matches!(self, IfSpec::Name(prefix) if if_name.starts_with(prefix))
-    }
-
-    /// Whether `addr` lies in this network (never for a name; never across
-    /// families).
-    pub fn contains(&self, addr: &IpAddr) -> bool {
-        let IfSpec::Cidr {
-            addr: net,
-            prefix_len,
-        } = self
-        else {
-            return false;
-        };
-        match (net, addr) {
-            (IpAddr::V4(net), IpAddr::V4(a)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(*prefix_len))
-                    .unwrap_or(0);
-                u32::from(*net) & mask == u32::from(*a) & mask
-            }
-            (IpAddr::V6(net), IpAddr::V6(a)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(*prefix_len))
-                    .unwrap_or(0);
-                u128::from(*net) & mask == u128::from(*a) & mask
-            }
-            _ => false,
-        }
-    }
-}
-
-/// The entries of a comma-separated list, trimmed, empty ones skipped.
-pub fn entries(list: &str) -> impl Iterator<Item = &str> {
-    list.split(',').map(str::trim).filter(|e| !e.is_empty())
-}
-
-/// Checks every entry of string parameter `id` holding `list`; the first
-/// malformed one is [`TcpParamError::BadListEntry`] naming the parameter.
-pub fn validate_list(id: TextParamId, list: &str) -> Result<(), TcpParamError> {
-    for entry in entries(list) {
-        IfSpec::parse(entry).map_err(|reason| TcpParamError::BadListEntry {
-            name: id.def().name,
-            entry: ParamName::new(entry),
-            reason,
-        })?;
-    }
-    Ok(())
 }
 
 /// Why an interface that `if_include` names is not used.
@@ -360,7 +226,7 @@ impl fmt::Display for Warning<'_> {
 pub enum SelectError {
     /// A parameter is invalid (malformed list entry, `if_include` with a
     /// non-default `if_exclude`, `links` 0).
-    Param(TcpParamError),
+    Param(ParamError),
     /// No interface is selected. `param` is the list that left nothing:
     /// `if_include` when given, else `if_exclude` when it excluded every
     /// usable interface; `None` when no interface is usable at all.
@@ -377,8 +243,8 @@ pub enum SelectError {
     },
 }
 
-impl From<TcpParamError> for SelectError {
-    fn from(e: TcpParamError) -> Self {
+impl From<ParamError> for SelectError {
+    fn from(e: ParamError) -> Self {
         SelectError::Param(e)
     }
 }
@@ -479,11 +345,6 @@ impl<'a> Group<'a> {
     }
 }
 
-/// The parsed entries of `list` (validated beforehand).
-fn specs(list: &str) -> impl Iterator<Item = IfSpec<'_>> {
-    entries(list).filter_map(|e| IfSpec::parse(e).ok())
-}
-
 /// The selection rules, fixed for one call of [`select`].
 struct Rules<'a> {
     params: &'a TcpParams,
@@ -538,16 +399,11 @@ pub fn select<'a>(
     mut warn: impl FnMut(Warning<'a>),
 ) -> Result<usize, SelectError> {
     params.check_exclusive()?;
-    validate_list(TextParamId::IfInclude, params.if_include())?;
-    validate_list(TextParamId::IfExclude, params.if_exclude())?;
+    validate_list(TextParamId::IfInclude.def(), params.if_include())?;
+    validate_list(TextParamId::IfExclude.def(), params.if_exclude())?;
     let links = params.links;
     if links == 0 {
-        let def = TcpParamId::Links.def();
-        return Err(SelectError::Param(TcpParamError::OutOfRange {
-            name: def.name,
-            value: 0,
-            accepts: def.accepts,
-        }));
+        return Err(SelectError::Param(TcpParamId::Links.def().out_of_range(0)));
     }
 
     for over in params.overrides() {
@@ -724,7 +580,8 @@ pub fn addresses<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sm::params::ParamSource;
+    use crate::params::{ParamSource, Params};
+    use crate::tcp::iflist::SpecError;
     use std::string::ToString;
     use std::vec::Vec;
 
@@ -790,34 +647,6 @@ mod tests {
     }
 
     #[test]
-    fn specs_parse_and_match() {
-        assert_eq!(IfSpec::parse(" eth "), Ok(IfSpec::Name("eth")));
-        let net = IfSpec::parse("10.0.0.0/8").unwrap();
-        assert!(net.contains(&V4(10, 255, 0, 1)) && !net.contains(&V4(11, 0, 0, 1)));
-        let v6 = IfSpec::parse("fd00::/8").unwrap();
-        assert!(v6.contains(&"fd12::1".parse().unwrap()));
-        assert!(!v6.contains(&V4(10, 0, 0, 1)) && !net.matches_name("10.0.0.0"));
-        assert!(IfSpec::parse("0.0.0.0/0")
-            .unwrap()
-            .contains(&V4(1, 2, 3, 4)));
-        assert!(IfSpec::parse("::/128")
-            .unwrap()
-            .contains(&IpAddr::V6(Ipv6Addr::UNSPECIFIED)));
-        for (bad, err) in [
-            ("10.0.0.0/33", SpecError::PrefixTooLong { max: 32 }),
-            ("fd00::/129", SpecError::PrefixTooLong { max: 128 }),
-            ("10.0.0/8", SpecError::BadAddress),
-            ("10.0.0.0/", SpecError::BadPrefix),
-            ("10.0.0.0/-1", SpecError::BadPrefix),
-            ("10.0.0.1", SpecError::MissingPrefix),
-            ("", SpecError::Empty),
-        ] {
-            assert_eq!(IfSpec::parse(bad), Err(err), "{bad}");
-        }
-        assert_eq!(entries(" a,, b ,").collect::<Vec<_>>(), ["a", "b"]);
-    }
-
-    #[test]
     fn default_selection() {
         let ifs = fixture();
         let p = TcpParams::new();
@@ -880,7 +709,7 @@ mod tests {
         let e = run(&ifs, &p).unwrap_err();
         assert!(matches!(
             e,
-            SelectError::Param(TcpParamError::Conflict {
+            SelectError::Param(ParamError::Conflict {
                 name: "if_include",
                 ..
             })
@@ -1025,11 +854,11 @@ mod tests {
         let e = run(&ifs, &p).unwrap_err();
         assert!(matches!(
             e,
-            SelectError::Param(TcpParamError::BadListEntry {
+            SelectError::Param(ParamError::BadListEntry {
                 name: "if_include",
-                reason: SpecError::PrefixTooLong { max: 32 },
+                reason,
                 ..
-            })
+            }) if reason == SpecError::PrefixTooLong { max: 32 }.message()
         ));
         assert!(e
             .to_string()

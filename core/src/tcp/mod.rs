@@ -17,7 +17,11 @@
 //!   handshake, the lower-rank-wins tie-break on simultaneous connects, FIN
 //!   versus failure, timeouts) and the state machine of an accepted socket
 //!   that has not identified itself yet;
-//! - [`params`]: the `tcp` component's parameters;
+//! - [`params`]: the `tcp` component's parameters (a table and rules over
+//!   [`crate::params`]);
+//! - [`iflist`]: the syntax of the interface lists (`if_include`,
+//!   `if_exclude`: name prefixes and CIDR networks), which the parameters
+//!   validate with and interface selection matches with;
 //! - [`ifsel`]: interface selection as pure logic over a list of
 //!   interfaces;
 //! - [`addr`]: the listen-address record ranks exchange through wire-up.
@@ -30,6 +34,7 @@
 pub mod addr;
 pub mod decoder;
 pub mod endpoint;
+pub mod iflist;
 pub mod ifsel;
 pub mod params;
 pub mod wire;

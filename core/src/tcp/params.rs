@@ -1,37 +1,35 @@
 //! The `tcp` component's parameters: the seed's names, defaults, help texts
-//! and validation rules, without an allocator, in the style of
-//! [`crate::sm::params`] (whose [`ParamDef`], [`ParamKind`], [`ParamSource`],
-//! [`ParamName`] and [`env_name`] are reused here).
+//! and validation rules, as a table and rules over the shared registry
+//! ([`crate::params`]).
 //!
-//! - [`TCP_PARAMS`] is the static table of the numeric parameters, indexed
-//!   by [`TcpParamId`]; [`TCP_TEXT_PARAMS`] holds the two string parameters
-//!   (`if_include`, `if_exclude`), indexed by [`TextParamId`]. [`TcpParam`]
-//!   names either kind and lists all of them in the seed's registration
-//!   order ([`TcpParam::ALL`]).
+//! - [`TCP_PARAMS`] is the static table of every parameter in the seed's
+//!   registration order (named by [`TCP`]); [`TcpParam`] indexes it and
+//!   names either a numeric parameter ([`TcpParamId`]) or one of the two
+//!   string parameters (`if_include`, `if_exclude`: [`TextParamId`]).
 //! - [`TcpParams`] holds one typed field per numeric parameter, the two
 //!   strings in fixed 256-byte storage ([`TEXT_CAP`]), a fixed list of
 //!   per-interface `bandwidth_<if>` / `latency_<if>` overrides
 //!   ([`IfOverride`], at most [`OVERRIDE_CAP`]), and where every value came
-//!   from. Values are set from code (assign a field, [`TcpParams::set`],
-//!   [`TcpParams::set_text`], [`TcpParams::set_override`]) or from the
-//!   environment ([`TcpParams::set_from_env_var`], which understands
+//!   from. Values are set from code (assign a field, [`Params::set`],
+//!   [`TcpParams::set_override`]) or from the environment
+//!   ([`Params::set_from_env_var`], which understands
 //!   `BTL_TCP_IF_INCLUDE`, `BTL_TCP_BANDWIDTH_ETH0`, and Open MPI's
 //!   `OMPI_MCA_btl_tcp_if_include` / `OMPI_MCA_btl_tcp_bandwidth_eth0:1`).
-//! - [`TcpParams::verify`] applies the seed's register/verify/open rules and
+//! - [`Params::verify`] applies the seed's register/verify/open rules and
 //!   Open MPI's base BTL checks: it either fails without changing anything,
-//!   or adjusts values and returns what it adjusted ([`TcpVerified`]).
-//! - [`TcpParams::iter`] lists every parameter with its value, default and
-//!   source for `btl info` ([`TcpParamInfo`], whose [`TcpValue`] is a number
-//!   or a string).
+//!   or adjusts values and returns what it adjusted.
+//! - [`Params::iter`] lists every parameter with its value, default and
+//!   source for `btl info`.
 //!
-//! Every error ([`TcpParamError`]) names the parameter as the user types it
-//! in the environment (`BTL_TCP_LINKS`) and says what it accepts.
+//! Every error ([`ParamError`]) names the parameter as the user types it
+//! in the environment (`BTL_TCP_LINKS`) and says what it accepts. The
+//! syntax of the interface lists is [`super::iflist`]'s.
 //!
 //! Two parameters have a default computed from another one: `port_range_v4`
 //! / `port_range_v6` default to `65536 - port_min - 1` (the seed's formula,
 //! from the current, valid `port_min`), and `max_frame` defaults to
-//! `max_send_size`. Their fields are `Option`s: `None` follows the other
-//! parameter, `Some` is a value someone set.
+//! 64 MiB or `max_send_size` if larger. Their fields are `Option`s: `None`
+//! follows the other parameter, `Some` is a value someone set.
 //!
 //! BTL base values: the seed's `tcp` values where it sets them
 //! (`rdma_pipeline_send_length` 128 KiB, `rdma_pipeline_frag_size`
@@ -45,26 +43,29 @@
 use core::fmt;
 use core::ops::RangeInclusive;
 
-use super::ifsel::{self, SpecError};
-use crate::sm::params::{
-    env_name, EnvName, ParamDef, ParamKind, ParamName, ParamSource, FLAG_GET, FLAG_PUT, FLAG_SEND,
+use super::iflist;
+use crate::params::base::{self, BaseKeys, ACCEPTS_BOOL, FLAG_GET, FLAG_PUT, FLAG_SEND};
+use crate::params::{
+    env_name, parse_int, table, Assign, Component, FixedStr, NumberError, ParamDef, ParamError,
+    ParamKey, ParamKind, ParamName, ParamSource, ParamState, Params, Precedence, Setting, Value,
+    Verified,
 };
 
 /// Name of the component, the middle part of `BTL_TCP_LINKS`.
 pub const COMPONENT: &str = "tcp";
 
-/// Number of numeric parameters (the length of [`TCP_PARAMS`]).
+/// Number of numeric parameters (the length of [`TcpParamId::ALL`]).
 pub const TCP_NUM_PARAM_COUNT: usize = 26;
 
-/// Number of string parameters (the length of [`TCP_TEXT_PARAMS`]).
+/// Number of string parameters (the length of [`TextParamId::ALL`]).
 pub const TCP_TEXT_PARAM_COUNT: usize = 2;
 
 /// Number of parameters of the `tcp` component (the length of
-/// [`TcpParam::ALL`]).
+/// [`TCP_PARAMS`] and [`TcpParam::ALL`]).
 pub const TCP_PARAM_COUNT: usize = TCP_NUM_PARAM_COUNT + TCP_TEXT_PARAM_COUNT;
 
 /// Capacity in bytes of a string parameter's value (`if_include`,
-/// `if_exclude`); a longer value is [`TcpParamError::TooLong`].
+/// `if_exclude`); a longer value is [`ParamError::TooLong`].
 pub const TEXT_CAP: usize = 256;
 
 /// Capacity of the per-interface override list ([`TcpParams::overrides`]).
@@ -124,8 +125,8 @@ impl fmt::Display for IpFamily {
     }
 }
 
-/// Identifies one numeric `tcp` parameter; its discriminant indexes
-/// [`TCP_PARAMS`].
+/// Identifies one numeric `tcp` parameter; its discriminant is its position
+/// in [`TcpParamId::ALL`] ([`TcpParam::index`] is its place in the table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[repr(u8)]
@@ -215,342 +216,27 @@ impl TcpParamId {
         TcpParamId::HandshakeTimeout,
     ];
 
-    /// Index into [`TCP_PARAMS`].
+    /// Position in [`TcpParamId::ALL`].
     pub const fn index(self) -> usize {
         self as usize
     }
 
     /// The parameter's definition.
     pub fn def(self) -> &'static ParamDef {
-        &TCP_PARAMS[self.index()]
+        TcpParam::Num(self).def()
     }
 
     /// Looks a numeric parameter up by name (ASCII case-insensitive).
     pub fn from_name(name: &str) -> Option<TcpParamId> {
-        TcpParamId::ALL
-            .into_iter()
-            .find(|id| id.def().name.eq_ignore_ascii_case(name))
-    }
-
-    fn bit(self) -> u32 {
-        1 << (self as u32)
+        match TcpParam::from_name(name)? {
+            TcpParam::Num(id) => Some(id),
+            TcpParam::Text(_) => None,
+        }
     }
 }
 
-const I32_MAX: i64 = i32::MAX as i64;
-const I32_MIN: i64 = i32::MIN as i64;
-const U32_MAX: i64 = u32::MAX as i64;
-const PORT_MAX: i64 = u16::MAX as i64;
-
-const ACCEPTS_U32: &str = "an integer between 0 and 4294967295";
-const ACCEPTS_SIZE: &str = "a size in bytes between 0 and 4294967295 (k, M, G suffixes allowed)";
-const ACCEPTS_BOOL: &str = "0, 1, true, false, yes or no";
-const ACCEPTS_PORT_MIN: &str =
-    "a port number between 1 and 65535 (an invalid one is reset to 1024 with a warning)";
-const HELP_PORT_MIN: &str = "The minimum port where the TCP BTL will try to bind (default 1024)";
-
-const fn pdef(
-    name: &'static str,
-    kind: ParamKind,
-    default: i64,
-    (min, max): (i64, i64),
-    level: u8,
-    accepts: &'static str,
-    help: &'static str,
-) -> ParamDef {
-    ParamDef {
-        component: COMPONENT,
-        name,
-        kind,
-        default,
-        min,
-        max,
-        help,
-        accepts,
-        level,
-    }
-}
-
-/// The `tcp` component's numeric parameters (component parameters in the
-/// seed's registration order, then the BTL base parameters, then
-/// `disable_family`, then btl's own `max_frame` and `handshake_timeout`),
-/// indexed by [`TcpParamId`]. The string parameters are in
-/// [`TCP_TEXT_PARAMS`].
-///
-/// The `default` of `port_range_v4` / `port_range_v6` (64511) and of
-/// `max_frame` (131072) is the one for the default `port_min` and
-/// `max_send_size`; the actual default follows those parameters
-/// ([`TcpParamInfo::default`] shows it).
-pub static TCP_PARAMS: [ParamDef; TCP_NUM_PARAM_COUNT] = [
-    pdef(
-        "links",
-        ParamKind::UInt,
-        1,
-        (1, U32_MAX),
-        4,
-        "an integer >= 1",
-        "Number of TCP links (BTL instances) to create for each selected interface; each further \
-         link gets half the bandwidth and twice the latency of the previous one.",
-    ),
-    pdef(
-        "free_list_num",
-        ParamKind::Int,
-        8,
-        (0, I32_MAX),
-        5,
-        "an integer >= 0",
-        "Number of fragments of each kind each process allocates up front.",
-    ),
-    pdef(
-        "free_list_max",
-        ParamKind::Int,
-        -1,
-        (-1, I32_MAX),
-        5,
-        "-1 (unlimited) or an integer >= free_list_num",
-        "Maximum number of fragments in each free list (-1 = unlimited).",
-    ),
-    pdef(
-        "free_list_inc",
-        ParamKind::Int,
-        32,
-        (1, I32_MAX),
-        5,
-        "an integer >= 1",
-        "Number of fragments a free list grows by when it runs empty.",
-    ),
-    pdef(
-        "sndbuf",
-        ParamKind::Size,
-        128 * 1024,
-        (0, I32_MAX),
-        4,
-        "a size in bytes between 0 and 2147483647 (0 = the kernel default; k, M, G suffixes \
-         allowed)",
-        "Size (in bytes) of the kernel send buffer of each TCP socket (0 = leave the kernel \
-         default).",
-    ),
-    pdef(
-        "rcvbuf",
-        ParamKind::Size,
-        128 * 1024,
-        (0, I32_MAX),
-        4,
-        "a size in bytes between 0 and 2147483647 (0 = the kernel default; k, M, G suffixes \
-         allowed)",
-        "Size (in bytes) of the kernel receive buffer of each TCP socket (0 = leave the kernel \
-         default).",
-    ),
-    pdef(
-        "endpoint_cache",
-        ParamKind::Size,
-        30 * 1024,
-        (64, I32_MAX),
-        4,
-        "a size in bytes between 64 and 2147483647 (k, M, G suffixes allowed)",
-        "The size of the internal cache for each TCP connection. This cache is used to reduce \
-         the number of syscalls, by replacing them with memcpy. Every read will read the \
-         expected data plus the amount of the endpoint_cache",
-    ),
-    pdef(
-        "use_nagle",
-        ParamKind::Bool,
-        0,
-        (0, 1),
-        4,
-        ACCEPTS_BOOL,
-        "Whether to use Nagle's algorithm or not (using Nagle's algorithm may increase short \
-         message latency)",
-    ),
-    pdef(
-        "port_min_v4",
-        ParamKind::Int,
-        DEFAULT_PORT_MIN as i64,
-        (I32_MIN, I32_MAX),
-        2,
-        ACCEPTS_PORT_MIN,
-        HELP_PORT_MIN,
-    ),
-    pdef(
-        "port_range_v4",
-        ParamKind::Int,
-        65536 - DEFAULT_PORT_MIN as i64 - 1,
-        (1, PORT_MAX),
-        2,
-        "an integer between 1 and 65535 (clamped so that port_min_v4 + port_range_v4 <= 65536)",
-        "The number of ports where the TCP BTL will try to bind (default 65536 - port_min_v4 - \
-         1). This parameter together with the port min, define a range of ports where Open MPI \
-         will open sockets.",
-    ),
-    pdef(
-        "port_min_v6",
-        ParamKind::Int,
-        DEFAULT_PORT_MIN as i64,
-        (I32_MIN, I32_MAX),
-        2,
-        ACCEPTS_PORT_MIN,
-        HELP_PORT_MIN,
-    ),
-    pdef(
-        "port_range_v6",
-        ParamKind::Int,
-        65536 - DEFAULT_PORT_MIN as i64 - 1,
-        (1, PORT_MAX),
-        2,
-        "an integer between 1 and 65535 (clamped so that port_min_v6 + port_range_v6 <= 65536)",
-        "The number of ports where the TCP BTL will try to bind (default 65536 - port_min_v6 - \
-         1). This parameter together with the port min, define a range of ports where Open MPI \
-         will open sockets.",
-    ),
-    pdef(
-        "warn_all_unfound_interfaces",
-        ParamKind::Bool,
-        0,
-        (0, 1),
-        2,
-        ACCEPTS_BOOL,
-        "Issue a warning for all unfound interfaces included in if_exclude",
-    ),
-    pdef(
-        "exclusivity",
-        ParamKind::UInt,
-        TCP_EXCLUSIVITY as i64,
-        (0, U32_MAX),
-        7,
-        ACCEPTS_U32,
-        "BTL exclusivity (must be >= 0)",
-    ),
-    pdef(
-        "flags",
-        ParamKind::UInt,
-        (FLAG_SEND | FLAG_PUT | FLAG_GET) as i64,
-        (0, (FLAG_SEND | FLAG_PUT | FLAG_GET) as i64),
-        5,
-        "a bit mask of 1 (send, required), 2 (put) and 4 (get)",
-        "BTL bit flags (general flags: send, put, get, in-place, hetero-rdma, atomics, \
-         fetching-atomics)",
-    ),
-    pdef(
-        "rndv_eager_limit",
-        ParamKind::Size,
-        64 * 1024,
-        (0, U32_MAX),
-        4,
-        "a size in bytes between 0 and eager_limit (k, M, G suffixes allowed)",
-        "Size (in bytes, including header) of \"phase 1\" fragment sent for all large messages \
-         (must be >= 0 and <= eager_limit)",
-    ),
-    pdef(
-        "eager_limit",
-        ParamKind::Size,
-        64 * 1024,
-        (1, U32_MAX),
-        4,
-        "a size in bytes between 1 and 4294967295 (k, M, G suffixes allowed)",
-        "Maximum size (in bytes, including header) of \"short\" messages (must be >= 1).",
-    ),
-    pdef(
-        "max_send_size",
-        ParamKind::Size,
-        128 * 1024,
-        (1, MAX_FRAME_LIMIT as i64),
-        4,
-        "a size in bytes between eager_limit and 1073741824 (k, M, G suffixes allowed)",
-        "Maximum size (in bytes) of a single \"phase 2\" fragment of a long message when using \
-         the pipeline protocol (must be >= 1)",
-    ),
-    pdef(
-        "rdma_pipeline_send_length",
-        ParamKind::Size,
-        128 * 1024,
-        (0, U32_MAX),
-        4,
-        ACCEPTS_SIZE,
-        "Length of the \"phase 2\" portion of a large message (in bytes) when using the pipeline \
-         protocol.  This part of the message will be split into fragments of size max_send_size \
-         and sent using send/receive semantics (must be >= 0; only relevant when the PUT flag is \
-         set)",
-    ),
-    pdef(
-        "rdma_pipeline_frag_size",
-        ParamKind::Size,
-        I32_MAX,
-        (1, U32_MAX),
-        4,
-        "a size in bytes between 1 and 4294967295 (k, M, G suffixes allowed)",
-        "Maximum size (in bytes) of a single \"phase 3\" fragment from a long message when using \
-         the pipeline protocol.  These fragments will be sent using RDMA semantics (must be >= \
-         1; only relevant when the PUT flag is set)",
-    ),
-    pdef(
-        "min_rdma_pipeline_size",
-        ParamKind::Size,
-        0,
-        (0, U32_MAX),
-        4,
-        ACCEPTS_SIZE,
-        "Messages smaller than this size (in bytes) will not use the RDMA pipeline protocol.  \
-         Instead, they will be split into fragments of max_send_size and sent using send/receive \
-         semantics (must be >=0, and is automatically adjusted up to at least \
-         (eager_limit+btl_rdma_pipeline_send_length); only relevant when the PUT flag is set)",
-    ),
-    pdef(
-        "latency",
-        ParamKind::UInt,
-        100,
-        (0, U32_MAX),
-        5,
-        ACCEPTS_U32,
-        "Approximate latency of interconnect (0 = auto-detect value at run-time [not supported \
-         in all BTL modules], >= 1 = latency in microseconds)",
-    ),
-    pdef(
-        "bandwidth",
-        ParamKind::UInt,
-        100,
-        (0, U32_MAX),
-        5,
-        ACCEPTS_U32,
-        "Approximate maximum bandwidth of interconnect (0 = auto-detect value at run-time [not \
-         supported in all BTL modules], >= 1 = bandwidth in Mbps)",
-    ),
-    pdef(
-        "disable_family",
-        ParamKind::Int,
-        0,
-        (0, 6),
-        2,
-        "0 (use IPv4 and IPv6), 4 (no IPv4) or 6 (no IPv6)",
-        "Disable one IP address family: 0 = use both IPv4 and IPv6, 4 = do not use IPv4, 6 = do \
-         not use IPv6.",
-    ),
-    pdef(
-        "max_frame",
-        ParamKind::Size,
-        DEFAULT_MAX_FRAME as i64,
-        (1, MAX_FRAME_LIMIT as i64),
-        5,
-        "a size in bytes between max_send_size and 1073741824 (k, M, G suffixes allowed)",
-        "Largest payload (in bytes) of one TCP frame accepted from a peer; a frame announcing \
-         more is a protocol error that closes the connection, and larger messages travel as \
-         several frames (default: 64 MiB, at least max_send_size; must be >= max_send_size and \
-         <= 1 GiB). Measured on loopback: 4 MiB messages in one frame reach 4.7 GB/s, as 128 KiB \
-         frames 3.9 GB/s.",
-    ),
-    pdef(
-        "handshake_timeout",
-        ParamKind::UInt,
-        10_000,
-        (1, U32_MAX),
-        5,
-        "a number of milliseconds between 1 and 4294967295",
-        "Time (in milliseconds) a new TCP connection may take to complete its handshake before \
-         it is dropped.",
-    ),
-];
-
-/// Identifies one string parameter; its discriminant indexes
-/// [`TCP_TEXT_PARAMS`].
+/// Identifies one string parameter; its discriminant is its position in
+/// [`TextParamId::ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[repr(u8)]
@@ -566,85 +252,26 @@ impl TextParamId {
     pub const ALL: [TextParamId; TCP_TEXT_PARAM_COUNT] =
         [TextParamId::IfInclude, TextParamId::IfExclude];
 
-    /// Index into [`TCP_TEXT_PARAMS`].
+    /// Position in [`TextParamId::ALL`].
     pub const fn index(self) -> usize {
         self as usize
     }
 
     /// The parameter's definition.
-    pub fn def(self) -> &'static TextParamDef {
-        &TCP_TEXT_PARAMS[self.index()]
+    pub fn def(self) -> &'static ParamDef {
+        TcpParam::Text(self).def()
     }
 
     /// Looks a string parameter up by name (ASCII case-insensitive).
     pub fn from_name(name: &str) -> Option<TextParamId> {
-        TextParamId::ALL
-            .into_iter()
-            .find(|id| id.def().name.eq_ignore_ascii_case(name))
+        match TcpParam::from_name(name)? {
+            TcpParam::Text(id) => Some(id),
+            TcpParam::Num(_) => None,
+        }
     }
 }
 
-/// The definition of a string parameter ([`ParamDef`] has only integer
-/// values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TextParamDef {
-    /// Owning component (`"tcp"`).
-    pub component: &'static str,
-    /// Parameter name as the seed registers it (`"if_include"`).
-    pub name: &'static str,
-    /// Default value.
-    pub default: &'static str,
-    /// One-line help text.
-    pub help: &'static str,
-    /// What the parameter accepts, for error messages.
-    pub accepts: &'static str,
-    /// Open MPI info level (1 = basic user .. 9 = developer).
-    pub level: u8,
-}
-
-impl TextParamDef {
-    /// The environment variable that sets this parameter
-    /// (`BTL_TCP_IF_INCLUDE`).
-    pub fn env_name(&self) -> EnvName<'static> {
-        env_name(self.component, self.name)
-    }
-
-    /// Open MPI's environment variable for it
-    /// (`OMPI_MCA_btl_tcp_if_include`).
-    pub fn ompi_env_name(&self) -> TcpOmpiEnvName<'static> {
-        TcpOmpiEnvName { name: self.name }
-    }
-}
-
-const ACCEPTS_IF_LIST: &str = "a comma-separated list of interface names or name prefixes (eth0, \
-                               ib) and CIDR networks (10.0.0.0/8, fd00::/8), at most 256 bytes";
-
-/// The `tcp` component's string parameters, indexed by [`TextParamId`].
-pub static TCP_TEXT_PARAMS: [TextParamDef; TCP_TEXT_PARAM_COUNT] = [
-    TextParamDef {
-        component: COMPONENT,
-        name: "if_include",
-        default: "",
-        help: "Comma-delimited list of devices and/or CIDR notation of networks to use for MPI \
-               communication (e.g., \"eth0,192.168.0.0/16\").  Mutually exclusive with \
-               btl_tcp_if_exclude.",
-        accepts: ACCEPTS_IF_LIST,
-        level: 1,
-    },
-    TextParamDef {
-        component: COMPONENT,
-        name: "if_exclude",
-        default: DEFAULT_IF_EXCLUDE,
-        help: "Comma-delimited list of devices and/or CIDR notation of networks to NOT use for \
-               MPI communication -- all devices not matching these specifications will be used \
-               (e.g., \"eth0,192.168.0.0/16\").  If set to a non-default value, it is mutually \
-               exclusive with btl_tcp_if_include.",
-        accepts: ACCEPTS_IF_LIST,
-        level: 1,
-    },
-];
-
-/// Any `tcp` parameter: numeric or string.
+/// Any `tcp` parameter: numeric or string; the key of [`TCP_PARAMS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum TcpParam {
@@ -668,7 +295,8 @@ impl From<TextParamId> for TcpParam {
 
 impl TcpParam {
     /// Every parameter in the seed's registration order (`links`,
-    /// `if_include`, `if_exclude`, ...), then btl's own.
+    /// `if_include`, `if_exclude`, ...), then btl's own: the order of
+    /// [`TCP_PARAMS`].
     pub const ALL: [TcpParam; TCP_PARAM_COUNT] = {
         let mut all = [TcpParam::Num(TcpParamId::Links); TCP_PARAM_COUNT];
         all[1] = TcpParam::Text(TextParamId::IfInclude);
@@ -681,103 +309,213 @@ impl TcpParam {
         all
     };
 
-    /// The seed's name (`"links"`, `"if_include"`).
-    pub fn name(self) -> &'static str {
+    /// Index into [`TCP_PARAMS`] (and [`TcpParam::ALL`]): `links`, then the
+    /// two strings, then the other numeric parameters.
+    pub const fn index(self) -> usize {
         match self {
-            TcpParam::Num(id) => id.def().name,
-            TcpParam::Text(id) => id.def().name,
-        }
-    }
-
-    /// The help text.
-    pub fn help(self) -> &'static str {
-        match self {
-            TcpParam::Num(id) => id.def().help,
-            TcpParam::Text(id) => id.def().help,
-        }
-    }
-
-    /// What the parameter accepts.
-    pub fn accepts(self) -> &'static str {
-        match self {
-            TcpParam::Num(id) => id.def().accepts,
-            TcpParam::Text(id) => id.def().accepts,
-        }
-    }
-
-    /// Open MPI info level.
-    pub fn level(self) -> u8 {
-        match self {
-            TcpParam::Num(id) => id.def().level,
-            TcpParam::Text(id) => id.def().level,
-        }
-    }
-
-    /// The environment variable (`BTL_TCP_LINKS`).
-    pub fn env_name(self) -> EnvName<'static> {
-        env_name(COMPONENT, self.name())
-    }
-
-    /// Open MPI's environment variable (`OMPI_MCA_btl_tcp_links`).
-    pub fn ompi_env_name(self) -> TcpOmpiEnvName<'static> {
-        TcpOmpiEnvName { name: self.name() }
-    }
-
-    /// Looks a parameter up by name (ASCII case-insensitive).
-    pub fn from_name(name: &str) -> Option<TcpParam> {
-        TcpParamId::from_name(name)
-            .map(TcpParam::Num)
-            .or_else(|| TextParamId::from_name(name).map(TcpParam::Text))
-    }
-}
-
-/// Displays Open MPI's environment variable of a `tcp` parameter:
-/// `OMPI_MCA_btl_tcp_if_include`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpOmpiEnvName<'a> {
-    name: &'a str,
-}
-
-impl fmt::Display for TcpOmpiEnvName<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OMPI_MCA_btl_{COMPONENT}_{}", self.name)
-    }
-}
-
-/// A parameter's value as `btl info` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TcpValue<'a> {
-    /// A number (booleans as 0/1).
-    Int(i64),
-    /// A string.
-    Text(&'a str),
-}
-
-impl fmt::Display for TcpValue<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TcpValue::Int(v) => write!(f, "{v}"),
-            TcpValue::Text(s) => f.write_str(s),
+            TcpParam::Num(TcpParamId::Links) => 0,
+            TcpParam::Text(id) => 1 + id as usize,
+            TcpParam::Num(id) => TCP_TEXT_PARAM_COUNT + id as usize,
         }
     }
 }
 
-/// One parameter as `btl info` lists it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpParamInfo<'a> {
-    /// The parameter (its name, help, level and environment variables).
-    pub param: TcpParam,
-    /// The current value.
-    pub value: TcpValue<'a>,
-    /// The default value; for `port_range_*` and `max_frame` the one
-    /// computed from the current `port_min_*` / `max_send_size`.
-    pub default: TcpValue<'a>,
-    /// Where the current value came from.
-    pub source: ParamSource,
-    /// Whether [`TcpParams::verify`] changed the value since it was last
-    /// set.
-    pub adjusted: bool,
+impl ParamKey for TcpParam {
+    const ALL: &'static [TcpParam] = &TcpParam::ALL;
+
+    fn component() -> &'static Component {
+        &TCP
+    }
+
+    fn index(self) -> usize {
+        TcpParam::index(self)
+    }
+
+    fn def(self) -> &'static ParamDef {
+        &TCP_PARAMS[TcpParam::index(self)]
+    }
 }
+
+const I32_MAX: i64 = i32::MAX as i64;
+const I32_MIN: i64 = i32::MIN as i64;
+const U32_MAX: i64 = u32::MAX as i64;
+const PORT_MAX: i64 = u16::MAX as i64;
+const PORT_MIN: i64 = DEFAULT_PORT_MIN as i64;
+/// The seed's `65536 - port_min - 1` for the default `port_min`.
+const PORT_RANGE: i64 = 65536 - PORT_MIN - 1;
+
+const ACCEPTS_PORT_MIN: &str =
+    "a port number between 1 and 65535 (an invalid one is reset to 1024 with a warning)";
+const HELP_PORT_MIN: &str = "The minimum port where the TCP BTL will try to bind (default 1024)";
+const ACCEPTS_IF_LIST: &str = "a comma-separated list of interface names or name prefixes (eth0, \
+                               ib) and CIDR networks (10.0.0.0/8, fd00::/8), at most 256 bytes";
+
+/// The `tcp` component's parameters in the seed's registration order
+/// (component parameters, then the BTL base parameters, then
+/// `disable_family`, then btl's own `max_frame` and `handshake_timeout`),
+/// indexed by [`TcpParam`].
+///
+/// The `default` of `port_range_v4` / `port_range_v6` (64511) and of
+/// `max_frame` (64 MiB) is the one for the default `port_min` and
+/// `max_send_size`; the actual default follows those parameters
+/// ([`TcpParams::default_of`]).
+pub static TCP_PARAMS: [ParamDef; TCP_PARAM_COUNT] = table(
+    COMPONENT,
+    [
+        ParamDef::number("links", ParamKind::UInt, 1, (1, U32_MAX)).doc(
+            4,
+            "an integer >= 1",
+            "Number of TCP links (BTL instances) to create for each selected interface; each \
+             further link gets half the bandwidth and twice the latency of the previous one.",
+        ),
+        ParamDef::text("if_include", "", TEXT_CAP).doc(
+            1,
+            ACCEPTS_IF_LIST,
+            "Comma-delimited list of devices and/or CIDR notation of networks to use for MPI \
+             communication (e.g., \"eth0,192.168.0.0/16\").  Mutually exclusive with \
+             btl_tcp_if_exclude.",
+        ),
+        ParamDef::text("if_exclude", DEFAULT_IF_EXCLUDE, TEXT_CAP).doc(
+            1,
+            ACCEPTS_IF_LIST,
+            "Comma-delimited list of devices and/or CIDR notation of networks to NOT use for MPI \
+             communication -- all devices not matching these specifications will be used (e.g., \
+             \"eth0,192.168.0.0/16\").  If set to a non-default value, it is mutually exclusive \
+             with btl_tcp_if_include.",
+        ),
+        base::free_list_num("Number of fragments of each kind each process allocates up front."),
+        base::free_list_max(),
+        base::free_list_inc(32),
+        ParamDef::number("sndbuf", ParamKind::Size, 128 * 1024, (0, I32_MAX)).doc(
+            4,
+            "a size in bytes between 0 and 2147483647 (0 = the kernel default; k, M, G suffixes \
+             allowed)",
+            "Size (in bytes) of the kernel send buffer of each TCP socket (0 = leave the kernel \
+             default).",
+        ),
+        ParamDef::number("rcvbuf", ParamKind::Size, 128 * 1024, (0, I32_MAX)).doc(
+            4,
+            "a size in bytes between 0 and 2147483647 (0 = the kernel default; k, M, G suffixes \
+             allowed)",
+            "Size (in bytes) of the kernel receive buffer of each TCP socket (0 = leave the \
+             kernel default).",
+        ),
+        ParamDef::number("endpoint_cache", ParamKind::Size, 30 * 1024, (64, I32_MAX)).doc(
+            4,
+            "a size in bytes between 64 and 2147483647 (k, M, G suffixes allowed)",
+            "The size of the internal cache for each TCP connection. This cache is used to \
+             reduce the number of syscalls, by replacing them with memcpy. Every read will read \
+             the expected data plus the amount of the endpoint_cache",
+        ),
+        ParamDef::number("use_nagle", ParamKind::Bool, 0, (0, 1)).doc(
+            4,
+            ACCEPTS_BOOL,
+            "Whether to use Nagle's algorithm or not (using Nagle's algorithm may increase short \
+             message latency)",
+        ),
+        ParamDef::number("port_min_v4", ParamKind::Int, PORT_MIN, (I32_MIN, I32_MAX)).doc(
+            2,
+            ACCEPTS_PORT_MIN,
+            HELP_PORT_MIN,
+        ),
+        ParamDef::number("port_range_v4", ParamKind::Int, PORT_RANGE, (1, PORT_MAX)).doc(
+            2,
+            "an integer between 1 and 65535 (clamped so that port_min_v4 + port_range_v4 <= \
+             65536)",
+            "The number of ports where the TCP BTL will try to bind (default 65536 - port_min_v4 \
+             - 1). This parameter together with the port min, define a range of ports where Open \
+             MPI will open sockets.",
+        ),
+        ParamDef::number("port_min_v6", ParamKind::Int, PORT_MIN, (I32_MIN, I32_MAX)).doc(
+            2,
+            ACCEPTS_PORT_MIN,
+            HELP_PORT_MIN,
+        ),
+        ParamDef::number("port_range_v6", ParamKind::Int, PORT_RANGE, (1, PORT_MAX)).doc(
+            2,
+            "an integer between 1 and 65535 (clamped so that port_min_v6 + port_range_v6 <= \
+             65536)",
+            "The number of ports where the TCP BTL will try to bind (default 65536 - port_min_v6 \
+             - 1). This parameter together with the port min, define a range of ports where Open \
+             MPI will open sockets.",
+        ),
+        ParamDef::number("warn_all_unfound_interfaces", ParamKind::Bool, 0, (0, 1)).doc(
+            2,
+            ACCEPTS_BOOL,
+            "Issue a warning for all unfound interfaces included in if_exclude",
+        ),
+        base::exclusivity(TCP_EXCLUSIVITY),
+        base::flags(
+            FLAG_SEND | FLAG_PUT | FLAG_GET,
+            "a bit mask of 1 (send, required), 2 (put) and 4 (get)",
+        ),
+        base::rndv_eager_limit(64 * 1024),
+        base::eager_limit(
+            64 * 1024,
+            1,
+            "a size in bytes between 1 and 4294967295 (k, M, G suffixes allowed)",
+        ),
+        base::max_send_size(
+            128 * 1024,
+            MAX_FRAME_LIMIT,
+            "a size in bytes between eager_limit and 1073741824 (k, M, G suffixes allowed)",
+        ),
+        base::rdma_pipeline_send_length(128 * 1024),
+        base::rdma_pipeline_frag_size(i32::MAX as u32),
+        base::min_rdma_pipeline_size(0),
+        base::latency(100),
+        base::bandwidth(100),
+        ParamDef::number("disable_family", ParamKind::Int, 0, (0, 6))
+            .one_of(&[0, 4, 6])
+            .doc(
+                2,
+                "0 (use IPv4 and IPv6), 4 (no IPv4) or 6 (no IPv6)",
+                "Disable one IP address family: 0 = use both IPv4 and IPv6, 4 = do not use IPv4, \
+                 6 = do not use IPv6.",
+            ),
+        ParamDef::number(
+            "max_frame",
+            ParamKind::Size,
+            DEFAULT_MAX_FRAME as i64,
+            (1, MAX_FRAME_LIMIT as i64),
+        )
+        .doc(
+            5,
+            "a size in bytes between max_send_size and 1073741824 (k, M, G suffixes allowed)",
+            "Largest payload (in bytes) of one TCP frame accepted from a peer; a frame announcing \
+             more is a protocol error that closes the connection, and larger messages travel as \
+             several frames (default: 64 MiB, at least max_send_size; must be >= max_send_size \
+             and <= 1 GiB). Measured on loopback: 4 MiB messages in one frame reach 4.7 GB/s, as \
+             128 KiB frames 3.9 GB/s.",
+        ),
+        ParamDef::number("handshake_timeout", ParamKind::UInt, 10_000, (1, U32_MAX)).doc(
+            5,
+            "a number of milliseconds between 1 and 4294967295",
+            "Time (in milliseconds) a new TCP connection may take to complete its handshake \
+             before it is dropped.",
+        ),
+    ],
+);
+
+/// The `tcp` component: its name and [`TCP_PARAMS`].
+pub static TCP: Component = Component {
+    name: COMPONENT,
+    params: &TCP_PARAMS,
+};
+
+/// Where `tcp` keeps the parameters of Open MPI's base rules.
+const BASE: BaseKeys<TcpParam> = BaseKeys {
+    flags: TcpParam::Num(TcpParamId::Flags),
+    eager_limit: TcpParam::Num(TcpParamId::EagerLimit),
+    max_send_size: TcpParam::Num(TcpParamId::MaxSendSize),
+    rndv_eager_limit: TcpParam::Num(TcpParamId::RndvEagerLimit),
+    rdma_pipeline_send_length: TcpParam::Num(TcpParamId::RdmaPipelineSendLength),
+    min_rdma_pipeline_size: TcpParam::Num(TcpParamId::MinRdmaPipelineSize),
+    free_lists: Some((
+        TcpParam::Num(TcpParamId::FreeListNum),
+        TcpParam::Num(TcpParamId::FreeListMax),
+    )),
+};
 
 /// Which per-interface value an override sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -799,60 +537,6 @@ impl OverrideKind {
     }
 }
 
-/// A string of at most `N` bytes stored inline.
-#[derive(Clone, Copy)]
-struct FixedStr<const N: usize> {
-    buf: [u8; N],
-    len: usize,
-}
-
-impl<const N: usize> FixedStr<N> {
-    /// `s` if it fits, else `None`; in a `const` context, `s` must fit.
-    const fn from_str(s: &str) -> Option<Self> {
-        let bytes = s.as_bytes();
-        if bytes.len() > N {
-            return None;
-        }
-        let mut buf = [0; N];
-        let mut i = 0;
-        while i < bytes.len() {
-            buf[i] = bytes[i];
-            i += 1;
-        }
-        Some(FixedStr {
-            buf,
-            len: bytes.len(),
-        })
-    }
-
-    const fn empty() -> Self {
-        FixedStr {
-            buf: [0; N],
-            len: 0,
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        let bytes = self.buf.get(..self.len).unwrap_or(&[]);
-        // Always valid: only whole `&str`s are copied in.
-        core::str::from_utf8(bytes).unwrap_or("")
-    }
-}
-
-impl<const N: usize> PartialEq for FixedStr<N> {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl<const N: usize> Eq for FixedStr<N> {}
-
-impl<const N: usize> fmt::Debug for FixedStr<N> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
 /// One per-interface override: `bandwidth_eth0=1000` (every link of `eth0`
 /// starts from 1000 Mbps) or `latency_eth0:1=50` (link 1 of `eth0` only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -867,7 +551,7 @@ pub struct IfOverride {
 impl IfOverride {
     const EMPTY: IfOverride = IfOverride {
         kind: OverrideKind::Bandwidth,
-        if_name: FixedStr::empty(),
+        if_name: FixedStr::EMPTY,
         link: None,
         value: 0,
         source: ParamSource::Default,
@@ -918,6 +602,12 @@ impl IfOverride {
             ..self.name()
         }
     }
+
+    fn same_slot(&self, other: &IfOverride) -> bool {
+        self.kind == other.kind
+            && self.link == other.link
+            && self.if_name().eq_ignore_ascii_case(other.if_name())
+    }
 }
 
 /// Displays the name of an override parameter, as a parameter name
@@ -934,9 +624,8 @@ pub struct OverrideName<'a> {
 impl fmt::Display for OverrideName<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.env {
-            write!(f, "{}", env_name(COMPONENT, self.kind.name()))?;
-            f.write_str("_")?;
-            write_upper(f, self.if_name)?;
+            let env = env_name(COMPONENT, self.kind.name());
+            write!(f, "{}", env.with_suffix(self.if_name))?;
         } else {
             write!(f, "{}_{}", self.kind.name(), self.if_name)?;
         }
@@ -947,239 +636,11 @@ impl fmt::Display for OverrideName<'_> {
     }
 }
 
-fn write_upper(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
-    use fmt::Write;
-    s.chars()
-        .try_for_each(|c| f.write_char(c.to_ascii_uppercase()))
-}
-
-/// Displays the environment variable of an override given by the user
-/// (target possibly truncated): `BTL_TCP_BANDWIDTH_ETH0:X`.
-struct UserOverrideEnv<'a>(OverrideKind, &'a ParamName);
-
-impl fmt::Display for UserOverrideEnv<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}_", env_name(COMPONENT, self.0.name()))?;
-        write_upper(f, self.1.as_str())?;
-        if self.1.is_truncated() {
-            f.write_str("...")?;
-        }
-        Ok(())
-    }
-}
-
-/// Why a `tcp` parameter could not be set or verified. `name` fields hold
-/// the seed's parameter name; `Display` shows the environment variable
-/// (`BTL_TCP_LINKS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum TcpParamError {
-    /// No `tcp` parameter has this name (as given: a parameter name or a
-    /// whole environment variable, truncated).
-    UnknownParam {
-        /// The name as given.
-        name: ParamName,
-    },
-    /// The value is not a number (or boolean) in an accepted syntax.
-    Malformed {
-        /// The parameter.
-        name: &'static str,
-        /// What it accepts.
-        accepts: &'static str,
-    },
-    /// The value is a number outside the accepted range (numbers beyond the
-    /// 64-bit range are saturated to `i64::MIN`/`i64::MAX`).
-    OutOfRange {
-        /// The parameter.
-        name: &'static str,
-        /// The value given.
-        value: i64,
-        /// What it accepts.
-        accepts: &'static str,
-    },
-    /// A string value longer than its fixed storage.
-    TooLong {
-        /// The parameter.
-        name: &'static str,
-        /// The length given, in bytes.
-        len: usize,
-        /// The capacity, in bytes ([`TEXT_CAP`]).
-        cap: usize,
-    },
-    /// Two parameters contradict each other.
-    Conflict {
-        /// The parameter at fault.
-        name: &'static str,
-        /// The parameter it contradicts.
-        other: &'static str,
-        /// The rule that is broken.
-        rule: &'static str,
-    },
-    /// An entry of `if_include` / `if_exclude` is neither an interface name
-    /// nor a valid CIDR.
-    BadListEntry {
-        /// The parameter (`"if_include"` or `"if_exclude"`).
-        name: &'static str,
-        /// The entry (truncated).
-        entry: ParamName,
-        /// What is wrong with it.
-        reason: SpecError,
-    },
-    /// A per-interface override (`bandwidth_<if>[:<link>]`,
-    /// `latency_<if>[:<link>]`) is malformed.
-    BadOverride {
-        /// Bandwidth or latency.
-        kind: OverrideKind,
-        /// What follows `bandwidth_` / `latency_` as given (`eth0:x`;
-        /// truncated).
-        target: ParamName,
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// More distinct per-interface overrides than [`OVERRIDE_CAP`].
-    TooManyOverrides {
-        /// Bandwidth or latency.
-        kind: OverrideKind,
-        /// What follows `bandwidth_` / `latency_` as given (truncated).
-        target: ParamName,
-    },
-}
-
-impl fmt::Display for TcpParamError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let env = |name| env_name(COMPONENT, name);
-        match self {
-            TcpParamError::UnknownParam { name } => {
-                write!(f, "unknown {COMPONENT} parameter `{name}` (see `btl info`)")
-            }
-            TcpParamError::Malformed { name, accepts } => {
-                write!(f, "{}: malformed value; it accepts {accepts}", env(name))
-            }
-            TcpParamError::OutOfRange {
-                name,
-                value,
-                accepts,
-            } => write!(
-                f,
-                "{}={value} is out of range; it accepts {accepts}",
-                env(name)
-            ),
-            TcpParamError::TooLong { name, len, cap } => write!(
-                f,
-                "{}: the value is {len} bytes long; it accepts at most {cap} bytes",
-                env(name)
-            ),
-            TcpParamError::Conflict { name, other, rule } => {
-                write!(f, "{} conflicts with {}: {rule}", env(name), env(other))
-            }
-            TcpParamError::BadListEntry {
-                name,
-                entry,
-                reason,
-            } => write!(
-                f,
-                "{}: malformed entry `{entry}` ({reason}); it accepts {ACCEPTS_IF_LIST}",
-                env(name)
-            ),
-            TcpParamError::BadOverride {
-                kind,
-                target,
-                reason,
-            } => write!(f, "{}: {reason}", UserOverrideEnv(*kind, target)),
-            TcpParamError::TooManyOverrides { kind, target } => write!(
-                f,
-                "{}: too many per-interface bandwidth/latency settings (at most {OVERRIDE_CAP})",
-                UserOverrideEnv(*kind, target)
-            ),
-        }
-    }
-}
-
-impl core::error::Error for TcpParamError {}
-
-/// One change [`TcpParams::verify`] made to a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpAdjustment {
-    /// The parameter changed.
-    pub param: TcpParamId,
-    /// The value before.
-    pub from: i64,
-    /// The value after.
-    pub to: i64,
-    /// Why.
-    pub reason: &'static str,
-}
-
-impl fmt::Display for TcpAdjustment {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} adjusted from {} to {}: {}",
-            self.param.def().env_name(),
-            self.from,
-            self.to,
-            self.reason
-        )
-    }
-}
-
-/// What [`TcpParams::verify`] adjusted (at most one entry per parameter).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpVerified {
-    entries: [TcpAdjustment; TCP_NUM_PARAM_COUNT],
-    len: usize,
-}
-
-impl TcpVerified {
-    const fn new() -> Self {
-        const EMPTY: TcpAdjustment = TcpAdjustment {
-            param: TcpParamId::Links,
-            from: 0,
-            to: 0,
-            reason: "",
-        };
-        TcpVerified {
-            entries: [EMPTY; TCP_NUM_PARAM_COUNT],
-            len: 0,
-        }
-    }
-
-    /// The adjustments, in the order they were made.
-    pub fn adjustments(&self) -> &[TcpAdjustment] {
-        self.entries.get(..self.len).unwrap_or(&[])
-    }
-
-    /// The adjustment of `param`, if verify changed it.
-    pub fn get(&self, param: TcpParamId) -> Option<&TcpAdjustment> {
-        self.adjustments().iter().find(|a| a.param == param)
-    }
-
-    /// True when verify changed nothing.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn push(&mut self, adj: TcpAdjustment) {
-        let len = self.len;
-        if let Some(prev) = self
-            .entries
-            .get_mut(..len)
-            .and_then(|e| e.iter_mut().find(|a| a.param == adj.param))
-        {
-            prev.to = adj.to;
-            prev.reason = adj.reason;
-        } else if let Some(slot) = self.entries.get_mut(len) {
-            *slot = adj;
-            self.len += 1;
-        }
-    }
-}
-
 /// The `tcp` component's parameter values, with the seed's types and
-/// defaults, and where each value came from.
+/// defaults, and where every value came from.
 ///
 /// Numeric fields may be assigned directly from code; call
-/// [`TcpParams::verify`] afterwards. A field that differs from its default
+/// [`Params::verify`] afterwards. A field that differs from its default
 /// while its recorded source is [`ParamSource::Default`] is reported as set
 /// by [`ParamSource::Code`] (for the `Option` fields: any `Some`). The
 /// string parameters and the per-interface overrides are set through
@@ -1216,8 +677,7 @@ pub struct TcpParams {
     pub warn_all_unfound_interfaces: bool,
     /// BTL exclusivity.
     pub exclusivity: u32,
-    /// BTL flags (`FLAG_SEND`, `FLAG_PUT`, `FLAG_GET` of
-    /// [`crate::sm::params`]).
+    /// BTL flags ([`FLAG_SEND`], [`FLAG_PUT`], [`FLAG_GET`]).
     pub flags: u32,
     /// Size of the first fragment of a large message.
     pub rndv_eager_limit: u32,
@@ -1239,7 +699,8 @@ pub struct TcpParams {
     pub bandwidth: u32,
     /// IP family not to use: 0 (none), 4 or 6.
     pub disable_family: u32,
-    /// Largest frame payload accepted from a peer; `None` = `max_send_size`.
+    /// Largest frame payload accepted from a peer; `None` = 64 MiB, or
+    /// `max_send_size` if larger.
     pub max_frame: Option<u32>,
     /// Milliseconds a connection may take to complete its handshake.
     pub handshake_timeout: u32,
@@ -1247,42 +708,13 @@ pub struct TcpParams {
     if_exclude: FixedStr<TEXT_CAP>,
     overrides: [IfOverride; OVERRIDE_CAP],
     n_overrides: usize,
-    sources: [ParamSource; TCP_NUM_PARAM_COUNT],
-    text_sources: [ParamSource; TCP_TEXT_PARAM_COUNT],
-    adjusted: u32,
+    state: ParamState,
 }
 
 impl Default for TcpParams {
     fn default() -> Self {
         Self::new()
     }
-}
-
-fn to_i32(id: TcpParamId, v: i64) -> Result<i32, TcpParamError> {
-    i32::try_from(v).map_err(|_| out_of_range(id, v))
-}
-
-fn to_u32(id: TcpParamId, v: i64) -> Result<u32, TcpParamError> {
-    u32::try_from(v).map_err(|_| out_of_range(id, v))
-}
-
-fn out_of_range(id: TcpParamId, value: i64) -> TcpParamError {
-    let def = id.def();
-    TcpParamError::OutOfRange {
-        name: def.name,
-        value,
-        accepts: def.accepts,
-    }
-}
-
-/// Checks `v` against the parameter's own range (not against other
-/// parameters).
-fn check_domain(id: TcpParamId, v: i64) -> Result<(), TcpParamError> {
-    let def = id.def();
-    if v < def.min || v > def.max || (id == TcpParamId::DisableFamily && !matches!(v, 0 | 4 | 6)) {
-        return Err(out_of_range(id, v));
-    }
-    Ok(())
 }
 
 /// `port_min` if it is a valid port (1..=65535), else [`DEFAULT_PORT_MIN`]
@@ -1304,9 +736,9 @@ fn default_port_range(port_min: i32) -> i32 {
 impl TcpParams {
     /// The seed's defaults, all with source [`ParamSource::Default`].
     pub const fn new() -> Self {
-        let if_exclude = match FixedStr::from_str(DEFAULT_IF_EXCLUDE) {
+        let if_exclude = match FixedStr::new(DEFAULT_IF_EXCLUDE) {
             Some(s) => s,
-            None => FixedStr::empty(),
+            None => FixedStr::EMPTY,
         };
         TcpParams {
             links: 1,
@@ -1335,13 +767,11 @@ impl TcpParams {
             disable_family: 0,
             max_frame: None,
             handshake_timeout: 10_000,
-            if_include: FixedStr::empty(),
+            if_include: FixedStr::EMPTY,
             if_exclude,
             overrides: [IfOverride::EMPTY; OVERRIDE_CAP],
             n_overrides: 0,
-            sources: [ParamSource::Default; TCP_NUM_PARAM_COUNT],
-            text_sources: [ParamSource::Default; TCP_TEXT_PARAM_COUNT],
-            adjusted: 0,
+            state: ParamState::new(),
         }
     }
 
@@ -1386,93 +816,8 @@ impl TcpParams {
             TcpParamId::PortRangeV4 => i64::from(default_port_range(self.port_min_v4)),
             TcpParamId::PortRangeV6 => i64::from(default_port_range(self.port_min_v6)),
             TcpParamId::MaxFrame => i64::from(DEFAULT_MAX_FRAME.max(self.max_send_size)),
-            _ => id.def().default,
+            _ => id.def().default.as_int().unwrap_or(0),
         }
-    }
-
-    /// Stores `v` into the field of `id`; fails only if `v` does not fit the
-    /// field's type.
-    fn store(&mut self, id: TcpParamId, v: i64) -> Result<(), TcpParamError> {
-        match id {
-            TcpParamId::Links => self.links = to_u32(id, v)?,
-            TcpParamId::FreeListNum => self.free_list_num = to_i32(id, v)?,
-            TcpParamId::FreeListMax => self.free_list_max = to_i32(id, v)?,
-            TcpParamId::FreeListInc => self.free_list_inc = to_i32(id, v)?,
-            TcpParamId::Sndbuf => self.sndbuf = to_i32(id, v)?,
-            TcpParamId::Rcvbuf => self.rcvbuf = to_i32(id, v)?,
-            TcpParamId::EndpointCache => self.endpoint_cache = to_i32(id, v)?,
-            TcpParamId::UseNagle => self.use_nagle = to_u32(id, v)? != 0,
-            TcpParamId::PortMinV4 => self.port_min_v4 = to_i32(id, v)?,
-            TcpParamId::PortRangeV4 => self.port_range_v4 = Some(to_i32(id, v)?),
-            TcpParamId::PortMinV6 => self.port_min_v6 = to_i32(id, v)?,
-            TcpParamId::PortRangeV6 => self.port_range_v6 = Some(to_i32(id, v)?),
-            TcpParamId::WarnAllUnfoundInterfaces => {
-                self.warn_all_unfound_interfaces = to_u32(id, v)? != 0
-            }
-            TcpParamId::Exclusivity => self.exclusivity = to_u32(id, v)?,
-            TcpParamId::Flags => self.flags = to_u32(id, v)?,
-            TcpParamId::RndvEagerLimit => self.rndv_eager_limit = to_u32(id, v)?,
-            TcpParamId::EagerLimit => self.eager_limit = to_u32(id, v)?,
-            TcpParamId::MaxSendSize => self.max_send_size = to_u32(id, v)?,
-            TcpParamId::RdmaPipelineSendLength => self.rdma_pipeline_send_length = to_u32(id, v)?,
-            TcpParamId::RdmaPipelineFragSize => self.rdma_pipeline_frag_size = to_u32(id, v)?,
-            TcpParamId::MinRdmaPipelineSize => self.min_rdma_pipeline_size = to_u32(id, v)?,
-            TcpParamId::Latency => self.latency = to_u32(id, v)?,
-            TcpParamId::Bandwidth => self.bandwidth = to_u32(id, v)?,
-            TcpParamId::DisableFamily => self.disable_family = to_u32(id, v)?,
-            TcpParamId::MaxFrame => self.max_frame = Some(to_u32(id, v)?),
-            TcpParamId::HandshakeTimeout => self.handshake_timeout = to_u32(id, v)?,
-        }
-        Ok(())
-    }
-
-    /// The raw field value of `id` for domain checks: `None` for a computed
-    /// default (always valid).
-    fn raw(&self, id: TcpParamId) -> Option<i64> {
-        match id {
-            TcpParamId::PortRangeV4 => self.port_range_v4.map(i64::from),
-            TcpParamId::PortRangeV6 => self.port_range_v6.map(i64::from),
-            TcpParamId::MaxFrame => self.max_frame.map(i64::from),
-            _ => Some(self.get(id)),
-        }
-    }
-
-    /// Where the value of `id` came from: the recorded source, except that a
-    /// value set by assigning a field (different from the default, or any
-    /// `Some` of an `Option` field) while recorded as
-    /// [`ParamSource::Default`] counts as [`ParamSource::Code`] unless
-    /// verify produced it.
-    pub fn source(&self, param: impl Into<TcpParam>) -> ParamSource {
-        match param.into() {
-            TcpParam::Text(id) => self
-                .text_sources
-                .get(id.index())
-                .copied()
-                .unwrap_or(ParamSource::Default),
-            TcpParam::Num(id) => {
-                let recorded = self
-                    .sources
-                    .get(id.index())
-                    .copied()
-                    .unwrap_or(ParamSource::Default);
-                let differs = match id {
-                    TcpParamId::PortRangeV4 => self.port_range_v4.is_some(),
-                    TcpParamId::PortRangeV6 => self.port_range_v6.is_some(),
-                    TcpParamId::MaxFrame => self.max_frame.is_some(),
-                    _ => self.get(id) != id.def().default,
-                };
-                if recorded == ParamSource::Default && differs && !self.is_adjusted(id) {
-                    ParamSource::Code
-                } else {
-                    recorded
-                }
-            }
-        }
-    }
-
-    /// Whether [`TcpParams::verify`] changed `id` since it was last set.
-    pub fn is_adjusted(&self, id: TcpParamId) -> bool {
-        self.adjusted & id.bit() != 0
     }
 
     /// The value of a string parameter.
@@ -1493,8 +838,8 @@ impl TcpParams {
         self.if_exclude.as_str()
     }
 
-    /// The effective largest frame payload: `max_frame`, or `max_send_size`
-    /// when it is left to follow it.
+    /// The effective largest frame payload: `max_frame`, or (left to follow
+    /// `max_send_size`) 64 MiB or `max_send_size` if larger.
     pub fn max_frame(&self) -> u32 {
         self.max_frame
             .unwrap_or(DEFAULT_MAX_FRAME.max(self.max_send_size))
@@ -1560,118 +905,6 @@ impl TcpParams {
             .map(|o| o.value)
     }
 
-    /// Sets parameter `name` (the seed's name, ASCII case-insensitive) from
-    /// its textual `value`, recording `source`. `name` may also be a
-    /// per-interface override: `bandwidth_<if>`, `latency_<if>`,
-    /// `bandwidth_<if>:<link>`, `latency_<if>:<link>`.
-    ///
-    /// Numbers are decimal or `0x` hexadecimal, optionally signed, with an
-    /// optional binary suffix `k`/`K` (KiB), `m`/`M` (MiB) or `g`/`G` (GiB);
-    /// booleans are `0`/`1`/`true`/`false`/`yes`/`no`; strings are stored as
-    /// given (at most [`TEXT_CAP`] bytes). The value must lie in the
-    /// parameter's own range; rules between parameters, and the syntax of
-    /// the interface lists, are checked by [`TcpParams::verify`]. On error
-    /// nothing changes.
-    pub fn set(
-        &mut self,
-        name: &str,
-        value: &str,
-        source: ParamSource,
-    ) -> Result<(), TcpParamError> {
-        self.set_named(name, name, value, source)
-    }
-
-    /// [`TcpParams::set`], with `shown` the name an unknown-parameter error
-    /// reports (the whole environment variable when set from one).
-    fn set_named(
-        &mut self,
-        name: &str,
-        shown: &str,
-        value: &str,
-        source: ParamSource,
-    ) -> Result<(), TcpParamError> {
-        match TcpParam::from_name(name) {
-            Some(TcpParam::Num(id)) => self.set_id(id, value, source),
-            Some(TcpParam::Text(id)) => self.set_text(id, value, source),
-            None => match split_override(name) {
-                Some((kind, rest)) => self.set_override_str(kind, rest, value, source),
-                None => Err(TcpParamError::UnknownParam {
-                    name: ParamName::new(shown),
-                }),
-            },
-        }
-    }
-
-    /// [`TcpParams::set`] for a known numeric parameter.
-    pub fn set_id(
-        &mut self,
-        id: TcpParamId,
-        value: &str,
-        source: ParamSource,
-    ) -> Result<(), TcpParamError> {
-        let def = id.def();
-        let v = match def.kind {
-            ParamKind::Bool => parse_bool(value),
-            ParamKind::Int | ParamKind::UInt | ParamKind::Size => parse_number(value),
-        };
-        let v = match v {
-            Ok(v) => v,
-            Err(NumError::Malformed) => {
-                return Err(TcpParamError::Malformed {
-                    name: def.name,
-                    accepts: def.accepts,
-                })
-            }
-            Err(NumError::Overflow { negative }) => {
-                return Err(out_of_range(id, if negative { i64::MIN } else { i64::MAX }))
-            }
-        };
-        self.set_value(id, v, source)
-    }
-
-    /// Sets `id` to the number `v`, recording `source`; `v` must lie in the
-    /// parameter's own range. On error nothing changes.
-    pub fn set_value(
-        &mut self,
-        id: TcpParamId,
-        v: i64,
-        source: ParamSource,
-    ) -> Result<(), TcpParamError> {
-        check_domain(id, v)?;
-        self.store(id, v)?;
-        if let Some(s) = self.sources.get_mut(id.index()) {
-            *s = source;
-        }
-        self.adjusted &= !id.bit();
-        Ok(())
-    }
-
-    /// Sets a string parameter to `value` (stored as given), recording
-    /// `source`. A value longer than [`TEXT_CAP`] bytes is
-    /// [`TcpParamError::TooLong`]; the entries are checked by
-    /// [`TcpParams::verify`] and by interface selection. On error nothing
-    /// changes.
-    pub fn set_text(
-        &mut self,
-        id: TextParamId,
-        value: &str,
-        source: ParamSource,
-    ) -> Result<(), TcpParamError> {
-        let text = FixedStr::from_str(value).ok_or(TcpParamError::TooLong {
-            name: id.def().name,
-            len: value.len(),
-            cap: TEXT_CAP,
-        })?;
-        match id {
-            TextParamId::IfInclude => self.if_include = text,
-            TextParamId::IfExclude => self.if_exclude = text,
-        }
-        if let Some(s) = self.text_sources.get_mut(id.index()) {
-            *s = source;
-        }
-        Ok(())
-    }
-
     /// Sets the per-interface override of `kind` for `if_name` (1 to
     /// [`IF_NAME_CAP`] bytes, no `:`) and `link` (see
     /// [`TcpParams::override_value`]); an existing one for the same kind,
@@ -1684,63 +917,54 @@ impl TcpParams {
         link: Option<u32>,
         value: u32,
         source: ParamSource,
-    ) -> Result<(), TcpParamError> {
-        let bad = |reason| TcpParamError::BadOverride {
-            kind,
-            target: ParamName::new(if_name),
-            reason,
-        };
-        if if_name.is_empty() {
-            return Err(bad("the interface name is empty"));
-        }
-        if if_name.contains(':') {
-            return Err(bad("the interface name contains `:`"));
-        }
-        let name =
-            FixedStr::from_str(if_name).ok_or(bad("the interface name is longer than 16 bytes"))?;
-        let entry = IfOverride {
-            kind,
-            if_name: name,
-            link,
-            value,
-            source,
-        };
+    ) -> Result<(), ParamError> {
+        let entry = IfOverride::new(kind, if_name, link, value, source, if_name)?;
+        self.put_override(entry, if_name, Precedence::Replace)
+            .map(|_| ())
+    }
+
+    /// Stores `entry` (replacing the one of the same kind, interface and
+    /// link unless `precedence` keeps it); `target` is what errors quote.
+    fn put_override(
+        &mut self,
+        entry: IfOverride,
+        target: &str,
+        precedence: Precedence,
+    ) -> Result<bool, ParamError> {
         let n = self.n_overrides;
-        if let Some(prev) = self.overrides.get_mut(..n).and_then(|o| {
-            o.iter_mut().find(|o| {
-                o.kind == kind && o.link == link && o.if_name().eq_ignore_ascii_case(if_name)
-            })
-        }) {
+        let existing = self.overrides.get_mut(..n).unwrap_or(&mut []);
+        if let Some(prev) = existing.iter_mut().find(|o| o.same_slot(&entry)) {
+            if precedence == Precedence::KeepCode && prev.source == ParamSource::Code {
+                return Ok(false);
+            }
             *prev = entry;
-            return Ok(());
+            return Ok(true);
         }
         let slot = self
             .overrides
             .get_mut(n)
-            .ok_or(TcpParamError::TooManyOverrides {
-                kind,
-                target: ParamName::new(if_name),
+            .ok_or(ParamError::TooManyOverrides {
+                component: COMPONENT,
+                param: entry.kind.name(),
+                target: ParamName::new(target),
+                what: "per-interface bandwidth/latency settings",
+                cap: OVERRIDE_CAP,
             })?;
         *slot = entry;
         self.n_overrides += 1;
-        Ok(())
+        Ok(true)
     }
 
-    /// Parses `rest` (`<if>` or `<if>:<link>`, what follows `bandwidth_` /
-    /// `latency_`) and `value` of an override of `kind`.
-    fn set_override_str(
+    /// Sets the override named by `rest` (`<if>` or `<if>:<link>`, what
+    /// follows `bandwidth_` / `latency_`) to `value` (a number, or text
+    /// parsed as a number).
+    fn set_override_from(
         &mut self,
         kind: OverrideKind,
         rest: &str,
-        value: &str,
-        source: ParamSource,
-    ) -> Result<(), TcpParamError> {
-        let target = ParamName::new(rest);
-        let bad = |reason| TcpParamError::BadOverride {
-            kind,
-            target,
-            reason,
-        };
+        setting: Setting<'_>,
+    ) -> Result<bool, ParamError> {
+        let bad = |reason| bad_override(kind, rest, reason);
         let (if_name, link) = match rest.rsplit_once(':') {
             Some((if_name, link)) => {
                 let link = link
@@ -1750,73 +974,29 @@ impl TcpParams {
             }
             None => (rest, None),
         };
-        let value = match parse_number(value) {
-            Ok(v) => u32::try_from(v)
-                .map_err(|_| bad("out of range; it accepts an integer between 0 and 4294967295"))?,
-            Err(NumError::Overflow { .. }) => {
-                return Err(bad(
-                    "out of range; it accepts an integer between 0 and 4294967295",
-                ))
-            }
-            Err(NumError::Malformed) => {
-                return Err(bad(
-                    "malformed value; it accepts an integer between 0 and 4294967295",
-                ))
-            }
-        };
-        self.set_override(kind, if_name, link, value, source)
-            .map_err(|e| match e {
-                TcpParamError::BadOverride { reason, .. } => bad(reason),
-                TcpParamError::TooManyOverrides { .. } => {
-                    TcpParamError::TooManyOverrides { kind, target }
+        const OUT_OF_RANGE: &str = "out of range; it accepts an integer between 0 and 4294967295";
+        let value = match setting.value {
+            Value::Int(v) => v,
+            Value::Text(text) => parse_int(text).map_err(|e| match e {
+                NumberError::Overflow { .. } => bad(OUT_OF_RANGE),
+                NumberError::Malformed => {
+                    bad("malformed value; it accepts an integer between 0 and 4294967295")
                 }
-                other => other,
-            })
-    }
-
-    /// Applies one environment variable: `Ok(false)` if `var` is not a `tcp`
-    /// variable (neither `BTL_TCP_*` nor `OMPI_MCA_btl_tcp_*`), `Ok(true)`
-    /// once set. Per-interface overrides are `BTL_TCP_BANDWIDTH_ETH0`,
-    /// `BTL_TCP_LATENCY_ETH0:1`, `OMPI_MCA_btl_tcp_bandwidth_eth0`, .... A
-    /// `tcp` variable naming no parameter is [`TcpParamError::UnknownParam`]
-    /// holding the whole variable name.
-    pub fn set_from_env_var(&mut self, var: &str, value: &str) -> Result<bool, TcpParamError> {
-        let Some(param) = env_param_part(var) else {
-            return Ok(false);
+            })?,
         };
-        self.set_named(param, var, value, ParamSource::Environment)?;
-        Ok(true)
-    }
-
-    /// Every parameter with its current value, default and source, in the
-    /// order of [`TcpParam::ALL`] (for `btl info`; the per-interface
-    /// overrides are in [`TcpParams::overrides`]).
-    pub fn iter(&self) -> impl Iterator<Item = TcpParamInfo<'_>> + '_ {
-        TcpParam::ALL.into_iter().map(move |param| match param {
-            TcpParam::Num(id) => TcpParamInfo {
-                param,
-                value: TcpValue::Int(self.get(id)),
-                default: TcpValue::Int(self.default_of(id)),
-                source: self.source(id),
-                adjusted: self.is_adjusted(id),
-            },
-            TcpParam::Text(id) => TcpParamInfo {
-                param,
-                value: TcpValue::Text(self.text(id)),
-                default: TcpValue::Text(id.def().default),
-                source: self.source(id),
-                adjusted: false,
-            },
-        })
+        let value = u32::try_from(value).map_err(|_| bad(OUT_OF_RANGE))?;
+        let entry = IfOverride::new(kind, if_name, link, value, setting.source, rest)?;
+        self.put_override(entry, rest, setting.precedence)
     }
 
     /// The seed's open-time rule: `if_include` and `if_exclude` are mutually
     /// exclusive — an error when `if_include` has at least one entry and
     /// `if_exclude` is not its default ([`DEFAULT_IF_EXCLUDE`]).
-    pub fn check_exclusive(&self) -> Result<(), TcpParamError> {
-        let include_given = ifsel::entries(self.if_include()).next().is_some();
+    pub fn check_exclusive(&self) -> Result<(), ParamError> {
+        let include_given = iflist::entries(self.if_include()).next().is_some();
         if include_given && self.if_exclude() != DEFAULT_IF_EXCLUDE {
-            return Err(TcpParamError::Conflict {
+            return Err(ParamError::Conflict {
+                component: COMPONENT,
                 name: TextParamId::IfInclude.def().name,
                 other: TextParamId::IfExclude.def().name,
                 rule: "if_include and if_exclude are mutually exclusive; set only one of them",
@@ -1824,177 +1004,46 @@ impl TcpParams {
         }
         Ok(())
     }
+}
 
-    /// Applies the seed's register/verify/open rules and Open MPI's base BTL
-    /// parameter checks.
-    ///
-    /// Errors (nothing is changed then): a value outside its own range
-    /// (`links` < 1, `endpoint_cache` < 64, `disable_family` not 0, 4 or 6,
-    /// `max_frame` > 1 GiB, ...); `flags` without send; `max_send_size` <
-    /// `eager_limit`; `free_list_max` not -1 and < `free_list_num`; a set
-    /// `max_frame` < `max_send_size`; `if_include` together with a
-    /// non-default `if_exclude`; a malformed entry in either list.
-    ///
-    /// Adjustments (each logged — as a warning when the user set one of the
-    /// parameters involved —, recorded in the result and in
-    /// [`TcpParamInfo::adjusted`]): an invalid `port_min_v4` / `port_min_v6`
-    /// (0, negative or > 65535) is reset to 1024, as the seed does; a set
-    /// `port_range_*` is clamped so that `port_min + port_range <= 65536`;
-    /// `rndv_eager_limit` is clamped to `eager_limit`;
-    /// `min_rdma_pipeline_size` is raised to at least `eager_limit +
-    /// rdma_pipeline_send_length` (saturating at `u32::MAX`).
-    ///
-    /// Verify is idempotent: a second call adjusts nothing.
-    pub fn verify(&mut self) -> Result<TcpVerified, TcpParamError> {
-        // Errors first, so that a failing verify leaves everything as it was.
-        for id in TcpParamId::ALL {
-            if let Some(v) = self.raw(id) {
-                check_domain(id, v)?;
-            }
-        }
-        if self.flags & FLAG_SEND == 0 {
-            return Err(out_of_range(TcpParamId::Flags, i64::from(self.flags)));
-        }
-        if self.max_send_size < self.eager_limit {
-            return Err(TcpParamError::Conflict {
-                name: TcpParamId::MaxSendSize.def().name,
-                other: TcpParamId::EagerLimit.def().name,
-                rule: "max_send_size must be >= eager_limit",
-            });
-        }
-        if self.free_list_max != -1 && self.free_list_max < self.free_list_num {
-            return Err(TcpParamError::Conflict {
-                name: TcpParamId::FreeListMax.def().name,
-                other: TcpParamId::FreeListNum.def().name,
-                rule: "free_list_max must be -1 (unlimited) or >= free_list_num",
-            });
-        }
-        if self.max_frame.is_some_and(|m| m < self.max_send_size) {
-            return Err(TcpParamError::Conflict {
-                name: TcpParamId::MaxFrame.def().name,
-                other: TcpParamId::MaxSendSize.def().name,
-                rule: "max_frame must be >= max_send_size (a peer sends frames of up to \
-                       max_send_size)",
-            });
-        }
-        self.check_exclusive()?;
-        for id in TextParamId::ALL {
-            ifsel::validate_list(id, self.text(id))?;
-        }
-
-        let mut out = TcpVerified::new();
-
-        // Seed verify: an invalid minimum port is reset to 1024, with a
-        // warning, not refused.
-        for (min, range) in [
-            (TcpParamId::PortMinV4, TcpParamId::PortRangeV4),
-            (TcpParamId::PortMinV6, TcpParamId::PortRangeV6),
-        ] {
-            let port_min = self.get(min);
-            if !(1..=PORT_MAX).contains(&port_min) {
-                self.adjust(
-                    &mut out,
-                    min,
-                    i64::from(DEFAULT_PORT_MIN),
-                    "not a valid port (1 to 65535); reset to 1024",
-                    &[],
-                )?;
-            }
-            // A set range must end by port 65535 (a range left to follow
-            // port_min always does).
-            if self.raw(range).is_some() {
-                let port_min = self.get(min);
-                let limit = 65536 - port_min;
-                if self.get(range) > limit {
-                    self.adjust(
-                        &mut out,
-                        range,
-                        limit,
-                        "clamped so that port_min + port_range <= 65536",
-                        &[min],
-                    )?;
-                }
-            }
-        }
-        // Base: the first fragment of a large message is an eager fragment.
-        if self.rndv_eager_limit > self.eager_limit {
-            self.adjust(
-                &mut out,
-                TcpParamId::RndvEagerLimit,
-                i64::from(self.eager_limit),
-                "clamped to eager_limit",
-                &[TcpParamId::EagerLimit],
-            )?;
-        }
-        // Base verify: min_rdma_pipeline_size >= eager_limit + send length.
-        let floor = u64::from(self.eager_limit)
-            .saturating_add(u64::from(self.rdma_pipeline_send_length))
-            .min(u64::from(u32::MAX));
-        if u64::from(self.min_rdma_pipeline_size) < floor {
-            self.adjust(
-                &mut out,
-                TcpParamId::MinRdmaPipelineSize,
-                i64::try_from(floor).unwrap_or(U32_MAX),
-                "raised to eager_limit + rdma_pipeline_send_length",
-                &[TcpParamId::EagerLimit, TcpParamId::RdmaPipelineSendLength],
-            )?;
-        }
-        Ok(out)
-    }
-
-    /// Changes `id` to `to` on behalf of verify: records it, and warns if the
-    /// user set `id` or one of the parameters `causes` (an adjustment of
-    /// defaults alone is only a debug message).
-    fn adjust(
-        &mut self,
-        out: &mut TcpVerified,
-        id: TcpParamId,
-        to: i64,
-        reason: &'static str,
-        causes: &[TcpParamId],
-    ) -> Result<(), TcpParamError> {
-        let from = self.get(id);
-        let user_set = core::iter::once(&id)
-            .chain(causes)
-            .any(|&p| self.source(p) != ParamSource::Default);
-        self.store(id, to)?;
-        self.adjusted |= id.bit();
-        out.push(TcpAdjustment {
-            param: id,
-            from,
-            to,
-            reason,
-        });
-        let name = id.def().name;
-        if user_set {
-            warn!(
-                "btl tcp: parameter {} adjusted from {} to {}: {}",
-                name, from, to, reason
-            );
-        } else {
-            debug!(
-                "btl tcp: parameter {} adjusted from {} to {}: {}",
-                name, from, to, reason
-            );
-        }
-        Ok(())
+/// [`ParamError::BadOverride`] for `<kind>_<target>`.
+fn bad_override(kind: OverrideKind, target: &str, reason: &'static str) -> ParamError {
+    ParamError::BadOverride {
+        component: COMPONENT,
+        param: kind.name(),
+        target: ParamName::new(target),
+        reason,
     }
 }
 
-const ENV_PREFIX: &str = "BTL_TCP_";
-const OMPI_ENV_PREFIX: &str = "OMPI_MCA_btl_tcp_";
-
-/// The parameter part of a `tcp` environment variable, if `var` is one.
-fn env_param_part(var: &str) -> Option<&str> {
-    var.strip_prefix(ENV_PREFIX)
-        .or_else(|| var.strip_prefix(OMPI_ENV_PREFIX))
-}
-
-/// The parameter a `tcp` environment variable sets (`BTL_TCP_<PARAM>` in
-/// any case, or Open MPI's `OMPI_MCA_btl_tcp_<param>`), if it names one of
-/// the table's parameters (not an override).
-pub fn from_env_name(var: &str) -> Option<TcpParam> {
-    env_param_part(var).and_then(TcpParam::from_name)
+impl IfOverride {
+    /// An override, checking the interface name; `target` is what errors
+    /// quote.
+    fn new(
+        kind: OverrideKind,
+        if_name: &str,
+        link: Option<u32>,
+        value: u32,
+        source: ParamSource,
+        target: &str,
+    ) -> Result<IfOverride, ParamError> {
+        let bad = |reason| bad_override(kind, target, reason);
+        if if_name.is_empty() {
+            return Err(bad("the interface name is empty"));
+        }
+        if if_name.contains(':') {
+            return Err(bad("the interface name contains `:`"));
+        }
+        let if_name =
+            FixedStr::new(if_name).ok_or(bad("the interface name is longer than 16 bytes"))?;
+        Ok(IfOverride {
+            kind,
+            if_name,
+            link,
+            value,
+            source,
+        })
+    }
 }
 
 /// `bandwidth_<rest>` / `latency_<rest>` (prefix ASCII case-insensitive) →
@@ -2017,92 +1066,214 @@ fn split_override(name: &str) -> Option<(OverrideKind, &str)> {
         })
 }
 
-enum NumError {
-    Malformed,
-    Overflow { negative: bool },
-}
+/// The registry's view of [`TcpParams`], and the seed's verify and open
+/// rules.
+///
+/// [`Params::set`] also takes the per-interface overrides
+/// (`bandwidth_<if>`, `latency_<if>`, `bandwidth_<if>:<link>`,
+/// `latency_<if>:<link>`; environment `BTL_TCP_BANDWIDTH_ETH0`,
+/// `BTL_TCP_LATENCY_ETH0:1`, `OMPI_MCA_btl_tcp_bandwidth_eth0`, ...); the
+/// interface lists are stored as given (at most [`TEXT_CAP`] bytes) and
+/// their syntax is checked by verify and by interface selection.
+///
+/// [`Params::verify`] errors (nothing is changed then): a value outside its
+/// own range (`links` < 1, `endpoint_cache` < 64, `disable_family` not 0, 4
+/// or 6, `max_frame` > 1 GiB, ...); `flags` without send; `max_send_size` <
+/// `eager_limit`; `free_list_max` not -1 and < `free_list_num`; a set
+/// `max_frame` < `max_send_size`; `if_include` together with a non-default
+/// `if_exclude`; a malformed entry in either list.
+///
+/// Adjustments (each logged — as a warning when the user set one of the
+/// parameters involved —, recorded in the result and in
+/// [`crate::params::ParamInfo::adjusted`]): an invalid `port_min_v4` /
+/// `port_min_v6` (0, negative or > 65535) is reset to 1024, as the seed
+/// does; a set `port_range_*` is clamped so that `port_min + port_range <=
+/// 65536`; `rndv_eager_limit` is clamped to `eager_limit`;
+/// `min_rdma_pipeline_size` is raised to at least `eager_limit +
+/// rdma_pipeline_send_length` (saturating at `u32::MAX`).
+///
+/// Verify is idempotent: a second call adjusts nothing.
+impl Params for TcpParams {
+    type Key = TcpParam;
 
-fn parse_bool(s: &str) -> Result<i64, NumError> {
-    let t = s.trim();
-    for (word, v) in [("true", 1), ("yes", 1), ("false", 0), ("no", 0)] {
-        if t.eq_ignore_ascii_case(word) {
-            return Ok(v);
+    fn value(&self, key: TcpParam) -> Value<'_> {
+        match key {
+            TcpParam::Num(id) => Value::Int(self.get(id)),
+            TcpParam::Text(id) => Value::Text(self.text(id)),
         }
     }
-    parse_number(t)
-}
 
-/// Parses `[+-](decimal | 0x hex)[kKmMgG]`, surrounding whitespace allowed.
-fn parse_number(s: &str) -> Result<i64, NumError> {
-    let s = s.trim();
-    let (negative, rest) = if let Some(r) = s.strip_prefix('-') {
-        (true, r)
-    } else {
-        (false, s.strip_prefix('+').unwrap_or(s))
-    };
-    let (shift, digits) = match rest.char_indices().last() {
-        Some((i, 'k' | 'K')) => (10u32, rest.get(..i).unwrap_or("")),
-        Some((i, 'm' | 'M')) => (20, rest.get(..i).unwrap_or("")),
-        Some((i, 'g' | 'G')) => (30, rest.get(..i).unwrap_or("")),
-        _ => (0, rest),
-    };
-    let (radix, digits) = match digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
-    {
-        Some(hex) => (16, hex),
-        None => (10, digits),
-    };
-    if digits.is_empty() {
-        return Err(NumError::Malformed);
+    fn store(&mut self, key: TcpParam, v: Assign<'_>) -> Result<(), ParamError> {
+        let id = match key {
+            TcpParam::Text(TextParamId::IfInclude) => {
+                self.if_include = v.to_text()?;
+                return Ok(());
+            }
+            TcpParam::Text(TextParamId::IfExclude) => {
+                self.if_exclude = v.to_text()?;
+                return Ok(());
+            }
+            TcpParam::Num(id) => id,
+        };
+        match id {
+            TcpParamId::Links => self.links = v.to_u32()?,
+            TcpParamId::FreeListNum => self.free_list_num = v.to_i32()?,
+            TcpParamId::FreeListMax => self.free_list_max = v.to_i32()?,
+            TcpParamId::FreeListInc => self.free_list_inc = v.to_i32()?,
+            TcpParamId::Sndbuf => self.sndbuf = v.to_i32()?,
+            TcpParamId::Rcvbuf => self.rcvbuf = v.to_i32()?,
+            TcpParamId::EndpointCache => self.endpoint_cache = v.to_i32()?,
+            TcpParamId::UseNagle => self.use_nagle = v.to_bool()?,
+            TcpParamId::PortMinV4 => self.port_min_v4 = v.to_i32()?,
+            TcpParamId::PortRangeV4 => self.port_range_v4 = Some(v.to_i32()?),
+            TcpParamId::PortMinV6 => self.port_min_v6 = v.to_i32()?,
+            TcpParamId::PortRangeV6 => self.port_range_v6 = Some(v.to_i32()?),
+            TcpParamId::WarnAllUnfoundInterfaces => {
+                self.warn_all_unfound_interfaces = v.to_bool()?
+            }
+            TcpParamId::Exclusivity => self.exclusivity = v.to_u32()?,
+            TcpParamId::Flags => self.flags = v.to_u32()?,
+            TcpParamId::RndvEagerLimit => self.rndv_eager_limit = v.to_u32()?,
+            TcpParamId::EagerLimit => self.eager_limit = v.to_u32()?,
+            TcpParamId::MaxSendSize => self.max_send_size = v.to_u32()?,
+            TcpParamId::RdmaPipelineSendLength => self.rdma_pipeline_send_length = v.to_u32()?,
+            TcpParamId::RdmaPipelineFragSize => self.rdma_pipeline_frag_size = v.to_u32()?,
+            TcpParamId::MinRdmaPipelineSize => self.min_rdma_pipeline_size = v.to_u32()?,
+            TcpParamId::Latency => self.latency = v.to_u32()?,
+            TcpParamId::Bandwidth => self.bandwidth = v.to_u32()?,
+            TcpParamId::DisableFamily => self.disable_family = v.to_u32()?,
+            TcpParamId::MaxFrame => self.max_frame = Some(v.to_u32()?),
+            TcpParamId::HandshakeTimeout => self.handshake_timeout = v.to_u32()?,
+        }
+        Ok(())
     }
-    let mut magnitude: u64 = 0;
-    for c in digits.chars() {
-        let d = c.to_digit(radix).ok_or(NumError::Malformed)?;
-        magnitude = magnitude
-            .checked_mul(u64::from(radix))
-            .and_then(|m| m.checked_add(u64::from(d)))
-            .ok_or(NumError::Overflow { negative })?;
+
+    fn state(&self) -> &ParamState {
+        &self.state
     }
-    // u64 * 2^30 < 2^94: exact in i128.
-    let value = i128::from(magnitude) << shift;
-    let value = if negative { -value } else { value };
-    i64::try_from(value).map_err(|_| NumError::Overflow { negative })
+
+    fn state_mut(&mut self) -> &mut ParamState {
+        &mut self.state
+    }
+
+    fn default_value(&self, key: TcpParam) -> Value<'_> {
+        match key {
+            TcpParam::Num(id) => Value::Int(self.default_of(id)),
+            TcpParam::Text(_) => key.def().default,
+        }
+    }
+
+    fn is_set(&self, key: TcpParam) -> Option<bool> {
+        match key {
+            TcpParam::Num(TcpParamId::PortRangeV4) => Some(self.port_range_v4.is_some()),
+            TcpParam::Num(TcpParamId::PortRangeV6) => Some(self.port_range_v6.is_some()),
+            TcpParam::Num(TcpParamId::MaxFrame) => Some(self.max_frame.is_some()),
+            _ => None,
+        }
+    }
+
+    fn set_other(&mut self, name: &str, setting: Setting<'_>) -> Option<Result<bool, ParamError>> {
+        let (kind, rest) = split_override(name)?;
+        Some(self.set_override_from(kind, rest, setting))
+    }
+
+    fn check_rules(&self) -> Result<(), ParamError> {
+        base::check(self, &BASE)?;
+        if self.max_frame.is_some_and(|m| m < self.max_send_size) {
+            return Err(ParamError::Conflict {
+                component: COMPONENT,
+                name: TcpParamId::MaxFrame.def().name,
+                other: TcpParamId::MaxSendSize.def().name,
+                rule: "max_frame must be >= max_send_size (a peer sends frames of up to \
+                       max_send_size)",
+            });
+        }
+        self.check_exclusive()?;
+        for id in TextParamId::ALL {
+            iflist::validate_list(id.def(), self.text(id))?;
+        }
+        Ok(())
+    }
+
+    fn apply_rules(&mut self, out: &mut Verified<TcpParam>) -> Result<(), ParamError> {
+        // Seed verify: an invalid minimum port is reset to 1024, with a
+        // warning, not refused.
+        for (min, range) in [
+            (TcpParamId::PortMinV4, TcpParamId::PortRangeV4),
+            (TcpParamId::PortMinV6, TcpParamId::PortRangeV6),
+        ] {
+            let port_min = self.get(min);
+            if !(1..=PORT_MAX).contains(&port_min) {
+                self.adjust(
+                    out,
+                    min,
+                    i64::from(DEFAULT_PORT_MIN),
+                    "not a valid port (1 to 65535); reset to 1024",
+                    &[],
+                )?;
+            }
+            // A set range must end by port 65535 (a range left to follow
+            // port_min always does).
+            if self.is_set(range.into()) == Some(true) {
+                let port_min = self.get(min);
+                let limit = 65536 - port_min;
+                if self.get(range) > limit {
+                    self.adjust(
+                        out,
+                        range,
+                        limit,
+                        "clamped so that port_min + port_range <= 65536",
+                        &[min],
+                    )?;
+                }
+            }
+        }
+        // Base: rndv_eager_limit <= eager_limit, min_rdma_pipeline_size >=
+        // eager_limit + rdma_pipeline_send_length.
+        base::adjust(self, out, &BASE)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::tests::check_table;
     use std::string::ToString;
 
     #[test]
     fn table_matches_ids_and_defaults() {
+        check_table::<TcpParams>();
         let p = TcpParams::new();
         for (i, id) in TcpParamId::ALL.into_iter().enumerate() {
             assert_eq!(id.index(), i);
             let def = id.def();
             assert_eq!(def.component, "tcp");
-            assert_eq!(p.get(id), def.default, "{}", def.name);
-            assert_eq!(p.default_of(id), def.default, "{}", def.name);
-            assert!(
-                def.min <= def.default && def.default <= def.max,
-                "{}",
-                def.name
-            );
-            assert!(!def.help.is_empty() && !def.accepts.is_empty());
+            assert_eq!(Value::Int(p.get(id)), def.default, "{}", def.name);
+            assert_eq!(Value::Int(p.default_of(id)), def.default, "{}", def.name);
             assert_eq!(TcpParamId::from_name(def.name), Some(id));
             assert_eq!(p.source(id), ParamSource::Default, "{}", def.name);
         }
         assert_eq!(TcpParams::default(), p);
-        let names: std::vec::Vec<_> = TcpParam::ALL.iter().map(|p| p.name()).collect();
+        let names: std::vec::Vec<_> = TcpParam::ALL.iter().map(|p| p.def().name).collect();
         assert_eq!(
             names[..4],
             ["links", "if_include", "if_exclude", "free_list_num"]
         );
         assert_eq!(names.last(), Some(&"handshake_timeout"));
         for (i, a) in TcpParam::ALL.iter().enumerate() {
-            assert!(TcpParam::ALL[..i].iter().all(|b| b != a), "{}", a.name());
-            assert_eq!(TcpParam::from_name(a.name()), Some(*a));
+            assert!(
+                TcpParam::ALL[..i].iter().all(|b| b != a),
+                "{}",
+                a.def().name
+            );
+            assert_eq!(TcpParam::from_name(a.def().name), Some(*a));
+            assert_eq!(a.index(), i);
+            assert_eq!(TCP_PARAMS[i].name, a.def().name);
+        }
+        for id in TextParamId::ALL {
+            assert_eq!(TextParamId::from_name(id.def().name), Some(id));
+            assert_eq!(TcpParamId::from_name(id.def().name), None);
+            assert_eq!(p.source(id), ParamSource::Default);
         }
         assert_eq!(
             (p.links, p.free_list_num, p.free_list_max, p.free_list_inc),
@@ -2136,6 +1307,7 @@ mod tests {
         let mut p = TcpParams::new();
         assert_eq!(
             TcpParam::Text(TextParamId::IfInclude)
+                .def()
                 .env_name()
                 .to_string(),
             "BTL_TCP_IF_INCLUDE"
@@ -2149,10 +1321,10 @@ mod tests {
             "OMPI_MCA_btl_tcp_if_exclude"
         );
         assert_eq!(
-            from_env_name("BTL_TCP_if_Include"),
+            TcpParam::from_env_name("BTL_TCP_if_Include"),
             Some(TcpParam::Text(TextParamId::IfInclude))
         );
-        assert!(from_env_name("BTL_SM_LINKS").is_none());
+        assert!(TcpParam::from_env_name("BTL_SM_LINKS").is_none());
         assert_eq!(p.set_from_env_var("BTL_SM_FIFO_SIZE", "1"), Ok(false));
         assert_eq!(p.set_from_env_var("BTL_TCP_LINKS", "2"), Ok(true));
         assert_eq!(
@@ -2174,9 +1346,9 @@ mod tests {
         );
         let info: std::vec::Vec<_> = p.iter().collect();
         assert_eq!(info.len(), TCP_PARAM_COUNT);
-        assert_eq!(info[1].value, TcpValue::Text("eth0,10.0.0.0/8"));
+        assert_eq!(info[1].value, Value::Text("eth0,10.0.0.0/8"));
         assert_eq!(info[2].default.to_string(), "127.0.0.1/8,sppp");
-        assert_eq!(info[0].value, TcpValue::Int(2));
+        assert_eq!(info[0].value, Value::Int(2));
     }
 
     #[test]
@@ -2238,7 +1410,7 @@ mod tests {
         assert_eq!(p.disabled_family(), Some(IpFamily::V6));
         assert!(matches!(
             p.set("links", "99999999999999999999999", ParamSource::Code),
-            Err(TcpParamError::OutOfRange {
+            Err(ParamError::OutOfRange {
                 value: i64::MAX,
                 ..
             })
@@ -2264,7 +1436,7 @@ mod tests {
     fn verify_defaults_and_errors() {
         let mut p = TcpParams::new();
         let v = p.verify().unwrap();
-        assert_eq!(v.adjustments().len(), 1);
+        assert_eq!(v.len(), 1);
         assert_eq!(p.min_rdma_pipeline_size, 64 * 1024 + 128 * 1024);
         assert_eq!(
             p.source(TcpParamId::MinRdmaPipelineSize),
@@ -2394,7 +1566,7 @@ mod tests {
             assert!(
                 matches!(
                     p.set_from_env_var(var, "1"),
-                    Err(TcpParamError::UnknownParam { .. })
+                    Err(ParamError::UnknownParam { .. })
                 ),
                 "{var}"
             );

@@ -29,7 +29,8 @@ use std::ffi::OsString;
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
-use btl_core::sm::params::{ParamId, SmParams};
+use btl_core::params::{Params, Value};
+use btl_core::sm::params::SmParams;
 
 /// Width `btl info` wraps its help texts at.
 pub const WRAP_COLUMNS: usize = 78;
@@ -208,61 +209,42 @@ fn one_problem(e: &dyn fmt::Display) -> Vec<ParamProblem> {
 /// Per-interface overrides (`BTL_TCP_BANDWIDTH_ETH0`) are checked here and
 /// applied by interface selection; they are not listed as rows.
 pub fn tcp_params(vars: &[(String, String)]) -> Result<Vec<ParamRow>, Vec<ParamProblem>> {
-    use btl_core::tcp::params::{TcpParam, TcpParams, TcpValue};
-    let mut params = TcpParams::default();
+    component_rows(btl_core::tcp::params::TcpParams::default(), vars)
+}
+
+/// The `sm` component's parameters: defaults, then every `BTL_SM_*` /
+/// `OMPI_MCA_btl_sm_*` variable of `vars`, then `SmParams::verify`.
+pub fn sm_params(vars: &[(String, String)]) -> Result<Vec<ParamRow>, Vec<ParamProblem>> {
+    component_rows(SmParams::default(), vars)
+}
+
+/// The rows of one component's `params`: every variable of `vars` of the
+/// component applied, then [`Params::verify`].
+fn component_rows<P: Params>(
+    mut params: P,
+    vars: &[(String, String)],
+) -> Result<Vec<ParamRow>, Vec<ParamProblem>> {
     let verified = apply_env(vars, |k, v| params.set_from_env_var(k, v).map(|_| ()))
         .and_then(|()| params.verify().map_err(|e| one_problem(&e)))?;
-    let value = |v: TcpValue<'_>| match v {
-        TcpValue::Int(i) => ParamValue::Int(i),
-        TcpValue::Text(t) => ParamValue::Text(t.to_string()),
+    let value = |v: Value<'_>| match v {
+        Value::Int(i) => ParamValue::Int(i),
+        Value::Text(t) => ParamValue::Text(t.to_string()),
     };
     Ok(params
         .iter()
         .map(|info| {
-            let adjusted_from = match info.param {
-                TcpParam::Num(id) => verified.get(id).map(|a| ParamValue::Int(a.from)),
-                TcpParam::Text(_) => None,
-            };
-            ParamRow {
-                component: btl_core::tcp::params::COMPONENT,
-                name: info.param.name(),
-                value: value(info.value),
-                default: value(info.default),
-                source: info.source.to_string(),
-                env: info.param.env_name().to_string(),
-                level: info.param.level(),
-                help: info.param.help(),
-                accepts: info.param.accepts(),
-                adjusted_from,
-            }
-        })
-        .collect())
-}
-
-/// The `sm` component's parameters: defaults, then every `BTL_SM_*` /
-/// `OMPI_MCA_btl_sm_*` variable of `vars`, then [`SmParams::verify`].
-pub fn sm_params(vars: &[(String, String)]) -> Result<Vec<ParamRow>, Vec<ParamProblem>> {
-    let mut params = SmParams::default();
-    let verified = apply_env(vars, |k, v| params.set_from_env_var(k, v).map(|_| ()))
-        .and_then(|()| params.verify().map_err(|e| one_problem(&e)))?;
-    Ok(params
-        .iter()
-        .map(|info| {
             let def = info.def;
-            let adjusted_from = ParamId::from_name(def.name)
-                .and_then(|id| verified.get(id))
-                .map(|a| ParamValue::Int(a.from));
             ParamRow {
                 component: def.component,
                 name: def.name,
-                value: ParamValue::Int(info.value),
-                default: ParamValue::Int(info.default),
+                value: value(info.value),
+                default: value(info.default),
                 source: info.source.to_string(),
                 env: def.env_name().to_string(),
                 level: def.level,
                 help: def.help,
                 accepts: def.accepts,
-                adjusted_from,
+                adjusted_from: verified.get(info.key).map(|a| ParamValue::Int(a.from)),
             }
         })
         .collect())

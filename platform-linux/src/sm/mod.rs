@@ -62,7 +62,8 @@ use btl_core::sm::control::{Control, ControlError, RANK_DONE};
 use btl_core::sm::engine::{FragDesc, PeerSlot, SetupError, SmEngine};
 use btl_core::sm::fifo::Consumer;
 use btl_core::sm::layout::SizeError;
-use btl_core::sm::params::{ParamError, SmParams};
+use btl_core::params::{ParamError, Params as _};
+use btl_core::sm::params::SmParams;
 use btl_core::sync::{AtomicU64, Ordering};
 
 use crate::ops::{QueueLimits, TEvent};

@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 
+use btl_core::params::Params as _;
 use btl_core::tcp::params::TcpParams;
 
 use super::*;

@@ -8,7 +8,8 @@ use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use btl_core::sm::params::{ParamSource, SmParams};
+use btl_core::params::{ParamSource, Params as _};
+use btl_core::sm::params::SmParams;
 use btl_core::tcp::params::TcpParams;
 
 use super::*;
