@@ -47,6 +47,8 @@ command -v c++ >/dev/null || need+=(g++)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
+# nftables: the partition test cuts a namespace host off its network.
+command -v nft >/dev/null || need+=(nftables)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing ${need[*]}"

@@ -98,7 +98,15 @@ fn json_lists_every_sm_parameter() {
         .lines()
         .filter(|l| l.starts_with("{\"component\":\"tcp\""))
         .collect();
-    assert_eq!(tcp.len(), 28, "{stdout}");
+    assert_eq!(tcp.len(), 34, "{stdout}");
+    for own in [
+        "keepalive_time",
+        "user_timeout",
+        "queue_bytes",
+        "queue_messages",
+    ] {
+        assert!(stdout.contains(&format!("\"name\":\"{own}\"")), "{own}");
+    }
     assert!(stdout.contains(
         "{\"component\":\"tcp\",\"name\":\"if_exclude\",\"value\":\"127.0.0.1/8,sppp\",\
          \"default\":\"127.0.0.1/8,sppp\",\"source\":\"default\",\"env\":\"BTL_TCP_IF_EXCLUDE\""

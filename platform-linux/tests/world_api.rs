@@ -315,7 +315,7 @@ fn cycle(w: &mut World<'_>) -> R<String> {
     let next = [1u32, 3, 0, 2][me as usize];
     let len = 256 << 10;
     let key = w.register_owned(pattern(me, 9, len).into_boxed_slice());
-    let mut keys = vec![None; 4];
+    let mut keys = [None; 4];
     keys[me as usize] = Some(key);
     for p in (0..4).filter(|&p| p != me) {
         w.isend(p, TAG_KEY, &key.to_bytes()).map_err(e)?;

@@ -11,7 +11,7 @@ use super::text::FixedStr;
 
 /// Most parameters a component may have (per-parameter state is a fixed
 /// array and a 32-bit mask).
-pub const MAX_PARAMS: usize = 32;
+pub const MAX_PARAMS: usize = 40;
 
 /// A parameter's type, as Open MPI registers it
 /// (`MCA_BASE_VAR_TYPE_INT`, `_UNSIGNED_INT`, `_SIZE_T`, `_BOOL`, `_STRING`).

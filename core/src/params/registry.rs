@@ -38,7 +38,7 @@ impl fmt::Display for ParamSource {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ParamState {
     sources: [ParamSource; MAX_PARAMS],
-    adjusted: u32,
+    adjusted: u64,
 }
 
 impl Default for ParamState {
@@ -78,12 +78,12 @@ impl ParamState {
 }
 
 // One bit of `ParamState::adjusted` per parameter.
-const _: () = assert!(MAX_PARAMS <= u32::BITS as usize);
+const _: () = assert!(MAX_PARAMS <= u64::BITS as usize);
 
-fn bit(index: usize) -> u32 {
+fn bit(index: usize) -> u64 {
     u32::try_from(index)
         .ok()
-        .and_then(|i| 1u32.checked_shl(i))
+        .and_then(|i| 1u64.checked_shl(i))
         .unwrap_or(0)
 }
 

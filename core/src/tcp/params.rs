@@ -55,7 +55,7 @@ use crate::params::{
 pub const COMPONENT: &str = "tcp";
 
 /// Number of numeric parameters (the length of [`TcpParamId::ALL`]).
-pub const TCP_NUM_PARAM_COUNT: usize = 26;
+pub const TCP_NUM_PARAM_COUNT: usize = 32;
 
 /// Number of string parameters (the length of [`TextParamId::ALL`]).
 pub const TCP_TEXT_PARAM_COUNT: usize = 2;
@@ -183,6 +183,18 @@ pub enum TcpParamId {
     MaxFrame,
     /// `handshake_timeout` (btl's own)
     HandshakeTimeout,
+    /// `keepalive_time` (btl's own)
+    KeepaliveTime,
+    /// `keepalive_intvl` (btl's own)
+    KeepaliveIntvl,
+    /// `keepalive_probes` (btl's own)
+    KeepaliveProbes,
+    /// `user_timeout` (btl's own)
+    UserTimeout,
+    /// `queue_bytes` (btl's own)
+    QueueBytes,
+    /// `queue_messages` (btl's own)
+    QueueMessages,
 }
 
 impl TcpParamId {
@@ -214,6 +226,12 @@ impl TcpParamId {
         TcpParamId::DisableFamily,
         TcpParamId::MaxFrame,
         TcpParamId::HandshakeTimeout,
+        TcpParamId::KeepaliveTime,
+        TcpParamId::KeepaliveIntvl,
+        TcpParamId::KeepaliveProbes,
+        TcpParamId::UserTimeout,
+        TcpParamId::QueueBytes,
+        TcpParamId::QueueMessages,
     ];
 
     /// Position in [`TcpParamId::ALL`].
@@ -352,7 +370,9 @@ const ACCEPTS_IF_LIST: &str = "a comma-separated list of interface names or name
 
 /// The `tcp` component's parameters in the seed's registration order
 /// (component parameters, then the BTL base parameters, then
-/// `disable_family`, then btl's own `max_frame` and `handshake_timeout`),
+/// `disable_family`, then btl's own `max_frame`, `handshake_timeout`, dead-link
+/// detection (`keepalive_*`, `user_timeout`) and the per-peer queue bounds
+/// (`queue_bytes`, `queue_messages`)),
 /// indexed by [`TcpParam`].
 ///
 /// The `default` of `port_range_v4` / `port_range_v6` (64511) and of
@@ -493,6 +513,51 @@ pub static TCP_PARAMS: [ParamDef; TCP_PARAM_COUNT] = table(
             "a number of milliseconds between 1 and 4294967295",
             "Time (in milliseconds) a new TCP connection may take to complete its handshake \
              before it is dropped.",
+        ),
+        ParamDef::number("keepalive_time", ParamKind::UInt, 20, (0, 86_400)).doc(
+            5,
+            "a number of seconds between 0 (keep-alive off) and 86400",
+            "Seconds a connection may be idle before TCP keep-alive probes start (0: no \
+             keep-alive). With keepalive_intvl and keepalive_probes it bounds how long a peer \
+             that vanished without FIN or RST (a network partition, a dead host) goes unnoticed \
+             on an idle connection: about keepalive_time + keepalive_intvl * keepalive_probes.",
+        ),
+        ParamDef::number("keepalive_intvl", ParamKind::UInt, 5, (1, 3_600)).doc(
+            5,
+            "a number of seconds between 1 and 3600",
+            "Seconds between TCP keep-alive probes.",
+        ),
+        ParamDef::number("keepalive_probes", ParamKind::UInt, 4, (1, 127)).doc(
+            5,
+            "a number between 1 and 127",
+            "Unanswered TCP keep-alive probes after which the connection (and its peer) fails.",
+        ),
+        ParamDef::number("user_timeout", ParamKind::UInt, 40_000, (0, U32_MAX)).doc(
+            5,
+            "a number of milliseconds (0: the kernel's default, about 15 minutes)",
+            "TCP_USER_TIMEOUT: milliseconds data may stay unacknowledged before the connection \
+             (and its peer) fails. Bounds how long a peer that vanished without FIN or RST goes \
+             unnoticed while we send to it.",
+        ),
+        ParamDef::number(
+            "queue_bytes",
+            ParamKind::Size,
+            8 << 20,
+            (1, MAX_FRAME_LIMIT as i64),
+        )
+        .doc(
+            5,
+            "a size in bytes (k, M, G suffixes allowed)",
+            "Bytes of messages that may wait in user space for one peer whose socket does not \
+                 drain (a slow or stopped receiver, a broken link); beyond it a send waits \
+                 (progressing everything, up to BTL_TIMEOUT) or, non-blocking, reports that it \
+                 would block. One message always fits however large. Default 8 MiB: a 64-rank job \
+                 holds at most about 0.5 GiB per rank in send queues.",
+        ),
+        ParamDef::number("queue_messages", ParamKind::UInt, 16_384, (1, U32_MAX)).doc(
+            5,
+            "a number between 1 and 4294967295",
+            "Messages (frames) that may wait in user space for one peer; see queue_bytes.",
         ),
     ],
 );
@@ -704,6 +769,18 @@ pub struct TcpParams {
     pub max_frame: Option<u32>,
     /// Milliseconds a connection may take to complete its handshake.
     pub handshake_timeout: u32,
+    /// Idle seconds before keep-alive probes (0: off).
+    pub keepalive_time: u32,
+    /// Seconds between keep-alive probes.
+    pub keepalive_intvl: u32,
+    /// Unanswered probes before the connection fails.
+    pub keepalive_probes: u32,
+    /// `TCP_USER_TIMEOUT` in milliseconds (0: the kernel's default).
+    pub user_timeout: u32,
+    /// Bytes that may wait in user space for one peer.
+    pub queue_bytes: u32,
+    /// Messages that may wait in user space for one peer.
+    pub queue_messages: u32,
     if_include: FixedStr<TEXT_CAP>,
     if_exclude: FixedStr<TEXT_CAP>,
     overrides: [IfOverride; OVERRIDE_CAP],
@@ -767,6 +844,12 @@ impl TcpParams {
             disable_family: 0,
             max_frame: None,
             handshake_timeout: 10_000,
+            keepalive_time: 20,
+            keepalive_intvl: 5,
+            keepalive_probes: 4,
+            user_timeout: 40_000,
+            queue_bytes: 8 << 20,
+            queue_messages: 16_384,
             if_include: FixedStr::EMPTY,
             if_exclude,
             overrides: [IfOverride::EMPTY; OVERRIDE_CAP],
@@ -806,6 +889,12 @@ impl TcpParams {
             TcpParamId::DisableFamily => i64::from(self.disable_family),
             TcpParamId::MaxFrame => i64::from(self.max_frame()),
             TcpParamId::HandshakeTimeout => i64::from(self.handshake_timeout),
+            TcpParamId::KeepaliveTime => i64::from(self.keepalive_time),
+            TcpParamId::KeepaliveIntvl => i64::from(self.keepalive_intvl),
+            TcpParamId::KeepaliveProbes => i64::from(self.keepalive_probes),
+            TcpParamId::UserTimeout => i64::from(self.user_timeout),
+            TcpParamId::QueueBytes => i64::from(self.queue_bytes),
+            TcpParamId::QueueMessages => i64::from(self.queue_messages),
         }
     }
 
@@ -1144,6 +1233,12 @@ impl Params for TcpParams {
             TcpParamId::DisableFamily => self.disable_family = v.to_u32()?,
             TcpParamId::MaxFrame => self.max_frame = Some(v.to_u32()?),
             TcpParamId::HandshakeTimeout => self.handshake_timeout = v.to_u32()?,
+            TcpParamId::KeepaliveTime => self.keepalive_time = v.to_u32()?,
+            TcpParamId::KeepaliveIntvl => self.keepalive_intvl = v.to_u32()?,
+            TcpParamId::KeepaliveProbes => self.keepalive_probes = v.to_u32()?,
+            TcpParamId::UserTimeout => self.user_timeout = v.to_u32()?,
+            TcpParamId::QueueBytes => self.queue_bytes = v.to_u32()?,
+            TcpParamId::QueueMessages => self.queue_messages = v.to_u32()?,
         }
         Ok(())
     }
@@ -1259,7 +1354,7 @@ mod tests {
             names[..4],
             ["links", "if_include", "if_exclude", "free_list_num"]
         );
-        assert_eq!(names.last(), Some(&"handshake_timeout"));
+        assert_eq!(names.last(), Some(&"queue_messages"));
         for (i, a) in TcpParam::ALL.iter().enumerate() {
             assert!(
                 TcpParam::ALL[..i].iter().all(|b| b != a),

@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
+use btl_core::params::Params as _;
 use btl_core::shm::Region;
 use btl_core::sm::control::{Control, ControlError, RANK_READY};
 use btl_core::sm::engine::{self, FragDesc, PeerSlot};
-use btl_core::sm::layout::{segment_layout, SegmentLayout, PART_ALIGN};
-use btl_core::params::Params as _;
 use btl_core::sm::layout::calc_sm_max_procs;
+use btl_core::sm::layout::{segment_layout, SegmentLayout, PART_ALIGN};
 use btl_core::sm::params::SmParams;
 use btl_core::sync::{AtomicU64, Ordering};
 

@@ -58,11 +58,11 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use btl_core::params::{ParamError, Params as _};
 use btl_core::sm::control::{Control, ControlError, RANK_DONE};
 use btl_core::sm::engine::{FragDesc, PeerSlot, SetupError, SmEngine};
 use btl_core::sm::fifo::Consumer;
 use btl_core::sm::layout::SizeError;
-use btl_core::params::{ParamError, Params as _};
 use btl_core::sm::params::SmParams;
 use btl_core::sync::{AtomicU64, Ordering};
 
@@ -182,10 +182,12 @@ struct Parts {
     probe: Box<AtomicU64>,
 }
 
-/// Default bound of what waits in user space for one peer: 64 MiB.
+/// Bound of what waits copied in user space for one local peer when its
+/// ring is full or no fragment is free: 8 MiB or 16384 messages (as TCP's
+/// default `queue_bytes` / `queue_messages`).
 pub const DEFAULT_QUEUE_LIMITS: QueueLimits = QueueLimits {
-    bytes: 64 << 20,
-    messages: 65536,
+    bytes: 8 << 20,
+    messages: 16384,
 };
 
 /// The shared-memory transport of one process (one per job per node).

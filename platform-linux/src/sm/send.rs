@@ -227,11 +227,13 @@ pub(super) enum Out {
 }
 
 impl Out {
+    /// Bytes of ours it holds (copies; caller memory it reads is the
+    /// caller's, bounded by its own means): what the queue bounds count.
     fn len(&self) -> u64 {
         match self {
             Out::Copy { data, .. } => data.len() as u64,
-            Out::Stream(s) => s.parts.len() as u64,
-            Out::Rndv { buf, .. } => buf.len() as u64,
+            Out::Stream(s) => s._owned.as_ref().map_or(0, |o| o.len() as u64),
+            Out::Rndv { owned, .. } => owned.as_ref().map_or(0, |o| o.len() as u64),
         }
     }
 }
@@ -344,7 +346,8 @@ impl Sm {
             unsafe { parts.slices(&mut slices) };
             return self.isend(peer, tag, &slices).map(|()| Posted::Done);
         }
-        self.admit(peer, parts.len() as u64)?;
+        // Caller memory: only the message count is bounded.
+        self.admit(peer, 0)?;
         self.enqueue_large(peer, tag, parts, None, Some(op));
         self.pump(peer);
         Ok(Posted::Pending)

@@ -33,14 +33,6 @@ pub(super) struct Config {
     pub(super) limits: QueueLimits,
 }
 
-/// Default bound of what waits in user space for one peer: 8 MiB or 16384
-/// frames. A 64-rank job (63 peers per rank) then holds at most about
-/// 0.5 GiB per rank in send queues however its peers behave.
-pub const DEFAULT_QUEUE_LIMITS: QueueLimits = QueueLimits {
-    bytes: 8 << 20,
-    messages: 16384,
-};
-
 impl Config {
     pub(super) fn from(p: &TcpParams) -> Self {
         use btl_core::tcp::params::IpFamily;
@@ -63,11 +55,14 @@ impl Config {
                 .max(64),
             max_frame: p.max_frame(),
             handshake_ms: u64::from(p.handshake_timeout),
-            keepalive_time: 20,
-            keepalive_intvl: 5,
-            keepalive_probes: 4,
-            user_timeout_ms: 40_000,
-            limits: DEFAULT_QUEUE_LIMITS,
+            keepalive_time: p.keepalive_time,
+            keepalive_intvl: p.keepalive_intvl,
+            keepalive_probes: p.keepalive_probes,
+            user_timeout_ms: p.user_timeout,
+            limits: QueueLimits {
+                bytes: u64::from(p.queue_bytes),
+                messages: p.queue_messages,
+            },
         }
     }
 }

@@ -240,7 +240,14 @@ impl Tcp {
                 p.queue.len()
             );
         }
-        // (The endpoint state machine logged the failure.)
+        // (The endpoint state machine logged the failure.) The system's
+        // word for a broken connection says what happened (a timeout: the
+        // peer stopped answering; a reset: it went away).
+        let why = match self.io_error.take() {
+            Some(e) => format!("{why}: {e}"),
+            None => why,
+        };
+        let p = &mut self.peers[peer as usize];
         p.failed = Some(why.clone());
         p.partial = None;
         let q = std::mem::take(&mut p.queue);

@@ -91,6 +91,15 @@ impl OutBuf {
         self.head_len + self.body_len()
     }
 
+    /// Bytes of ours it holds (caller memory it reads is the caller's):
+    /// what the queue bounds count.
+    pub(super) fn held(&self) -> u64 {
+        match &self.body {
+            Body::Owned(v) => (self.head_len + v.len()) as u64,
+            Body::Raw(_) => self.head_len as u64,
+        }
+    }
+
     /// The operation it completes.
     pub(super) fn op(&self) -> Option<OpId> {
         self.op
@@ -106,12 +115,15 @@ impl OutBuf {
         }
     }
 
-    /// Copies caller memory into the frame (so the caller may go).
-    pub(super) fn make_owned(&mut self) {
+    /// Copies caller memory into the frame (so the caller may go);
+    /// returns how many more bytes the frame now holds.
+    pub(super) fn make_owned(&mut self) -> u64 {
+        let before = self.held();
         if let Body::Raw(_) = self.body {
             self.body = Body::Owned(self.body().to_vec());
         }
         self.op = None;
+        self.held() - before
     }
 
     /// The slices from byte `off` on.
@@ -187,7 +199,9 @@ impl Tcp {
         if parts.len() as u64 > MAX_MESSAGE {
             return Err(PostError::TooLarge { max: MAX_MESSAGE });
         }
-        self.admit(peer, parts.len() as u64)?;
+        // Caller memory: only the message count is bounded (a message in
+        // several pieces is gathered into a copy, bounded by `isend`).
+        self.admit(peer, 0)?;
         let max = self.cfg.max_frame as usize;
         match parts.contiguous() {
             Some(buf) if buf.len() > max => {
@@ -357,7 +371,8 @@ impl Tcp {
                 Ok(n) => written += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(_) => {
+                Err(e) => {
+                    self.io_error = Some(e.to_string());
                     self.conn_broken(conn, false);
                     return Err(PostError::PeerFailed);
                 }
@@ -387,7 +402,7 @@ impl Tcp {
     fn count(&mut self, peer: u32, buf: &OutBuf) {
         if buf.counted {
             let p = &mut self.peers[peer as usize];
-            p.queued_bytes += buf.len() as u64;
+            p.queued_bytes += buf.held();
             p.queued_frames += 1;
         }
     }
@@ -401,7 +416,7 @@ impl Tcp {
             buf.counted,
             peer.and_then(|p| self.peers.get_mut(p as usize)),
         ) {
-            p.queued_bytes = p.queued_bytes.saturating_sub(buf.len() as u64);
+            p.queued_bytes = p.queued_bytes.saturating_sub(buf.held());
             p.queued_frames = p.queued_frames.saturating_sub(1);
         }
     }
@@ -473,6 +488,7 @@ impl Tcp {
         }
         let peer = c.peer;
         let mut failed = false;
+        let mut io_error = None;
         let mut finished: Vec<OutBuf> = Vec::new();
         while !c.out.is_empty() {
             let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(16);
@@ -510,8 +526,9 @@ impl Tcp {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
+                Err(e) => {
                     failed = true;
+                    io_error = Some(e.to_string());
                     break;
                 }
             }
@@ -539,6 +556,7 @@ impl Tcp {
             }
         }
         if failed {
+            self.io_error = io_error;
             self.conn_broken(conn, false);
         } else if close {
             self.drop_conn(conn);
@@ -643,7 +661,8 @@ impl Tcp {
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return events,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(_) => {
+                    Err(e) => {
+                        self.io_error = Some(e.to_string());
                         self.conn_broken(conn, false);
                         return events;
                     }
@@ -671,7 +690,8 @@ impl Tcp {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return events,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
+                Err(e) => {
+                    self.io_error = Some(e.to_string());
                     self.conn_broken(conn, false);
                     return events;
                 }

@@ -62,7 +62,7 @@ mod frames;
 mod rma;
 
 use config::Config;
-pub use config::{choose_binds, params_from_env, params_from_env_unverified, DEFAULT_QUEUE_LIMITS};
+pub use config::{choose_binds, params_from_env, params_from_env_unverified};
 use conn::listen_in_range;
 use frames::OutBuf;
 
@@ -213,6 +213,8 @@ pub struct Tcp {
     done: Vec<(OpId, Result<(), OpError>)>,
     /// Failures to report at the end of the pass.
     to_report: Vec<(u32, String)>,
+    /// The last socket error, for the failure it causes.
+    io_error: Option<String>,
 }
 
 // SAFETY: the only non-`Send` content is `RawBuf` addresses of caller memory
@@ -311,6 +313,7 @@ impl Tcp {
             rma_ops: HashMap::new(),
             done: Vec::new(),
             to_report: Vec::new(),
+            io_error: None,
         })
     }
 
@@ -520,6 +523,7 @@ impl Tcp {
     /// reported. A frame already partly on the wire is finished from a copy.
     pub fn cancel(&mut self, op: OpId) {
         let mut removed: Vec<(Option<u32>, OutBuf)> = Vec::new();
+        let mut grown: Vec<(u32, u64)> = Vec::new();
         for c in self.conns.values_mut() {
             let partial_first = c.out_off > 0;
             let old = std::mem::take(&mut c.out);
@@ -527,7 +531,8 @@ impl Tcp {
                 if b.op() != Some(op) {
                     c.out.push_back(b);
                 } else if i == 0 && partial_first {
-                    b.make_owned();
+                    let more = b.make_owned();
+                    grown.extend(c.peer.map(|p| (p, more)));
                     c.out.push_back(b);
                 } else {
                     removed.push((c.peer, b));
@@ -542,6 +547,11 @@ impl Tcp {
                 } else {
                     p.queue.push_back(b);
                 }
+            }
+        }
+        for (peer, more) in grown {
+            if let Some(p) = self.peers.get_mut(peer as usize) {
+                p.queued_bytes += more;
             }
         }
         for (peer, b) in removed {

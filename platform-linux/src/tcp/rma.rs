@@ -51,11 +51,9 @@ impl Tcp {
         if len as u64 > MAX_MESSAGE {
             return Err(PostError::TooLarge { max: MAX_MESSAGE });
         }
+        // The data is caller memory: only the frame count is bounded.
         let p = &self.peers[peer as usize];
-        if !self
-            .limits
-            .admits(p.queued_bytes, p.queued_frames, len as u64)
-        {
+        if !self.limits.admits(p.queued_bytes, p.queued_frames, 0) {
             return Err(PostError::WouldBlock);
         }
         let frames = len.div_ceil(step).max(1);

@@ -439,8 +439,8 @@ impl World<'_> {
     }
 
     /// Sets the bounds of what may wait in user space for one peer, per
-    /// transport (defaults: [`crate::sm::DEFAULT_QUEUE_LIMITS`],
-    /// [`crate::tcp::DEFAULT_QUEUE_LIMITS`]).
+    /// transport (defaults: [`crate::sm::DEFAULT_QUEUE_LIMITS`], and the
+    /// `tcp` parameters `queue_bytes` / `queue_messages`).
     pub fn set_queue_limits(&mut self, sm: Option<QueueLimits>, tcp: Option<QueueLimits>) {
         if let (Some(s), Some(l)) = (self.sm.as_mut(), sm) {
             s.set_queue_limits(l);

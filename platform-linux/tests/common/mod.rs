@@ -1,5 +1,8 @@
 //! Helpers shared by the multi-process tests: finding a launcher's ranks
-//! through /proc.
+//! through /proc, and the network-namespace hosts (`cluster`).
+#![allow(dead_code)]
+
+pub mod cluster;
 
 use std::fs;
 

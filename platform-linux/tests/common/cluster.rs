@@ -1,0 +1,120 @@
+//! Several "hosts" on one machine, made by a test itself: a bridge in the
+//! root namespace (the launcher's side) and one network namespace per host
+//! joined to it by a veth pair (`eth0` in the host), with private
+//! addresses; each rank runs in its host's namespace and, through
+//! `scripts/netns-agent.sh`, in its own UTS namespace named after the host
+//! — so ranks of one host share memory and ranks of different hosts talk
+//! TCP. Everything is removed on drop.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+pub fn agent() -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns-agent.sh");
+    p.canonicalize().unwrap().to_string_lossy().into_owned()
+}
+
+pub fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// A bridge and `n` host namespaces on `10.X.Y.0/24`; removed on drop.
+pub struct Cluster {
+    /// The bridge in the root namespace.
+    pub bridge: String,
+    /// The hosts' namespaces (and UTS names).
+    pub hosts: Vec<String>,
+    dir: PathBuf,
+    /// The root namespace's address on the bridge.
+    pub head: String,
+    /// The hosts' network.
+    pub cidr: String,
+}
+
+impl Cluster {
+    /// `None` (after saying why) where namespaces cannot be made.
+    pub fn new(tag: u32, n: usize) -> Option<Cluster> {
+        let id = std::process::id();
+        let x = 150 + id % 50;
+        let probe = format!("btlp{tag}{}", id % 100_000);
+        if !ip(&["netns", "add", &probe]) {
+            eprintln!(
+                "SKIPPED: cannot create network namespaces here (`ip netns add` failed: needs \
+                 root / CAP_SYS_ADMIN and iproute2)"
+            );
+            return None;
+        }
+        ip(&["netns", "del", &probe]);
+        let dir = std::env::temp_dir().join(format!("btl-multihost-{id}-{tag}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = Cluster {
+            bridge: format!("btlbr{tag}{}", id % 10_000),
+            hosts: Vec::new(),
+            dir,
+            head: format!("10.{x}.{tag}.254"),
+            cidr: format!("10.{x}.{tag}.0/24"),
+        };
+        let br = c.bridge.clone();
+        assert!(ip(&["link", "add", &br, "type", "bridge"]), "bridge");
+        let head_cidr = format!("{}/24", c.head);
+        assert!(ip(&["addr", "add", &head_cidr, "dev", &br]));
+        assert!(ip(&["link", "set", &br, "up"]));
+        let mut hosts_file = format!("127.0.0.1 localhost\n{} head\n", c.head);
+        for i in 1..=n {
+            let h = format!("bh{tag}x{i}n{}", id % 100_000);
+            assert!(ip(&["netns", "add", &h]), "namespace {h}");
+            c.hosts.push(h.clone());
+            let v = format!("bv{tag}{i}{}", id % 100_000);
+            let addr = c.addr(i);
+            let addr_cidr = format!("{addr}/24");
+            for args in [
+                vec![
+                    "link", "add", &v, "type", "veth", "peer", "name", "eth0", "netns", &h,
+                ],
+                vec!["link", "set", &v, "master", &br, "up"],
+                vec!["-n", &h, "addr", "add", &addr_cidr, "dev", "eth0"],
+                vec!["-n", &h, "link", "set", "eth0", "up"],
+                vec!["-n", &h, "link", "set", "lo", "up"],
+            ] {
+                assert!(ip(&args), "ip {args:?}");
+            }
+            hosts_file += &format!("{addr} {h}\n");
+        }
+        std::fs::write(c.dir.join("hosts"), hosts_file).unwrap();
+        Some(c)
+    }
+
+    /// Host `i`'s address (1-based).
+    pub fn addr(&self, i: usize) -> String {
+        let base = self.cidr.trim_end_matches(".0/24");
+        format!("{base}.{i}")
+    }
+
+    pub fn hosts_file(&self) -> String {
+        self.dir.join("hosts").to_string_lossy().into_owned()
+    }
+
+    /// `h1:2,h2:2`.
+    pub fn host_list(&self, slots: u32) -> String {
+        self.hosts
+            .iter()
+            .map(|h| format!("{h}:{slots}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for h in &self.hosts {
+            ip(&["netns", "del", h]);
+        }
+        ip(&["link", "del", &self.bridge]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
