@@ -5,7 +5,9 @@
 //! done for all peers at once: the barrier, a clean close, the endpoint's
 //! actions carried out on sockets and queues.
 
-use btl_core::tcp::endpoint::{Action, ConnId, Endpoint, EndpointState, FailReason, SendDecision};
+use btl_core::tcp::endpoint::{
+    Action, CloseCause, ConnId, Endpoint, EndpointState, FailReason, SendDecision,
+};
 use btl_core::tcp::wire::{
     FrameRepr, CHUNK_HEADER_LEN, FRAME_HEADER_LEN, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK,
 };
@@ -66,6 +68,14 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
     /// The state of the endpoint of `peer`.
     pub fn peer_state(&self, peer: u32) -> Option<EndpointState> {
         self.peers.get(peer as usize).map(|p| p.ep.state())
+    }
+
+    /// Whether `peer` closed its connection cleanly (a FIN frame) and has
+    /// none open now: it has left, unless it connects again later.
+    pub fn peer_closed(&self, peer: u32) -> bool {
+        self.peers.get(peer as usize).is_some_and(|p| {
+            p.ep.state() == EndpointState::Closed && p.ep.last_close() == Some(CloseCause::Peer)
+        })
     }
 
     /// The first failed peer, if any.
