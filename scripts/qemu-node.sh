@@ -298,7 +298,45 @@ test)
   printf 'qemu-node: %d passed, %d failed\n' "$passed" "$failures"
   ;;
 bench)
-  echo "bench: TODO"
+  sizes=${BTL_QEMU_SIZES:-8,65536}
+  # The QEMU node as rank 1 of a 2-rank `btl bench`; rank 0 (Linux) prints.
+  ranks=()
+  boot bench$$ 2 "run=bench sizes=$sizes quick=1 timeout=120" || exit 1
+  linux_rank bench$$ 2 0 120 "$BTL" bench --transport tcp --sizes "$sizes" --quick
+  st=0; wait_pid "${ranks[0]}" 300 || st=$?
+  st2=0; wait_pid "$qemu" 10 || st2=$?
+  if [ "$st" != 0 ] || [ "$st2" != 0 ]; then
+    show "$work/bench$$/rank0.log" "$work/bench$$/uart.log"; exit 1
+  fi
+  boot_ms=$(sed -n 's/.* ready at .*), \([0-9]*\) ms after reset.*/\1/p' "$work/bench$$/uart.log")
+  log "Linux rank <-> QEMU node (riscv64 TCG, virtio-net on a TAP), the node ready $boot_ms ms after reset:"
+  grep -v "^btl\[" "$work/bench$$/rank0.log" | sed 's/^/[qemu-node]   /'
+  # The same with btl-baremetal's hosted node (smoltcp on a TAP, a Linux
+  # process), on a second TAP of the namespace.
+  ip -n "$NS" tuntap add dev btlqtap1 mode tap
+  ip -n "$NS" addr add 10.79.1.1/24 dev btlqtap1
+  ip -n "$NS" link set btlqtap1 up
+  dir=$work/hosted$$
+  mkdir -p "$dir/session"
+  common=(BTL_JOB=hosted$$ BTL_SIZE=2 BTL_LOCAL_RANK=0 BTL_LOCAL_SIZE=1
+    BTL_SESSION_DIR="$dir/session" BTL_WIREUP=dir BTL_TCP_MAX_FRAME="$MAX_FRAME"
+    BTL_TIMEOUT=120 BTL_LOG=warn)
+  ip netns exec "$NS" env "${common[@]}" BTL_RANK=1 BTL_NODE=bm \
+    "$root/target/release/examples/tap_node" --tap btlqtap1 --ip 10.79.1.2/24 \
+    bench --sizes "$sizes" --quick >"$dir/rank1.log" 2>&1 &
+  hosted=$!
+  pids+=("$hosted")
+  ip netns exec "$NS" env "${common[@]}" BTL_RANK=0 BTL_NODE=linux BTL_BIND=10.79.1.1 \
+    "$BTL" bench --transport tcp --sizes "$sizes" --quick >"$dir/rank0.log" 2>&1 &
+  linux=$!
+  pids+=("$linux")
+  st=0; wait_pid "$linux" 300 || st=$?
+  st2=0; wait_pid "$hosted" 10 || st2=$?
+  if [ "$st" != 0 ] || [ "$st2" != 0 ]; then
+    show "$dir/rank0.log" "$dir/rank1.log"; exit 1
+  fi
+  log "Linux rank <-> the hosted smoltcp node (a Linux process on a TAP), same run:"
+  grep -v "^btl\[" "$dir/rank0.log" | sed 's/^/[qemu-node]   /'
   ;;
 esac
 [ "$failures" = 0 ]

@@ -8,8 +8,8 @@
 //! atomic flag), so no two mutable references to it ever exist.
 #![allow(unsafe_code)]
 
+use btl_baremetal::core::sync::{AtomicBool, Ordering};
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, Ordering};
 
 /// A value in static memory that can be taken (borrowed mutably for
 /// `'static`) once.
@@ -32,6 +32,9 @@ impl<T> Once<T> {
     }
 
     /// The value, the first time; `None` after.
+    // A `&mut` out of `&self` is the point (as `static_cell` does): the
+    // flag makes it the only one.
+    #[allow(clippy::mut_from_ref)]
     pub fn take(&'static self) -> Option<&'static mut T> {
         if self.taken.swap(true, Ordering::AcqRel) {
             return None;

@@ -27,7 +27,7 @@ mod job;
 mod net;
 mod stress;
 
-use core::sync::atomic::{AtomicU64, Ordering};
+use btl_baremetal::core::sync::{AtomicU64, Ordering};
 
 use btl_baremetal::smoltcp;
 use btl_baremetal::{Config, Sizes};

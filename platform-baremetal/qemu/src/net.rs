@@ -19,8 +19,8 @@
 //! requires.
 #![allow(unsafe_code)]
 
+use btl_baremetal::core::sync::{AtomicUsize, Ordering};
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicUsize, Ordering};
 
 use btl_baremetal::smoltcp;
 use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
