@@ -82,6 +82,13 @@ pub enum ArgError<'a> {
     },
     /// No address for a rank.
     NoPeer(u32),
+    /// `rank` is not below `size`.
+    RankOutside {
+        /// The rank given.
+        rank: u32,
+        /// The job size given.
+        size: u32,
+    },
 }
 
 impl fmt::Display for ArgError<'_> {
@@ -96,6 +103,9 @@ impl fmt::Display for ArgError<'_> {
                 accepts,
             } => write!(f, "{key}={value}: accepts {accepts}"),
             Self::NoPeer(r) => write!(f, "no peer={r}@ADDRESS:PORT for rank {r}"),
+            Self::RankOutside { rank, size } => {
+                write!(f, "rank={rank} is not below size={size}")
+            }
         }
     }
 }
@@ -258,10 +268,9 @@ pub fn parse(line: &str) -> Result<Args<'_>, ArgError<'_>> {
     a.size = size.ok_or(ArgError::Missing("size"))?;
     a.ip = ip.ok_or(ArgError::Missing("ip"))?;
     if a.rank >= a.size {
-        return Err(ArgError::Bad {
-            key: "rank",
-            value: "",
-            accepts: "a rank below the job size",
+        return Err(ArgError::RankOutside {
+            rank: a.rank,
+            size: a.size,
         });
     }
     for r in (0..a.size).filter(|&r| r != a.rank) {

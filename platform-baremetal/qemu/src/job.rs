@@ -145,12 +145,10 @@ impl State {
             Event::PeerFailed { peer, reason } => {
                 crate::println!("btl-qemu-node: peer {peer} failed: {reason}");
                 if let Some(c) = &self.checker {
-                    for (r, n) in c.next.iter().enumerate().take(c.size as usize) {
-                        if r as u32 == peer || r as u32 == c.me {
-                            continue;
-                        }
+                    for r in (0..c.size).filter(|&r| r != peer && r != c.me) {
+                        let (got, sent) = (c.next[r as usize], c.sent[r as usize]);
                         crate::println!(
-                            "btl-qemu-node: when peer {peer} failed: {n} messages from rank {r} so far"
+                            "btl-qemu-node: when peer {peer} failed: {got} messages from rank {r} so far, {sent} to it"
                         );
                     }
                 }

@@ -27,6 +27,9 @@ use crate::job::{key_bytes, Job, JobError, TAG_KEY, TAG_STRESS};
 use crate::{clock_ms, println, PEERS};
 
 const HEADER: usize = 20;
+/// A console line when this many messages came from a rank (the QEMU test
+/// waits for it before killing a rank mid-run).
+const PROGRESS: u64 = 10;
 
 /// xorshift64* seeded through splitmix64 (btl-linux's `Rng`).
 #[derive(Clone, Copy, Debug)]
@@ -124,6 +127,8 @@ pub struct Checker {
     max: usize,
     /// Next sequence number expected from each rank.
     pub next: [u64; PEERS],
+    /// Messages queued to each rank.
+    pub sent: [u64; PEERS],
     /// Bytes received.
     pub bytes: u64,
     /// Problems found.
@@ -139,6 +144,7 @@ impl Checker {
             size,
             max,
             next: [0; PEERS],
+            sent: [0; PEERS],
             bytes: 0,
             errors: 0,
         }
@@ -159,6 +165,9 @@ impl Checker {
         };
         self.next[src as usize] += 1;
         self.bytes += data.len() as u64;
+        if seq + 1 == PROGRESS {
+            println!("btl-qemu-node: {PROGRESS} messages from rank {src}");
+        }
         let (seed, me) = (self.seed, self.me);
         let want = message_len(seed, src, me, seq, self.max);
         if data.len() >= HEADER {
@@ -287,17 +296,17 @@ pub fn run(job: &mut Job, o: &Opts, bufs: Buffers) -> bool {
     let expected = o.messages * u64::from(size - 1);
     for p in (0..size).filter(|&p| p != me) {
         let got = c.map_or(0, |c| c.next[p as usize]);
+        let sent = c.map_or(0, |c| c.sent[p as usize]);
+        let m = o.messages;
         match job.st.failed[p as usize] {
             Some(reason) => {
                 tally.errors += 1;
                 println!(
-                    "btl-qemu-node: rank {me}: from rank {p}: {got} of {} messages, then it failed: {reason}",
-                    o.messages
+                    "btl-qemu-node: rank {me}: from rank {p}: {got} of {m} messages, to it: {sent} of {m}, then it failed: {reason}"
                 );
             }
             None => println!(
-                "btl-qemu-node: rank {me}: from rank {p}: {got} of {} messages",
-                o.messages
+                "btl-qemu-node: rank {me}: from rank {p}: {got} of {m} messages, to it: {sent} of {m}"
             ),
         }
     }
@@ -313,14 +322,16 @@ pub fn run(job: &mut Job, o: &Opts, bufs: Buffers) -> bool {
         println!("btl-qemu-node: rank {me}: stopped: {e}");
     }
     let verdict_ok = errors == 0;
-    let first = job.st.first_message_ms.unwrap_or(0);
-    println!(
-        "btl-qemu-node: rank {me}: {received} messages ({bytes} bytes) from {} peers over smoltcp on virtio-net, get/put with each checked, {}.{:02} s (first message {first} ms after reset): {}",
-        size - 1,
-        secs / 1000,
-        (secs % 1000) / 10,
-        if verdict_ok { "all intact" } else { "ERRORS" }
+    let verdict = if verdict_ok { "all intact" } else { "ERRORS" };
+    let (s_int, s_frac) = (secs / 1000, (secs % 1000) / 10);
+    let line = format_args!(
+        "btl-qemu-node: rank {me}: {received} messages ({bytes} bytes) from {} peers over smoltcp on virtio-net, get/put with each checked, {s_int}.{s_frac:02} s",
+        size - 1
     );
+    match job.st.first_message_ms {
+        Some(ms) => println!("{line} (first message {ms} ms after reset): {verdict}"),
+        None => println!("{line} (no message): {verdict}"),
+    }
     if !verdict_ok {
         println!("btl-qemu-node: rank {me}: {errors} ERRORS");
     }
@@ -342,7 +353,12 @@ fn phases(job: &mut Job, o: &Opts, bufs: Buffers, t: &mut Tally) -> Result<(), J
         for dst in live(job, size, me) {
             let len = build(send, o.seed, me, dst, seq, o.max_size);
             match job.send(dst, TAG_STRESS, &send[..len]) {
-                Ok(()) | Err(JobError::PeerFailed { .. }) => {}
+                Ok(()) => {
+                    if let Some(c) = job.st.checker.as_mut() {
+                        c.sent[dst as usize] += 1;
+                    }
+                }
+                Err(JobError::PeerFailed { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
