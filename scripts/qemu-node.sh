@@ -216,6 +216,8 @@ job_test() {
   st=0; wait_pid "$qemu" $((ok == 1 ? 60 : 1)) || st=$?
   [ "$st" = 0 ] || { ok=0; echo "[qemu-node] job: QEMU ended with status $st" >&2; }
   grep -q "^btl-qemu-node: rank 2: .* from 2 peers .*: all intact" "$dir/uart.log" || ok=0
+  # A clean close on every side: nobody saw a peer fail.
+  grep -qi "failed" "$dir/uart.log" "$dir/rank0.log" "$dir/rank1.log" && ok=0
   if [ $ok = 1 ]; then
     grep -h "all intact" "$dir/rank0.log" "$dir/rank1.log" "$dir/uart.log" | sed 's/^/[qemu-node]   /'
     log "job: 2 Linux ranks + the QEMU node: all intact ($((SECONDS - t0)) s)"
