@@ -229,17 +229,24 @@ job_test() {
 }
 
 # ---- the QEMU node killed mid-run -------------------------------------------
+# 1000 messages each way, the node killed once it has had 10 from each
+# Linux rank: the ranks must end with an error within their BTL_TIMEOUT.
 node_killed_test() {
-  local name=nk$$ t0=$SECONDS st r timeout=10
+  local name=nk$$ st r timeout=10 m=1000
   ranks=()
-  boot "$name" 3 "$NODE_STRESS" || { fail_test "node killed: boot"; return; }
-  for r in 0 1; do linux_rank "$name" 3 "$r" "$timeout" "$BTL" "${STRESS[@]}"; done
+  boot "$name" 3 "run=stress messages=$m max_size=$MAX_SIZE timeout=60" ||
+    { fail_test "node killed: boot"; return; }
+  for r in 0 1; do
+    linux_rank "$name" 3 "$r" "$timeout" "$BTL" stress --messages "$m" --max-size "$MAX_SIZE"
+  done
   local ok=1 dir=$work/$name
-  if ! wait_line "$dir/uart.log" "sending .* messages" 60 "$qemu"; then
+  if ! wait_line "$dir/uart.log" "10 messages from rank 0" 60 "$qemu" ||
+    ! wait_line "$dir/uart.log" "10 messages from rank 1" 60 "$qemu"; then
     show "$dir/uart.log"; fail_test "node killed: the job did not start"; return
   fi
-  sleep 0.2
-  kill -9 "$qemu"
+  if ! kill -9 "$qemu" 2>/dev/null; then
+    show "$dir/uart.log"; fail_test "node killed: QEMU ended before it could be killed"; return
+  fi
   wait "$qemu" 2>/dev/null || true
   local killed=$SECONDS
   for r in 0 1; do
@@ -257,7 +264,6 @@ node_killed_test() {
     show "$dir/rank0.log" "$dir/rank1.log" "$dir/uart.log"
     fail_test "node killed mid-run"
   fi
-  : "$t0"
 }
 
 # ---- a Linux rank killed mid-run ----------------------------------------------
@@ -277,7 +283,9 @@ rank_killed_test() {
     ! wait_line "$dir/uart.log" "10 messages from rank 1" 60 "$qemu"; then
     show "$dir/uart.log"; fail_test "rank killed: the job did not start"; return
   fi
-  kill -9 "${ranks[0]}"
+  if ! kill -9 "${ranks[0]}" 2>/dev/null; then
+    show "$dir/rank0.log" "$dir/uart.log"; fail_test "rank killed: rank 0 ended before it could be killed"; return
+  fi
   wait "${ranks[0]}" 2>/dev/null || true
   st=0; wait_pid "${ranks[1]}" 90 || st=$?
   [ "$st" != 124 ] || { ok=0; echo "[qemu-node] rank killed: Linux rank 1 hung" >&2; }

@@ -132,9 +132,7 @@ const PLIC_CONTEXT: usize = 1;
 
 /// Waking `wfi` on the network device's interrupt or a deadline.
 #[derive(Debug)]
-pub struct Wakeup {
-    irq: u32,
-}
+pub struct Wakeup(());
 
 impl Wakeup {
     /// Routes interrupt `irq` (the virtio-mmio slot's, 1..=8 on `virt`)
@@ -151,7 +149,7 @@ impl Wakeup {
             write_volatile((PLIC + 0x20_0000 + 0x1000 * PLIC_CONTEXT) as *mut u32, 0);
             asm!("csrs sie, {0}", in(reg) SIE_STIE | SIE_SEIE, options(nomem, nostack));
         }
-        Wakeup { irq }
+        Wakeup(())
     }
 
     /// Clears the PLIC's pending interrupt (after the device acknowledged
@@ -168,7 +166,6 @@ impl Wakeup {
                 write_volatile(claim, id);
             }
         }
-        let _ = self.irq;
     }
 
     /// Sleeps until an interrupt is pending or `deadline` (in [`ticks`])

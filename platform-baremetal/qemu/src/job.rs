@@ -229,8 +229,12 @@ impl Job {
     /// Sleeps until the device interrupts or the node's next deadline
     /// (at most 50 ms).
     fn sleep(&mut self) {
+        // The device's line first, then the PLIC's pending bit, then a
+        // last look: a frame arriving after that raises the line again
+        // and wakes `wfi`.
+        self.dev.ack_interrupt();
         self.wake.clear();
-        if self.dev.ack_and_check() {
+        if self.dev.has_frame() {
             return;
         }
         let now = clock_ms();

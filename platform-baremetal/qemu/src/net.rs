@@ -212,10 +212,13 @@ impl VirtioNet {
         self.irq
     }
 
-    /// Acknowledges the device's interrupt (lowers its line); then
-    /// whether a received frame is waiting (do not sleep then).
-    pub fn ack_and_check(&mut self) -> bool {
+    /// Acknowledges the device's interrupt (lowers its line).
+    pub fn ack_interrupt(&mut self) {
         let _ = self.raw.ack_interrupt();
+    }
+
+    /// Whether a received frame is waiting.
+    pub fn has_frame(&self) -> bool {
         self.raw.poll_receive().is_some()
     }
 
