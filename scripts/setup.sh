@@ -10,8 +10,9 @@ log() { printf '[setup] %s\n' "$*"; }
 command -v rustup >/dev/null || { echo "rustup not found: install Rust with rustup first" >&2; exit 1; }
 
 # no_std targets: one with 32-bit atomics only (Cortex-M4F), one without
-# compare-and-swap at all (Cortex-M0).
-NOSTD_TARGETS=(thumbv7em-none-eabihf thumbv6m-none-eabi)
+# compare-and-swap at all (Cortex-M0), and the QEMU node's (riscv64 bare
+# metal, platform-baremetal/qemu).
+NOSTD_TARGETS=(thumbv7em-none-eabihf thumbv6m-none-eabi riscv64gc-unknown-none-elf)
 installed=$(rustup target list --installed)
 for t in "${NOSTD_TARGETS[@]}"; do
   if ! grep -qx "$t" <<<"$installed"; then
@@ -55,6 +56,18 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
   else
     log "${need[*]} missing and cannot be installed here: the tests needing them will skip"
+  fi
+fi
+
+# QEMU (qemu-system-riscv64, in qemu-system-misc) and OpenSBI (its -bios
+# default) boot the bare-metal node of scripts/qemu-node.sh. Without
+# recommends: no GUI, no other firmware.
+if ! command -v qemu-system-riscv64 >/dev/null || [ ! -e /usr/share/qemu/opensbi-riscv64-generic-fw_dynamic.bin ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing qemu-system-misc opensbi"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-misc opensbi
+  else
+    log "qemu-system-riscv64 missing and cannot be installed here: the QEMU node tests will skip"
   fi
 fi
 

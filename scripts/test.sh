@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: sets up a fresh machine (scripts/setup.sh),
 # then runs every check: formatting, clippy, the workspace tests, the loom
-# models, miri on the core, the no_std builds, every fuzz target for a
-# bounded time, and the sanitizers. Exits non-zero on the
+# models, miri on the core, the no_std builds, the bare-metal node in
+# QEMU, every fuzz target for a bounded time, and the sanitizers. Exits non-zero on the
 # first failure.
 #
 #   bash scripts/test.sh            # everything
@@ -68,6 +68,19 @@ nostd() {
   size target/thumbv7em-none-eabihf/release/examples/footprint
 }
 step no_std nostd
+
+# The QEMU node (platform-baremetal/qemu, its own workspace, riscv64 bare
+# metal): formatting, clippy for its target, then scripts/qemu-node.sh's
+# tests — in a namespace with a TAP, a 3-rank job (2 Linux ranks + the
+# node booted in QEMU), the node killed mid-run, a Linux rank killed
+# mid-run. About 20 s once built.
+qemu() {
+  (cd platform-baremetal/qemu &&
+    cargo fmt -- --check &&
+    cargo clippy --release --locked -- -D warnings)
+  bash scripts/qemu-node.sh test
+}
+step qemu qemu
 
 # Every fuzz target (fuzz/, its own workspace) for FUZZ_SECS (30) seconds
 # from its committed seed corpus; a crash fails the step.

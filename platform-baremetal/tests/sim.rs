@@ -581,6 +581,29 @@ fn get_put_and_barrier_between_two_nodes() {
     assert_eq!(done.borrow()[1], format!("get {bad_get} Err(Refused)"));
 }
 
+/// A peer that closes cleanly (FIN frame, then TCP's FIN) is seen as
+/// having closed, not failed; the side that closed is not "closed by the
+/// peer"; a later send reconnects and clears it.
+#[test]
+fn a_clean_close_is_told_apart_from_a_failure() {
+    let hub = Hub::new(2, 11, CLEAN);
+    let mut nodes = vec![node(&hub, 0, 2, |_| {}), node(&hub, 1, 2, |_| {})];
+    let mut inboxes = vec![Inbox::new(2), Inbox::new(2)];
+    nodes[0].0.send(1, 0, &msg(0, 0)).unwrap();
+    run(&hub, &mut nodes, &mut inboxes, &[true, true], 500);
+    assert_eq!(inboxes[1].next[0], 1);
+    assert!(!nodes[0].0.peer_closed(1) && !nodes[1].0.peer_closed(0));
+    nodes[1].0.close();
+    run(&hub, &mut nodes, &mut inboxes, &[true, true], 500);
+    assert!(nodes[0].0.peer_closed(1), "rank 0 sees rank 1 gone");
+    assert!(!nodes[1].0.peer_closed(0), "rank 1 closed, rank 0 did not");
+    assert!(inboxes[0].failed.is_empty() && inboxes[1].failed.is_empty());
+    nodes[0].0.send(1, 0, &msg(0, 1)).unwrap();
+    run(&hub, &mut nodes, &mut inboxes, &[true, true], 500);
+    assert_eq!(inboxes[1].next[0], 2);
+    assert!(!nodes[0].0.peer_closed(1), "connected again");
+}
+
 #[test]
 fn a_stranger_speaking_garbage_is_dropped_and_the_node_goes_on() {
     // Port 1 is a bare smoltcp socket that connects and sends an HTTP
