@@ -95,6 +95,20 @@ fn parent(bench: bool) {
 /// Starts both ranks of one scenario in the namespace and waits for them
 /// (at most 180 s). `roles[r]` is rank r's role.
 fn scenario(ns: &str, name: &str, roles: [&str; 2], extra: &[(&str, String)]) -> [Output; 2] {
+    scenario_cut(ns, name, roles, extra, None).0
+}
+
+/// [`scenario`]; with `cut` the TAP link is cut that long after the start
+/// (nftables in the namespace drops everything through the TAP, both ways:
+/// no FIN, no RST) — returns when the cut happened and when each rank
+/// ended.
+fn scenario_cut(
+    ns: &str,
+    name: &str,
+    roles: [&str; 2],
+    extra: &[(&str, String)],
+    cut: Option<Duration>,
+) -> ([Output; 2], Option<Instant>, [Option<Instant>; 2]) {
     let exe = std::env::current_exe().unwrap();
     let job = format!("bm-{name}-{}", std::process::id());
     let dir = std::env::temp_dir().join(&job);
@@ -135,10 +149,24 @@ fn scenario(ns: &str, name: &str, roles: [&str; 2], extra: &[(&str, String)]) ->
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(180);
-    while children
-        .iter_mut()
-        .any(|c| c.try_wait().ok().flatten().is_none())
-    {
+    let mut cut_at = None;
+    let mut ended = [None, None];
+    let t0 = Instant::now();
+    loop {
+        for (i, c) in children.iter_mut().enumerate() {
+            if ended[i].is_none() && c.try_wait().ok().flatten().is_some() {
+                ended[i] = Some(Instant::now());
+            }
+        }
+        if ended.iter().all(Option::is_some) {
+            break;
+        }
+        if let (Some(d), None) = (cut, cut_at) {
+            if t0.elapsed() >= d {
+                cut_link(ns);
+                cut_at = Some(Instant::now());
+            }
+        }
         if Instant::now() > deadline {
             for c in &mut children {
                 let _ = c.kill();
@@ -149,7 +177,22 @@ fn scenario(ns: &str, name: &str, roles: [&str; 2], extra: &[(&str, String)]) ->
     }
     let _ = std::fs::remove_dir_all(&dir);
     let mut outs = children.into_iter().map(|c| c.wait_with_output().unwrap());
-    [outs.next().unwrap(), outs.next().unwrap()]
+    ([outs.next().unwrap(), outs.next().unwrap()], cut_at, ended)
+}
+
+/// Drops everything through the TAP device, both directions.
+fn cut_link(ns: &str) {
+    for rule in [
+        "add table inet cut".to_string(),
+        format!("add chain inet cut in {{ type filter hook input priority 0; iifname \"{TAP}\" drop; }}"),
+        format!("add chain inet cut out {{ type filter hook output priority 0; oifname \"{TAP}\" drop; }}"),
+    ] {
+        let ok = Command::new("ip")
+            .args(["netns", "exec", ns, "nft", &rule])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "nft {rule} failed (scripts/setup.sh installs nftables)");
+    }
 }
 
 fn text(o: &Output) -> String {
@@ -234,6 +277,43 @@ fn run_tests(ns: &str) {
     }
     print!("{}{}", out[0], out[1]);
     passed += 1;
+    // A partition between them: 3 s into a long stress the TAP link is
+    // cut. Both sides notice the dead link (Linux: TCP_USER_TIMEOUT and
+    // keep-alive; smoltcp: its socket timeout and keep-alive, from the
+    // same parameters) and end with an error naming the other.
+    let short: Vec<(&str, String)> = [
+        ("BTL_TCP_USER_TIMEOUT", "3000"),
+        ("BTL_TCP_KEEPALIVE_TIME", "2"),
+        ("BTL_TCP_KEEPALIVE_INTVL", "1"),
+        ("BTL_TCP_KEEPALIVE_PROBES", "3"),
+        ("BTL_TIMEOUT", "60"),
+    ]
+    .map(|(k, v)| (k, v.to_string()))
+    .into();
+    let (outs, cut_at, ended) = scenario_cut(
+        ns,
+        "partition",
+        ["bm", "linux"],
+        &short,
+        Some(Duration::from_secs(3)),
+    );
+    let cut_at = cut_at.expect("the link was cut before both ranks ended");
+    for (r, want) in [(0, "peer 1 failed"), (1, "rank 0 failed")] {
+        let t = text(&outs[r]);
+        let at = ended[r].unwrap_or_else(|| panic!("partition: rank {r} hung\n{t}"));
+        let after = at.duration_since(cut_at).as_secs_f64();
+        println!("partition: rank {r} ended {after:.1} s after the cut");
+        assert!(
+            !outs[r].status.success(),
+            "partition: rank {r} claims success\n{t}"
+        );
+        assert!(
+            t.contains(want),
+            "partition: rank {r} does not say {want:?}\n{t}"
+        );
+        assert!(after < 30.0, "partition: rank {r} took {after:.1} s\n{t}");
+    }
+    passed += 1;
     println!("tap_interop: {passed} passed, 0 failed");
 }
 
@@ -275,12 +355,17 @@ fn run_child(role: &str) -> Result<(), BoxError> {
     JobEnv::from_env()?.ok_or("not in a job")?;
     let name = var("BTL_BM_SCENARIO");
     let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
-    if role == "linux" && name == "stress" {
+    let messages = if name == "partition" {
+        "3000000"
+    } else {
+        "300"
+    };
+    if role == "linux" && (name == "stress" || name == "partition") {
         let code = btl_linux::cli::stress::cmd(&os(&[
             "--transport",
             "tcp",
             "--messages",
-            "300",
+            messages,
             "--max-size",
             "200000",
         ]));
@@ -310,10 +395,10 @@ fn run_child(role: &str) -> Result<(), BoxError> {
     };
     let mut out = std::io::stdout().lock();
     match name.as_str() {
-        "stress" => {
+        "stress" | "partition" => {
             let opts = btl_linux::cli::stress::parse_args(&os(&[
                 "--messages",
-                "300",
+                messages,
                 "--max-size",
                 "200000",
             ]))?;

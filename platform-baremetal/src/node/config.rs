@@ -100,12 +100,21 @@ impl Config {
     }
 
     /// Takes `use_nagle`, `handshake_timeout` and `max_frame` from the
-    /// `tcp` component's verified parameters (the read-ahead buffer size,
-    /// `endpoint_cache`, is a memory decision: set [`Sizes::read_ahead`]).
+    /// `tcp` component's verified parameters, and dead-link detection as
+    /// Linux ranks have it: keep-alive every `keepalive_intvl` seconds
+    /// (none with `keepalive_time` 0) and `user_timeout` as the socket
+    /// timeout (a peer that sends nothing that long fails; 0 keeps the
+    /// default). The read-ahead buffer size, `endpoint_cache`, is a memory
+    /// decision: set [`Sizes::read_ahead`].
     pub fn apply_params(&mut self, params: &btl_core::tcp::params::TcpParams) {
         self.use_nagle = params.use_nagle;
         self.handshake_timeout_ms = u64::from(params.handshake_timeout);
         self.max_frame = params.max_frame();
+        self.keep_alive_ms =
+            (params.keepalive_time > 0).then(|| u64::from(params.keepalive_intvl.max(1)) * 1000);
+        if params.user_timeout > 0 {
+            self.timeout_ms = Some(u64::from(params.user_timeout));
+        }
     }
 
     pub(super) fn max_frame(&self) -> u32 {
