@@ -8,6 +8,8 @@
 //! - [`shm`]: regions of shared memory, the [`shm::ShmOffset`] newtype that
 //!   shared memory holds instead of pointers, and checked resolution of
 //!   offsets into references;
+//! - [`check`]: the checked message content of `btl stress`, shared by
+//!   the Linux tool and bare-metal nodes;
 //! - [`tags`]: every tag value in one table (the user range and each
 //!   transport's internal tags); [`rma`]: the one-sided types every adapter
 //!   uses ([`rma::RegionKey`], [`rma::RmaStatus`]);
@@ -35,6 +37,7 @@ extern crate std;
 #[macro_use]
 mod fmt;
 
+pub mod check;
 pub mod params;
 pub mod rma;
 pub mod shm;

@@ -8,9 +8,9 @@
 //! The ranks are this test binary itself, re-run with `BTL_TEST_ROLE` set
 //! (the `role` test does the rank's work then, and nothing otherwise).
 
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
 
 use btl_linux::world::{Choice, Event, Flow, World, WorldError};
 
@@ -85,41 +85,18 @@ fn role() {
 }
 
 fn run(choice: &str) {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..3)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
-                .env("BTL_TEST_ROLE", choice)
-                .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
-                .env("BTL_RANK", r.to_string())
-                .env("BTL_SIZE", "3")
-                .env("BTL_JOB", format!("surv{}{choice}", std::process::id()))
-                .env("BTL_TIMEOUT", "60")
-                .env_remove("BTL_SESSION_DIR")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut outs = Vec::new();
-    for mut c in children {
-        while c.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                panic!("a rank hung");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        outs.push(c.wait_with_output().unwrap());
-    }
+    let job = format!("surv{}{choice}", std::process::id());
+    let outs = common::run_rendezvous(
+        3,
+        &job,
+        |_| {
+            vec![
+                ("BTL_TEST_ROLE", choice.to_string()),
+                ("BTL_TIMEOUT", "60".to_string()),
+            ]
+        },
+        Duration::from_secs(120),
+    );
     for (r, o) in outs.iter().enumerate().take(2) {
         let out = String::from_utf8_lossy(&o.stdout);
         let err = String::from_utf8_lossy(&o.stderr);

@@ -9,9 +9,10 @@
 //! The ranks are this test binary itself, re-run with `BTL_TEST_ROLE`
 //! (`scenario:transport`); the `role` test then does the rank's work.
 
-use std::net::TcpListener;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+mod common;
 
 use btl_linux::world::{
     Builder, Choice, Event, Flow, Outbox, PayloadLocation, RegionKey, Request, World, WorldError,
@@ -218,14 +219,9 @@ fn inplace(w: &mut World<'_>, tcp: bool) -> R<String> {
     Ok("messages handed out in place".into())
 }
 
-/// Registration of user memory: keys exchanged as bytes, puts and gets
-/// into every peer's memory, then a stale key and a forged one refused.
-fn regions<'m>(w: &mut World<'m>, mem: &'m mut [u8]) -> R<String> {
+/// Sends our key to every peer (as bytes) and gathers theirs.
+fn exchange_keys(w: &mut World<'_>, key: RegionKey) -> R<Vec<Option<RegionKey>>> {
     let (me, n) = (w.rank(), w.size());
-    let slot = mem.len() / n as usize;
-    // Borrowed by the world for its life ('m): the caller declared the
-    // memory before the world.
-    let key = w.register(mem);
     let mut keys: Vec<Option<RegionKey>> = vec![None; n as usize];
     keys[me as usize] = Some(key);
     for p in (0..n).filter(|&p| p != me) {
@@ -249,6 +245,18 @@ fn regions<'m>(w: &mut World<'m>, mem: &'m mut [u8]) -> R<String> {
         })
         .map_err(e)?;
     }
+    Ok(keys)
+}
+
+/// Registration of user memory: keys exchanged as bytes, puts and gets
+/// into every peer's memory, then a stale key and a forged one refused.
+fn regions<'m>(w: &mut World<'m>, mem: &'m mut [u8]) -> R<String> {
+    let (me, n) = (w.rank(), w.size());
+    let slot = mem.len() / n as usize;
+    // Borrowed by the world for its life ('m): the caller declared the
+    // memory before the world.
+    let key = w.register(mem);
+    let keys = exchange_keys(w, key)?;
     // A second region of ours as the local side of iput/iget.
     let local = w.register_owned(pattern(me, 7, slot).into_boxed_slice());
     let mut reqs = Vec::new();
@@ -315,27 +323,7 @@ fn cycle(w: &mut World<'_>) -> R<String> {
     let next = [1u32, 3, 0, 2][me as usize];
     let len = 256 << 10;
     let key = w.register_owned(pattern(me, 9, len).into_boxed_slice());
-    let mut keys = [None; 4];
-    keys[me as usize] = Some(key);
-    for p in (0..4).filter(|&p| p != me) {
-        w.isend(p, TAG_KEY, &key.to_bytes()).map_err(e)?;
-    }
-    w.drive("the keys", None, |_, ev| {
-        if let Event::Message {
-            from,
-            tag: TAG_KEY,
-            data,
-        } = ev
-        {
-            keys[from as usize] = RegionKey::from_bytes(data);
-        }
-        if keys.iter().all(Option::is_some) {
-            Flow::Done
-        } else {
-            Flow::Continue
-        }
-    })
-    .map_err(e)?;
+    let keys = exchange_keys(w, key)?;
     let k = keys[next as usize].ok_or("missing key")?;
     let mut buf = vec![0u8; len];
     for round in 0..40u32 {
@@ -451,43 +439,20 @@ fn get_put_cycle_across_transports_completes() {
     if std::env::var_os("BTL_TEST_ROLE").is_some() {
         return;
     }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let exe = std::env::current_exe().unwrap();
     let job = format!("cyc{}", std::process::id());
-    let children: Vec<_> = (0..4u32)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
-                .env("BTL_TEST_ROLE", "cycle:auto")
-                .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
-                .env("BTL_RANK", r.to_string())
-                .env("BTL_SIZE", "4")
-                .env("BTL_NODE", if r % 2 == 0 { "nodea" } else { "nodeb" })
-                .env("BTL_JOB", &job)
-                .env("BTL_TIMEOUT", "60")
-                .env_remove("BTL_SESSION_DIR")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(150);
-    let mut outs = Vec::new();
-    for mut c in children {
-        while c.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                panic!("a rank of the cycle hung");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        outs.push(c.wait_with_output().unwrap());
-    }
+    let outs = common::run_rendezvous(
+        4,
+        &job,
+        |r| {
+            let node = if r % 2 == 0 { "nodea" } else { "nodeb" };
+            vec![
+                ("BTL_TEST_ROLE", "cycle:auto".to_string()),
+                ("BTL_NODE", node.to_string()),
+                ("BTL_TIMEOUT", "60".to_string()),
+            ]
+        },
+        Duration::from_secs(150),
+    );
     for (r, o) in outs.iter().enumerate() {
         let out = String::from_utf8_lossy(&o.stdout);
         let err = String::from_utf8_lossy(&o.stderr);

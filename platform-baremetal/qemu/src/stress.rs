@@ -13,9 +13,9 @@
 //!    every peer's region must be refused; barrier; our region unchanged
 //!    by the refused puts; flush; barrier.
 //!
-//! The generator below must stay identical to btl-linux's (sizes and
-//! bytes are regenerated from (seed, sender, receiver, sequence) on both
-//! sides; the QEMU test fails on any difference).
+//! The messages' content is btl-core's `check` module, which btl-linux's
+//! `btl stress` uses too (sizes and bytes are regenerated from (seed,
+//! sender, receiver, sequence) on both sides).
 //!
 //! A peer that fails is reported at once; the node goes on with the
 //! others (its messages are no longer expected, failed peers are not
@@ -23,98 +23,14 @@
 //! peer that closes its connections before the end has left the job: the
 //! run stops there.
 
+use btl_baremetal::core::check::{build, check, fill, is_filled};
+
 use crate::job::{key_bytes, Job, JobError, TAG_KEY, TAG_STRESS};
 use crate::{clock_ms, println, PEERS};
 
-const HEADER: usize = 20;
 /// A console line when this many messages came from a rank (the QEMU test
 /// waits for it before killing a rank mid-run).
 const PROGRESS: u64 = 10;
-
-/// xorshift64* seeded through splitmix64 (btl-linux's `Rng`).
-#[derive(Clone, Copy, Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Self((z ^ (z >> 31)) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-fn message_rng(seed: u64, src: u32, dst: u32, seq: u64) -> Rng {
-    Rng::new(seed ^ (u64::from(src) << 48) ^ (u64::from(dst) << 32) ^ seq.wrapping_mul(0x1000_0001))
-}
-
-/// Length of message `seq` from `src` to `dst`.
-fn message_len(seed: u64, src: u32, dst: u32, seq: u64, max: usize) -> usize {
-    let mut r = message_rng(seed, src, dst, seq);
-    let pick = r.next() % 100;
-    let cap = match pick {
-        0..=49 => 64,
-        50..=82 => 4096,
-        83..=94 => 65_536,
-        _ => max,
-    }
-    .min(max);
-    (r.next() % (cap as u64 + 1)) as usize
-}
-
-fn fnv1a(data: &[u8]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for &b in data {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h
-}
-
-/// Fills `body` with the content of message `seq`.
-fn fill(body: &mut [u8], seed: u64, src: u32, dst: u32, seq: u64) {
-    let mut r = message_rng(seed ^ 0x5eed, src, dst, seq);
-    for chunk in body.chunks_mut(8) {
-        let v = r.next().to_le_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
-    }
-}
-
-/// Whether `body` is what [`fill`] writes.
-fn is_filled(body: &[u8], seed: u64, src: u32, dst: u32, seq: u64) -> bool {
-    let mut r = message_rng(seed ^ 0x5eed, src, dst, seq);
-    body.chunks(8).all(|chunk| {
-        let v = r.next().to_le_bytes();
-        chunk == &v[..chunk.len()]
-    })
-}
-
-/// Writes message `seq` from `src` to `dst` into `buf`; its length.
-fn build(buf: &mut [u8], seed: u64, src: u32, dst: u32, seq: u64, max: usize) -> usize {
-    let len = message_len(seed, src, dst, seq, max).min(buf.len());
-    let m = &mut buf[..len];
-    if len >= HEADER {
-        let (h, body) = m.split_at_mut(HEADER);
-        fill(body, seed, src, dst, seq);
-        h[0..4].copy_from_slice(&src.to_le_bytes());
-        h[4..12].copy_from_slice(&seq.to_le_bytes());
-        h[12..16].copy_from_slice(&(body.len() as u32).to_le_bytes());
-        let sum = fnv1a(body);
-        h[16..20].copy_from_slice(&sum.to_le_bytes());
-    } else {
-        fill(m, seed, src, dst, seq);
-    }
-    len
-}
 
 /// Checks every peer's messages as they arrive.
 #[derive(Debug)]
@@ -168,37 +84,8 @@ impl Checker {
         if seq + 1 == PROGRESS {
             println!("btl-qemu-node: {PROGRESS} messages from rank {src}");
         }
-        let (seed, me) = (self.seed, self.me);
-        let want = message_len(seed, src, me, seq, self.max);
-        if data.len() >= HEADER {
-            let seq_in = u64::from_le_bytes(data[4..12].try_into().unwrap_or_default());
-            let sum_in = u32::from_le_bytes(data[16..20].try_into().unwrap_or_default());
-            if seq_in != seq {
-                self.error(format_args!(
-                    "from rank {src}: got sequence {seq_in}, expected {seq} (lost, duplicated or reordered)"
-                ));
-                return;
-            }
-            if fnv1a(&data[HEADER..]) != sum_in {
-                self.error(format_args!(
-                    "from rank {src}: message {seq} fails its checksum"
-                ));
-                return;
-            }
-        }
-        let same = data.len() == want
-            && if want >= HEADER {
-                data[0..4] == src.to_le_bytes()
-                    && data[12..16] == ((want - HEADER) as u32).to_le_bytes()
-                    && is_filled(&data[HEADER..], seed, src, me, seq)
-            } else {
-                is_filled(data, seed, src, me, seq)
-            };
-        if !same {
-            self.error(format_args!(
-                "from rank {src}: message {seq} differs from what was sent ({} bytes, expected {want})",
-                data.len()
-            ));
+        if let Err(m) = check(data, self.seed, src, self.me, seq, self.max) {
+            self.error(format_args!("from rank {src}: message {seq} {m}"));
         }
     }
 }

@@ -18,10 +18,10 @@ use crate::cli::transport::{BoxError, Transport};
 use crate::cma;
 use crate::sm::{RegionKey, SmError};
 use crate::world::{Choice, Event, Flow, World};
+use btl_core::check;
 
 const TAG_STRESS: u8 = 7;
 const TAG_KEY: u8 = 8;
-const HEADER: usize = 20;
 
 /// Options of `btl stress`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,81 +96,10 @@ pub fn parse_args(args: &[OsString]) -> Result<StressOpts, String> {
     Ok(o)
 }
 
-/// xorshift64* — small, seeded, good enough to vary sizes and content.
-#[derive(Clone, Copy, Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        // splitmix64 of the seed, never zero.
-        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Self((z ^ (z >> 31)) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-fn message_rng(seed: u64, src: u32, dst: u32, seq: u64) -> Rng {
-    Rng::new(seed ^ (u64::from(src) << 48) ^ (u64::from(dst) << 32) ^ seq.wrapping_mul(0x1000_0001))
-}
-
-/// Length of message `seq` from `src` to `dst`.
-fn message_len(seed: u64, src: u32, dst: u32, seq: u64, max: usize) -> usize {
-    let mut r = message_rng(seed, src, dst, seq);
-    let pick = r.next() % 100;
-    let cap = match pick {
-        0..=49 => 64,
-        50..=82 => 4096,
-        83..=94 => 65_536,
-        _ => max,
-    }
-    .min(max);
-    (r.next() % (cap as u64 + 1)) as usize
-}
-
-fn fnv1a(data: &[u8]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for &b in data {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h
-}
-
-/// Fills `body` with the content of message `seq`.
-fn fill(body: &mut [u8], seed: u64, src: u32, dst: u32, seq: u64) {
-    let mut r = message_rng(seed ^ 0x5eed, src, dst, seq);
-    for chunk in body.chunks_mut(8) {
-        let v = r.next().to_le_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
-    }
-}
-
-/// Builds message `seq` from `src` to `dst`: a 20-byte header (sender,
-/// sequence, body length, checksum) then the body. Messages shorter than the
-/// header carry only a prefix of it, and are checked by length and content.
+/// Message `seq` from `src` to `dst` (its content: [`btl_core::check`]).
 fn build(seed: u64, src: u32, dst: u32, seq: u64, max: usize) -> Vec<u8> {
-    let len = message_len(seed, src, dst, seq, max);
-    let mut m = vec![0u8; len];
-    if len >= HEADER {
-        let (h, body) = m.split_at_mut(HEADER);
-        fill(body, seed, src, dst, seq);
-        h[0..4].copy_from_slice(&src.to_le_bytes());
-        h[4..12].copy_from_slice(&seq.to_le_bytes());
-        h[12..16].copy_from_slice(&(body.len() as u32).to_le_bytes());
-        let sum = fnv1a(body);
-        h[16..20].copy_from_slice(&sum.to_le_bytes());
-    } else {
-        fill(&mut m, seed, src, dst, seq);
-    }
+    let mut m = vec![0u8; check::message_len(seed, src, dst, seq, max)];
+    check::build(&mut m, seed, src, dst, seq, max);
     m
 }
 
@@ -190,28 +119,9 @@ impl Checker {
         };
         self.next[src as usize] += 1;
         self.bytes += data.len() as u64;
-        let want = build(seed, src, me, seq, max);
-        if data.len() >= HEADER {
-            let seq_in = u64::from_le_bytes(data[4..12].try_into().unwrap_or_default());
-            let sum_in = u32::from_le_bytes(data[16..20].try_into().unwrap_or_default());
-            if seq_in != seq {
-                self.errors.push(format!(
-                    "from rank {src}: got sequence {seq_in}, expected {seq} (lost, duplicated or reordered)"
-                ));
-                return;
-            }
-            if fnv1a(&data[HEADER..]) != sum_in {
-                self.errors
-                    .push(format!("from rank {src}: message {seq} fails its checksum"));
-                return;
-            }
-        }
-        if data != want.as_slice() {
-            self.errors.push(format!(
-                "from rank {src}: message {seq} differs from what was sent ({} bytes, expected {})",
-                data.len(),
-                want.len()
-            ));
+        if let Err(m) = check::check(data, seed, src, me, seq, max) {
+            self.errors
+                .push(format!("from rank {src}: message {seq} {m}"));
         }
     }
 }
@@ -270,7 +180,7 @@ fn rma_phase(
     }
     let pattern = |src: u32, dst: u32| {
         let mut v = vec![0u8; slot];
-        fill(&mut v, opts.seed ^ 0xa11, src, dst, u64::MAX);
+        check::fill(&mut v, opts.seed ^ 0xa11, src, dst, u64::MAX);
         v
     };
     let mut errors = Vec::new();
@@ -477,6 +387,7 @@ pub fn cmd(args: &[OsString]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use btl_core::check::{message_len, HEADER};
 
     #[test]
     fn messages_check_against_themselves() {

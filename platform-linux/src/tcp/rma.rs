@@ -34,13 +34,20 @@ pub(super) struct OpState {
 }
 
 impl Tcp {
-    fn rma_post(
+    /// Posts a put (`src` of ours to the peer) or a get (the peer's into
+    /// `mem`), as frames of at most `max_frame` bytes, each answered.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::iput`] / [`Self::iget`].
+    unsafe fn rma_post(
         &mut self,
+        put: bool,
         peer: u32,
-        len: usize,
+        id: u32,
+        offset: u64,
+        mem: RawBuf,
         op: OpId,
-        mut frame: impl FnMut(&mut Self, u64, usize, usize) -> Result<(), PostError>,
-        step: usize,
     ) -> Result<Posted, PostError> {
         if peer >= self.n || peer == self.me {
             return Err(PostError::InvalidPeer);
@@ -48,7 +55,7 @@ impl Tcp {
         if self.peers[peer as usize].failed.is_some() {
             return Err(PostError::PeerFailed);
         }
-        if len as u64 > MAX_MESSAGE {
+        if mem.len() as u64 > MAX_MESSAGE {
             return Err(PostError::TooLarge { max: MAX_MESSAGE });
         }
         // The data is caller memory: only the frame count is bounded.
@@ -56,7 +63,12 @@ impl Tcp {
         if !self.limits.admits(p.queued_bytes, p.queued_frames, 0) {
             return Err(PostError::WouldBlock);
         }
-        let frames = len.div_ceil(step).max(1);
+        let step = if put {
+            (self.cfg.max_frame as usize - RMA_HEADER_LEN).max(1)
+        } else {
+            self.cfg.max_frame as usize
+        };
+        let frames = mem.len().div_ceil(step).max(1);
         self.rma_ops.insert(
             op,
             OpState {
@@ -66,10 +78,30 @@ impl Tcp {
         );
         let mut off = 0usize;
         for _ in 0..frames {
-            let take = step.min(len - off);
+            let take = step.min(mem.len() - off);
             self.next_req += 1;
-            let id = self.next_req;
-            if let Err(e) = frame(self, id, off, take) {
+            let req = self.next_req;
+            let part = mem.sub(off, take).unwrap_or_else(RawBuf::empty);
+            let rma = RmaRepr {
+                region: id,
+                offset: offset + off as u64,
+                len: take as u64,
+            };
+            let repr = FrameRepr {
+                kind: if put { FrameType::Put } else { FrameType::Get },
+                tag: 0,
+                error: false,
+                len: (RMA_HEADER_LEN + if put { take } else { 0 }) as u32,
+                id: req,
+            };
+            let dst = if put { RawBuf::empty() } else { part };
+            self.rma_wait.insert(req, Wait { peer, op, dst });
+            let posted = if put {
+                self.post_raw(peer, repr, &rma.to_bytes(), part, None)
+            } else {
+                self.post(peer, repr, &[&rma.to_bytes()], None)
+            };
+            if let Err(e) = posted {
                 // Frames already posted are answered and ignored.
                 self.cancel(op);
                 return Err(e);
@@ -95,38 +127,8 @@ impl Tcp {
         src: RawBuf,
         op: OpId,
     ) -> Result<Posted, PostError> {
-        let step = (self.cfg.max_frame as usize - RMA_HEADER_LEN).max(1);
-        self.rma_post(
-            peer,
-            src.len(),
-            op,
-            |t, req, off, take| {
-                let rma = RmaRepr {
-                    region: id,
-                    offset: offset + off as u64,
-                    len: take as u64,
-                };
-                let repr = FrameRepr {
-                    kind: FrameType::Put,
-                    tag: 0,
-                    error: false,
-                    len: (RMA_HEADER_LEN + take) as u32,
-                    id: req,
-                };
-                let data = src.sub(off, take).unwrap_or_else(RawBuf::empty);
-                t.rma_wait.insert(
-                    req,
-                    Wait {
-                        peer,
-                        op,
-                        dst: RawBuf::empty(),
-                    },
-                );
-                t.post_raw(peer, repr, &rma.to_bytes(), data, None)
-                    .map(|_| ())
-            },
-            step,
-        )
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.rma_post(true, peer, id, offset, src, op) }
     }
 
     /// Reads `dst.len()` bytes at `offset` of `peer`'s region `id` into
@@ -145,36 +147,8 @@ impl Tcp {
         dst: RawBuf,
         op: OpId,
     ) -> Result<Posted, PostError> {
-        let step = self.cfg.max_frame as usize;
-        self.rma_post(
-            peer,
-            dst.len(),
-            op,
-            |t, req, off, take| {
-                let rma = RmaRepr {
-                    region: id,
-                    offset: offset + off as u64,
-                    len: take as u64,
-                };
-                let repr = FrameRepr {
-                    kind: FrameType::Get,
-                    tag: 0,
-                    error: false,
-                    len: RMA_HEADER_LEN as u32,
-                    id: req,
-                };
-                t.rma_wait.insert(
-                    req,
-                    Wait {
-                        peer,
-                        op,
-                        dst: dst.sub(off, take).unwrap_or_else(RawBuf::empty),
-                    },
-                );
-                t.post(peer, repr, &[&rma.to_bytes()], None).map(|_| ())
-            },
-            step,
-        )
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.rma_post(false, peer, id, offset, dst, op) }
     }
 
     /// A PUT or GET from `peer`: checked against our registered regions

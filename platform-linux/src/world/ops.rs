@@ -282,11 +282,7 @@ impl<'m> World<'m> {
         remote_off: u64,
         len: u64,
     ) -> Result<Request, WorldError> {
-        let src = self.local_range(local, local_off, len)?;
-        self.regions.pin(local.id);
-        // SAFETY: `src` is inside a registered region, pinned (it cannot be
-        // deregistered) until the request completes.
-        unsafe { self.post_rma(true, src, Some(local.id), remote, remote_off) }
+        self.post_local_rma(true, local, local_off, remote, remote_off, len)
     }
 
     /// Reads `len` bytes at `remote_off` of the region `remote` (of any
@@ -300,10 +296,25 @@ impl<'m> World<'m> {
         remote_off: u64,
         len: u64,
     ) -> Result<Request, WorldError> {
-        let dst = self.local_range(local, local_off, len)?;
+        self.post_local_rma(false, local, local_off, remote, remote_off, len)
+    }
+
+    /// `iput` (`put`) or `iget` with our registered memory as the local
+    /// side.
+    fn post_local_rma(
+        &mut self,
+        put: bool,
+        local: &RegionKey,
+        local_off: u64,
+        remote: &RegionKey,
+        remote_off: u64,
+        len: u64,
+    ) -> Result<Request, WorldError> {
+        let mem = self.local_range(local, local_off, len)?;
         self.regions.pin(local.id);
-        // SAFETY: as in `iput`.
-        unsafe { self.post_rma(false, dst, Some(local.id), remote, remote_off) }
+        // SAFETY: `mem` is inside a registered region, pinned (it cannot be
+        // deregistered) until the request completes.
+        unsafe { self.post_rma(put, mem, Some(local.id), remote, remote_off) }
     }
 
     /// # Safety

@@ -5,6 +5,9 @@
 pub mod cluster;
 
 use std::fs;
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// Children of `pid` (from /proc).
 pub fn children(pid: u32) -> Vec<u32> {
@@ -26,4 +29,51 @@ pub fn environ_var(pid: u32, var: &str) -> Option<String> {
         let kv = String::from_utf8_lossy(kv);
         kv.strip_prefix(&format!("{var}=")).map(str::to_owned)
     })
+}
+
+/// Runs `n` ranks of this test binary's `role` test as a job whose wire-up
+/// is a rendezvous (rank 0 serves it on loopback), without a launcher, so
+/// that each rank ends on its own: rank `r` gets the job variables and
+/// `env(r)`. Waits at most `limit`, panicking if a rank hangs.
+pub fn run_rendezvous(
+    n: u32,
+    job: &str,
+    env: impl Fn(u32) -> Vec<(&'static str, String)>,
+    limit: Duration,
+) -> Vec<Output> {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..n)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
+                .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
+                .env("BTL_RANK", r.to_string())
+                .env("BTL_SIZE", n.to_string())
+                .env("BTL_JOB", job)
+                .env_remove("BTL_SESSION_DIR")
+                .envs(env(r))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + limit;
+    let mut outs = Vec::new();
+    for (r, mut c) in children.into_iter().enumerate() {
+        while c.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("rank {r} hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        outs.push(c.wait_with_output().unwrap());
+    }
+    outs
 }
