@@ -193,16 +193,30 @@ impl TapNode {
         what: &str,
         mut done: impl FnMut(&mut Self) -> bool,
     ) -> Result<(), BoxError> {
+        self.wait_loop(what, None, &mut |t, _| done(t))
+    }
+
+    /// The one wait loop: polls (messages to `user` while it takes them,
+    /// else kept) until `done(self, user_finished)`, busy at first, then
+    /// sleeping on the TAP descriptor (at most 1 ms, or until smoltcp's
+    /// next timer); a failed peer or `BTL_TIMEOUT` ends it with an error.
+    fn wait_loop(
+        &mut self,
+        what: &str,
+        mut user: Option<&mut Consumer<'_>>,
+        done: &mut dyn FnMut(&mut Self, bool) -> bool,
+    ) -> Result<(), BoxError> {
         let start = Instant::now();
         let mut idle = 0u32;
+        let mut finished = false;
         loop {
-            if done(self) {
+            if done(self, finished) {
                 return Ok(());
             }
             if let Some((peer, reason)) = self.node.failed_peer() {
                 return Err(format!("peer {peer} failed: {reason}").into());
             }
-            if self.poll_once(None, &mut false) > 0 {
+            if self.poll_once(user.as_deref_mut(), &mut finished) > 0 {
                 idle = 0;
                 continue;
             }
@@ -291,31 +305,7 @@ impl Transport for TapNode {
         _peer: Option<u32>,
         f: &mut Consumer<'_>,
     ) -> Result<(), BoxError> {
-        let start = Instant::now();
-        let mut done = false;
-        let mut idle = 0u32;
-        while !done {
-            if let Some((peer, reason)) = self.node.failed_peer() {
-                return Err(format!("peer {peer} failed: {reason}").into());
-            }
-            if self.poll_once(Some(&mut *f), &mut done) > 0 {
-                idle = 0;
-                continue;
-            }
-            idle += 1;
-            if idle > 2000 {
-                let now = self.now_ms();
-                let delay = self.node.poll_delay(now).unwrap_or(1).min(1);
-                let _ = smoltcp::phy::wait(
-                    self.dev.as_raw_fd(),
-                    Some(smoltcp::time::Duration::from_millis(delay)),
-                );
-            }
-            if idle % 256 == 0 && start.elapsed() > self.timeout {
-                return Err(format!("timed out waiting for {what}").into());
-            }
-        }
-        Ok(())
+        self.wait_loop(what, Some(f), &mut |_, finished| finished)
     }
     fn barrier(&mut self) -> Result<(), BoxError> {
         let epoch = self.retry(|n| n.barrier_start())?;
