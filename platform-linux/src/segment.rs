@@ -19,7 +19,8 @@
 //!
 //! The only `unsafe` code is the hand-over of a live mapping to btl-core:
 //! [`Segment::region`] builds a [`Region`] with [`Region::from_raw_parts`],
-//! and `Segment` is declared `Send`/`Sync`. The invariants:
+//! and `Segment` is declared `Send` (not `Sync`: the regions it makes copy
+//! bytes, which must stay in one thread). The invariants:
 //! - the mapping is created once, is never remapped or resized by this
 //!   process, and is unmapped only when the [`Segment`] is dropped, so a
 //!   `Region<'_>` borrowed from `&self` never outlives it;
@@ -425,11 +426,10 @@ pub struct Segment {
 }
 
 // SAFETY: `base` is the start of the mapping owned by `map` (MmapRaw is Send
-// and Sync); Segment hands out only raw pointers and `Region`s, whose
-// accesses are atomics and byte copies valid from any thread.
+// and Sync), which moves with the value. Not Sync: `region(&self)` makes
+// regions, whose byte copies must stay in one thread (btl_core::shm's
+// concurrency model), so `&Segment` must not be shared between threads.
 unsafe impl Send for Segment {}
-// SAFETY: as above; `&Segment` exposes no interior mutability of its own.
-unsafe impl Sync for Segment {}
 
 impl Segment {
     /// `Segment::create(path, len)` — creates the backing file and maps it.

@@ -5,6 +5,7 @@ use super::*;
 use crate::sm::layout::segment_layout;
 use crate::sm::params::SmParams;
 use crate::sync::{CachePadded, CACHE_LINE};
+use core::ptr::NonNull;
 use std::vec;
 use std::vec::Vec;
 
@@ -433,4 +434,124 @@ fn fragment_index_lookup_accepts_only_fragment_starts() {
     for bad in [0, 1023, 1025, 1024 + 255, 4096, 2048 + 8, u64::MAX, 1 << 40] {
         assert_eq!(g.index_of(bad), None, "{bad}");
     }
+}
+
+/// The memory of a job, as a pointer a test may hand to other threads.
+#[derive(Clone, Copy)]
+struct SharedMem(NonNull<u8>, usize);
+
+// SAFETY: (test) only an address and a length; each thread builds its own
+// `Region` from it under `Region::from_raw_parts`' contract (see below).
+unsafe impl Send for SharedMem {}
+
+impl SharedMem {
+    /// A region over the memory.
+    ///
+    /// # Safety
+    ///
+    /// `Region::from_raw_parts`' contract, for the buffer this was made of.
+    unsafe fn region<'a>(self) -> Region<'a> {
+        // SAFETY: the caller's.
+        unsafe { Region::from_raw_parts(self.0, self.1) }
+    }
+}
+
+impl Job {
+    fn shared(&mut self) -> SharedMem {
+        let len = self.mem.len() * CACHE_LINE;
+        SharedMem(
+            NonNull::new(self.mem.as_mut_ptr().cast::<u8>()).unwrap(),
+            len,
+        )
+    }
+}
+
+/// Two engines, each in its own thread with its own region over one
+/// buffer, exchange messages whose payloads the sender copies into a
+/// fragment and the receiver copies out, fragments being recycled on each
+/// ACK. Under miri (the test command's `miri` step) this checks that the
+/// engine's protocol orders every payload copy with the next write of the
+/// same bytes (the SEND's and the ACK's release/acquire pairs): were it not
+/// so, miri would report the data race. The same program with one region
+/// shared by both threads does not compile (`Region` is not `Sync`; see its
+/// documentation).
+#[test]
+fn two_engines_in_two_threads_hand_fragments_over() {
+    const N: u32 = if cfg!(miri) { 24 } else { 5_000 };
+    let mut job = Job::new(2, 4);
+    let shape = job.shape;
+    let mem = job.shared();
+    {
+        // SAFETY: no other thread exists yet; the buffer lives until the
+        // end of this test and is only accessed through regions.
+        let region = unsafe { mem.region() };
+        for r in 0..2 {
+            // SAFETY: nothing else touches the parts yet.
+            unsafe { init_part(&region, &shape.layout, &shape.params, r) }.unwrap();
+        }
+    }
+    let payload = |i: u32| -> Vec<u8> {
+        let len = (i as usize * 37) % (shape.params.max_send_size as usize + 1);
+        (0..len).map(|k| (i as usize + k) as u8).collect()
+    };
+    std::thread::scope(|s| {
+        for me in 0..2u32 {
+            s.spawn(move || {
+                // SAFETY: the buffer outlives the scope; the other thread's
+                // region copies bytes of a fragment only while the protocol
+                // hands it over (SEND published by a release push, ACK
+                // likewise), and nothing else writes the memory.
+                let region = unsafe { mem.region() };
+                let sizes = Eng::storage_sizes(&shape.layout, 2).unwrap();
+                let mut e = Eng::attach(
+                    &region,
+                    &shape.layout,
+                    &shape.params,
+                    me,
+                    2,
+                    (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
+                    (0..sizes.consumers).map(|_| None).collect(),
+                    vec![FragDesc::new(); sizes.descs],
+                    vec![0; sizes.pending],
+                )
+                .unwrap();
+                let mut rec = Rec::default();
+                let (mut sent, mut spins) = (0u32, 0u64);
+                loop {
+                    if me == 0 && sent < N {
+                        let p = payload(sent);
+                        match e.send(1, (sent % 200) as u8, &[&p], u64::from(sent)) {
+                            Ok(()) => sent += 1,
+                            Err(SendError::NoFragment | SendError::Backlog { .. }) => {}
+                            Err(err) => panic!("{err}"),
+                        }
+                    }
+                    if e.progress(&mut rec) == 0 {
+                        e.release_consumed();
+                        std::thread::yield_now();
+                    }
+                    let done = if me == 0 {
+                        sent == N && e.outstanding() == 0
+                    } else {
+                        rec.got.len() == N as usize && e.pending() == 0
+                    };
+                    if done {
+                        break;
+                    }
+                    spins += 1;
+                    assert!(spins < 50_000_000, "rank {me}: no progress");
+                }
+                assert!(rec.errors.is_empty(), "rank {me}: {:?}", rec.errors);
+                if me == 0 {
+                    assert!(rec.done.iter().all(|&(_, _, ok)| ok));
+                    assert_eq!(rec.done.len(), N as usize);
+                } else {
+                    for (i, (peer, tag, data)) in rec.got.iter().enumerate() {
+                        assert_eq!((*peer, *tag), (0, (i % 200) as u8));
+                        assert_eq!(*data, payload(i as u32), "message {i}");
+                    }
+                }
+            });
+        }
+    });
 }
