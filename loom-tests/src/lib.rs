@@ -4,13 +4,17 @@
 //!
 //! Run the models with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p btl-loom-tests --release`.
-//! Without `--cfg loom` the models are compiled out.
+//! Without `--cfg loom` the models are compiled out. [`check`] is the
+//! check that every `#[test]` there calls `loom::model` (`cargo test -p
+//! btl-loom-tests --lib`, run by the test command's `loom` step).
 #![cfg_attr(not(loom), allow(dead_code))]
 // The buffer is raw memory shared by the model's threads.
 #![allow(unsafe_code)]
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
+
+pub mod check;
 
 use btl_core::shm::Region;
 use btl_core::sm::fifo::Fifo;
