@@ -1,6 +1,7 @@
 //! Helpers for the loom models in `tests/`: a cache-line aligned buffer that
 //! several loom threads share, holding a ring initialised in place by
-//! btl-core's real [`btl_core::sm::fifo::Fifo`] code.
+//! btl-core's real [`btl_core::sm::fifo::Fifo`] code, and the memory of a
+//! whole segment for the engine and control-area models.
 //!
 //! Run the models with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p btl-loom-tests --release`.
@@ -64,6 +65,52 @@ impl RingMemory {
 }
 
 impl Drop for RingMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Raw memory for a whole segment (zeroed, page aligned), freed on drop;
+/// shared between model threads with an `Arc`. Each thread makes its own
+/// [`Region`] over it ([`SegmentMemory::region`]): regions are not `Send`.
+#[derive(Debug)]
+pub struct SegmentMemory {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: only an allocation's address and layout; access goes through the
+// regions each thread makes, under `Region::from_raw_parts`' contract.
+unsafe impl Send for SegmentMemory {}
+// SAFETY: as above.
+unsafe impl Sync for SegmentMemory {}
+
+impl SegmentMemory {
+    /// `bytes` zeroed bytes.
+    pub fn new(bytes: usize) -> Self {
+        let layout = Layout::from_size_align(bytes.max(1), 4096).expect("layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).expect("allocation");
+        Self { ptr, layout }
+    }
+
+    /// A region over the memory, for the calling thread.
+    ///
+    /// # Safety
+    ///
+    /// `Region::from_raw_parts`' contract: `self` outlives the region (the
+    /// models hold an `Arc` in every thread and join them first), and byte
+    /// copies through regions of different threads are ordered (the models
+    /// run one engine per thread, whose protocol orders them, and nothing
+    /// else copies bytes).
+    pub unsafe fn region(&self) -> Region<'_> {
+        // SAFETY: the caller's.
+        unsafe { Region::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for SegmentMemory {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
         unsafe { dealloc(self.ptr.as_ptr(), self.layout) }

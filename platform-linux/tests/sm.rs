@@ -4,7 +4,6 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io::Read;
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -237,24 +236,6 @@ fn a_rank_that_never_joins_times_out_by_name() {
     // Rank 0 waits for rank 1 in the wire-up fence and names it.
     assert!(err.contains("waited for ranks [1]"), "{err}");
     assert!(start.elapsed() < Duration::from_secs(30));
-}
-
-#[test]
-fn stale_segment_of_a_dead_job_is_removed() {
-    // A segment file whose header names a process that has exited.
-    let mut child = Command::new("true").spawn().unwrap();
-    let dead = child.id();
-    child.wait().unwrap();
-    let path = format!("/dev/shm/btl-{}-deadjob{}-node", uid(), dead);
-    let mut header = Vec::new();
-    header.extend_from_slice(b"BTLSEG01");
-    header.extend_from_slice(&u64::from(dead).to_le_bytes());
-    header.extend_from_slice(&1u64.to_le_bytes());
-    header.resize(4096, 0);
-    fs::write(&path, &header).unwrap();
-    let o = run(2, &[], &["stress", "--messages", "5"]);
-    assert_intact(&o, 2);
-    assert!(!Path::new(&path).exists(), "stale {path} still there");
 }
 
 #[test]
