@@ -279,7 +279,7 @@ fn stress_over_ipv6_loopback_when_ipv4_is_disabled() {
         })
         .unwrap_or(false);
     if !has_v6 {
-        eprintln!("SKIPPED: this machine has no ::1 (IPv6 disabled)");
+        common::prereq::missing("this machine has no ::1 (IPv6 disabled)");
         return;
     }
     let o = run_env(
