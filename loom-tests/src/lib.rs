@@ -23,51 +23,28 @@ use btl_core::sm::fifo::Fifo;
 /// Raw memory for one ring, freed on drop. Share it between model threads
 /// with an `Arc`; it must outlive every [`Region`] made from it.
 #[derive(Debug)]
-pub struct RingMemory {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: the buffer is only accessed through btl-core's atomics (via
-// Region), which are Sync; the pointer itself is just an address.
-unsafe impl Send for RingMemory {}
-// SAFETY: as above.
-unsafe impl Sync for RingMemory {}
+pub struct RingMemory(Memory);
 
 impl RingMemory {
     /// Memory for a ring of `slots` slots.
     pub fn new(slots: u32) -> Self {
         let size = Fifo::memory_size(slots).expect("ring size");
-        let layout = Layout::from_size_align(size, Fifo::ALIGN).expect("layout");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).expect("allocation");
-        Self { ptr, layout }
+        Self(Memory::new(size, Fifo::ALIGN))
     }
 
-    /// A region over the memory.
+    /// Initialises a ring in the memory and returns it (its handles, not a
+    /// region, go to the model's threads: only atomics cross them).
     ///
-    /// The caller keeps `self` (its `Arc`) alive while the region is used;
+    /// The caller keeps `self` (its `Arc`) alive while the ring is used;
     /// every model joins its threads before dropping it.
-    pub fn region(&self) -> Region<'static> {
-        // SAFETY: the allocation is live until `self` drops (the models hold
-        // an Arc in every thread and join them first) and is accessed only
-        // through btl-core's atomics.
-        unsafe { Region::from_raw_parts(self.ptr, self.layout.size()) }
-    }
-
-    /// Initialises a ring in the memory and returns it.
     pub fn init(&self, slots: u32, lazy_free: u32) -> Fifo<'static> {
-        let region = self.region();
+        // SAFETY: the allocation is live until `self` drops (the models hold
+        // an Arc in every thread and join them first); this region copies no
+        // bytes and does not leave this function.
+        let region: Region<'static> = unsafe { self.0.region() };
         // SAFETY: called once per model execution, before any thread is
         // spawned, so nothing else accesses the memory.
         unsafe { Fifo::init(&region, 0, slots, lazy_free) }.expect("fifo init")
-    }
-}
-
-impl Drop for RingMemory {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
 
@@ -75,24 +52,12 @@ impl Drop for RingMemory {
 /// shared between model threads with an `Arc`. Each thread makes its own
 /// [`Region`] over it ([`SegmentMemory::region`]): regions are not `Send`.
 #[derive(Debug)]
-pub struct SegmentMemory {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: only an allocation's address and layout; access goes through the
-// regions each thread makes, under `Region::from_raw_parts`' contract.
-unsafe impl Send for SegmentMemory {}
-// SAFETY: as above.
-unsafe impl Sync for SegmentMemory {}
+pub struct SegmentMemory(Memory);
 
 impl SegmentMemory {
     /// `bytes` zeroed bytes.
     pub fn new(bytes: usize) -> Self {
-        let layout = Layout::from_size_align(bytes.max(1), 4096).expect("layout");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).expect("allocation");
-        Self { ptr, layout }
+        Self(Memory::new(bytes, 4096))
     }
 
     /// A region over the memory, for the calling thread.
@@ -106,11 +71,41 @@ impl SegmentMemory {
     /// else copies bytes).
     pub unsafe fn region(&self) -> Region<'_> {
         // SAFETY: the caller's.
+        unsafe { self.0.region() }
+    }
+}
+
+/// A zeroed allocation, freed on drop.
+#[derive(Debug)]
+struct Memory {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: only an allocation's address and layout; access goes through the
+// regions made from it, under `Region::from_raw_parts`' contract.
+unsafe impl Send for Memory {}
+// SAFETY: as above.
+unsafe impl Sync for Memory {}
+
+impl Memory {
+    fn new(bytes: usize, align: usize) -> Self {
+        let layout = Layout::from_size_align(bytes.max(1), align).expect("layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).expect("allocation");
+        Self { ptr, layout }
+    }
+
+    /// # Safety
+    ///
+    /// `Region::from_raw_parts`' contract, with `'a` no longer than `self`.
+    unsafe fn region<'a>(&self) -> Region<'a> {
+        // SAFETY: the caller's.
         unsafe { Region::from_raw_parts(self.ptr, self.layout.size()) }
     }
 }
 
-impl Drop for SegmentMemory {
+impl Drop for Memory {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
         unsafe { dealloc(self.ptr.as_ptr(), self.layout) }

@@ -803,6 +803,16 @@ fn receive(
             }
         }
     }
+    if got.bytes == 0 && fd.is_none() {
+        return Err(SegmentError::io(
+            "receive the segment from local rank 0",
+            name,
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "it closed the connection without answering (did it fail during start-up?)",
+            ),
+        ));
+    }
     if got.bytes != OFFER_LEN || msg[..8] != OFFER_MAGIC {
         return Err(SegmentError::NotOurs {
             name: name.to_owned(),

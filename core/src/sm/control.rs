@@ -3,8 +3,8 @@
 //! local rank (pid, start time, state). Everything here is read by other
 //! processes and validated by them; see [`crate::sm::layout`] for where it sits.
 //!
-//! Byte offsets of the first three fields are fixed (the Linux adapter
-//! reads them with plain file reads to recognise stale segments): bytes
+//! Byte offsets of the first three fields are fixed, so that a tool can
+//! tell whose a segment is without knowing the rest of the layout: bytes
 //! 0..8 magic, 8..16 creator pid, 16..24 creator start time, in native
 //! byte order (little endian on every Linux target btl supports).
 //!
@@ -160,7 +160,8 @@ pub struct ControlHeader {
     pub state: AtomicU32,
     /// Number of local ranks.
     pub nprocs: AtomicU32,
-    /// Ranks that finished attaching (the last one unlinks the file).
+    /// Reserved (counted the ranks that had attached when segments were
+    /// files, unlinked by the last one; memfds need no unlinking).
     pub attached: AtomicU32,
     /// `fifo_size` the layout was computed with.
     pub fifo_size: AtomicU32,
@@ -470,19 +471,29 @@ mod tests {
     use super::*;
     use std::vec;
 
-    #[test]
-    fn publish_then_read_back() {
+    /// Runs `f` on a control area over 4 KiB of zeroes (and the bytes).
+    fn with_control(f: impl FnOnce(Control<'_>, &dyn Fn() -> std::vec::Vec<u8>)) {
         let mut buf = vec![0u64; 4096 / 8];
         let len = buf.len() * 8;
+        let ptr = core::ptr::NonNull::new(buf.as_mut_ptr().cast()).unwrap();
         // SAFETY: the buffer outlives the region and is only accessed
-        // through it.
-        let region = unsafe {
-            Region::from_raw_parts(
-                core::ptr::NonNull::new(buf.as_mut_ptr().cast()).unwrap(),
-                len,
-            )
+        // through it (and, between its calls, the snapshot below).
+        let region = unsafe { Region::from_raw_parts(ptr, len) };
+        let bytes = || {
+            let mut b = vec![0u8; len];
+            region.read_bytes(0, &mut b).unwrap();
+            b
         };
-        let c = Control::new(region).unwrap();
+        f(Control::new(region).unwrap(), &bytes);
+        drop(buf);
+    }
+
+    #[test]
+    fn publish_then_read_back() {
+        with_control(|c, bytes| publish_then_read_back_on(c, bytes));
+    }
+
+    fn publish_then_read_back_on(c: Control<'_>, bytes: &dyn Fn() -> std::vec::Vec<u8>) {
         assert_eq!(
             c.read_params(&SmParams::default()).unwrap_err(),
             ControlError::NotReady
@@ -498,8 +509,8 @@ mod tests {
             c.record(3),
             Err(ControlError::NoSuchRank { rank: 3, nprocs: 3 })
         ));
-        // Fixed byte offsets read by the stale-file check.
-        let bytes: &[u8] = bytemuck_bytes(&buf);
+        // Fixed byte offsets.
+        let bytes = bytes();
         assert_eq!(&bytes[0..8], b"BTLSEG01");
         assert_eq!(u64::from_le_bytes(bytes[8..16].try_into().unwrap()), 42);
         assert_eq!(u64::from_le_bytes(bytes[16..24].try_into().unwrap()), 7);
@@ -520,17 +531,10 @@ mod tests {
 
     #[test]
     fn records_publish_read_and_take_verdicts() {
-        let mut buf = vec![0u64; 4096 / 8];
-        let len = buf.len() * 8;
-        // SAFETY: the buffer outlives the region and is only accessed
-        // through it.
-        let region = unsafe {
-            Region::from_raw_parts(
-                core::ptr::NonNull::new(buf.as_mut_ptr().cast()).unwrap(),
-                len,
-            )
-        };
-        let mut c = Control::new(region).unwrap();
+        with_control(|c, _| records_on(c));
+    }
+
+    fn records_on(mut c: Control<'_>) {
         c.fix_nprocs(3);
         let rec = c.record(1).unwrap();
         assert_eq!(rec.read(), None);
@@ -587,11 +591,5 @@ mod tests {
         }
         assert_eq!(Structure::from_code(0), None);
         assert_eq!(Structure::from_code(8), None);
-    }
-
-    fn bytemuck_bytes(words: &[u64]) -> &[u8] {
-        // SAFETY: u64 has no padding; any u64 is 8 valid u8s; the borrow
-        // covers exactly the words.
-        unsafe { core::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8) }
     }
 }

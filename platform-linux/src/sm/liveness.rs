@@ -36,6 +36,18 @@ pub const STALL_CHECKS: u32 = 20;
 /// record holds another one (or a scribbler's value).
 const ACCUSE_TRIES: u32 = 50;
 
+/// Runs `f` with the engine's callbacks for work that delivers no message
+/// (failing a peer, auditing rings: only completions and errors come out).
+fn quiet<R>(st: &mut super::recv::State, f: impl FnOnce(&mut Ctx<'_, '_>) -> R) -> R {
+    let mut regions = Regions::new();
+    let mut ctx = Ctx {
+        st,
+        regions: &mut regions,
+        sink: &mut |_: TEvent<'_>| {},
+    };
+    f(&mut ctx)
+}
+
 impl Sm {
     /// Declares `peer` failed (once): everything of ours in flight to it or
     /// queued for it completes with an error.
@@ -106,14 +118,10 @@ impl Sm {
         if let Some(f) = self.state.peer_failed.get_mut(peer as usize) {
             *f = true;
         }
-        let mut regions = Regions::new();
-        let mut ctx = Ctx {
-            st: &mut self.state,
-            regions: &mut regions,
-            sink: &mut |_: TEvent<'_>| {},
-        };
         // Only completions come out of failing a peer (no receive).
-        self.shm.get().engine.fail_peer(peer, &mut ctx);
+        quiet(&mut self.state, |ctx| {
+            self.shm.get().engine.fail_peer(peer, ctx)
+        });
         self.state.partial[peer as usize] = None;
         self.state.acks.retain(|a| a.0 != peer);
         self.state.puts_in.retain(|&(p, _), _| p != peer);
@@ -207,13 +215,9 @@ impl Sm {
                 self.fail(peer, "the process died");
             }
         }
-        let mut regions = Regions::new();
-        let mut ctx = Ctx {
-            st: &mut self.state,
-            regions: &mut regions,
-            sink: &mut |_: TEvent<'_>| {},
-        };
-        self.shm.get().engine.audit_rings(STALL_CHECKS, &mut ctx);
+        quiet(&mut self.state, |ctx| {
+            self.shm.get().engine.audit_rings(STALL_CHECKS, ctx)
+        });
         self.fail_blamed();
         if !self.accusations.is_empty() {
             self.deliver_accusations();

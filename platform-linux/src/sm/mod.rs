@@ -139,7 +139,7 @@ pub enum SmError {
     Param(ParamError),
     /// The segment layout does not fit (too many ranks, sizes overflow).
     Size(SizeError),
-    /// Creating, opening or unlinking the backing file failed.
+    /// Creating, fetching or mapping the segment failed.
     Segment(SegmentError),
     /// The segment's control area is missing or corrupted.
     Control(ControlError),
