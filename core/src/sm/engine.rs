@@ -86,7 +86,9 @@ use core::fmt;
 use crate::shm::{Region, ResolveError, SegmentTable, ShmOffset};
 use crate::sm::control::Structure;
 use crate::sm::fifo::{fifo_map, Consumer, Fifo, FifoError, Producer, RingFault};
-use crate::sm::frag::{read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError};
+use crate::sm::frag::{
+    read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError, STATUS_BIT,
+};
 use crate::sm::layout::{SegmentLayout, SizeError};
 use crate::sm::params::SmParams;
 
@@ -590,6 +592,9 @@ where
     nprocs: u32,
     num_fifos: u32,
     fifo_size: u32,
+    /// Our rank in the owner field, and the ACK type: an ACK's slot value
+    /// but for the offset and the status bit.
+    ack_bits: u64,
     table: SegmentTable<'a, MAX_LOCAL_RANKS>,
     my_part: Region<'a>,
     geometry: PartGeometry,
@@ -783,11 +788,16 @@ where
             };
             *head = i;
         }
+        let ack_bits = ShmOffset::new(me as u16, 0)
+            .map_err(|_| SetupError::Mismatch { what: "rank" })?
+            .raw()
+            | FragType::Ack as u64;
         Ok(Self {
             me,
             nprocs,
             num_fifos,
             fifo_size: params.fifo_size,
+            ack_bits,
             table,
             my_part,
             geometry,
@@ -888,25 +898,28 @@ where
         cookie: u64,
     ) -> Result<(), SendError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let state = self
-            .peer_state(peer)
+        let (max_capacity, pending_cap) = (self.max_capacity, self.pending_cap);
+        let pslot = self
+            .peers
+            .as_mut()
+            .get(peer as usize)
             .ok_or(SendError::InvalidPeer { peer })?;
-        match state {
+        match pslot.state {
             PeerState::Me => return Err(SendError::InvalidPeer { peer }),
             PeerState::Failed => return Err(SendError::PeerFailed { peer }),
             PeerState::Connected => {}
         }
-        if len > self.max_capacity as usize {
+        if len > max_capacity as usize {
             return Err(SendError::TooLarge {
                 len,
-                max: self.max_capacity,
+                max: max_capacity,
             });
         }
         // Our own queue to this peer must have room for the SEND.
-        let pslot = &self.peers.as_mut()[peer as usize];
-        if pslot.pending_len >= self.pending_cap {
+        if pslot.pending_len >= pending_cap {
             return Err(SendError::Backlog { peer });
         }
+        let seq = pslot.send_seq;
         let idx = self.alloc(len).ok_or(SendError::NoFragment)?;
         let desc = self.descs.as_mut()[idx as usize];
         let payload_at = desc.offset + crate::sm::frag::FRAG_HEADER_SIZE as u64;
@@ -926,7 +939,6 @@ where
         };
         // Every field, owner and capacity too: a header scribbled on by
         // another process is whole again from its next send on.
-        let seq = self.peers.as_mut()[peer as usize].send_seq;
         header.stamp(self.me as u16, desc.capacity, tag, len as u32, seq);
         // `me < MAX_LOCAL_RANKS` and offsets inside a part: always encodable.
         let Ok(frag) = ShmOffset::new(self.me as u16, desc.offset) else {
@@ -1134,11 +1146,10 @@ where
         }
         p.recv_seq = p.recv_seq.wrapping_add(1);
         let ok = d.recv(owner, view.info.tag, &view);
-        // `me` fits the owner field (attach checked nprocs).
-        let Ok(ack) = slot.into_ack(!ok, self.me as u16) else {
-            return;
-        };
-        if let Err(e) = self.push_or_queue(owner, ack.encode()) {
+        // The same fragment back, naming us: `Slot::into_ack`, with the
+        // owner bits computed once.
+        let ack = slot.frag.offset() | self.ack_bits | if ok { 0 } else { STATUS_BIT };
+        if let Err(e) = self.push_or_queue(owner, ack) {
             self.corrupted(e, d);
         }
     }
@@ -1172,10 +1183,12 @@ where
             p.newest = NONE;
         }
         p.in_flight = p.in_flight.saturating_sub(1);
+        // The callbacks cannot reach the engine: this stays true meanwhile.
+        let pending = p.pending_len > 0;
         self.free(idx);
         self.outstanding -= 1;
         d.complete(peer, desc.cookie, !slot.error);
-        if self.peers.as_mut()[peer as usize].pending_len > 0 {
+        if pending {
             self.flush_pending(peer);
         }
     }

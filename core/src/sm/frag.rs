@@ -221,11 +221,13 @@ pub mod field {
     pub const CHECK: usize = 24;
 }
 
-/// The check word of a header with these fields: FNV-1a over the six
-/// words, folded to 32 bits. Not a defence against a forger (who can
-/// compute it too), but any other change of a field while a fragment is in
-/// flight — a stray write, a scribbling process — is caught with
-/// probability `1 - 2^-32`.
+/// The check word of a header with these fields: the fields paired into
+/// three 64-bit words, each multiplied by its own odd constant (three
+/// independent multiplies: a few cycles on the path of every message), the
+/// products xored and folded to 32 bits. Not a defence against a forger
+/// (who can compute it too), but any other change of a field while a
+/// fragment is in flight — a stray write, a scribbling process — is caught
+/// with probability about `1 - 2^-32`.
 #[inline]
 pub const fn header_check(
     owner: u32,
@@ -235,14 +237,13 @@ pub const fn header_check(
     seq: u32,
     flags: u32,
 ) -> u32 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let words = [owner, capacity, tag, len, seq, flags];
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut i = 0;
-    while i < words.len() {
-        h = (h ^ words[i] as u64).wrapping_mul(PRIME);
-        i += 1;
-    }
+    let w0 = (owner as u64) | ((capacity as u64) << 32);
+    let w1 = (tag as u64) | ((len as u64) << 32);
+    let w2 = (seq as u64) | ((flags as u64) << 32);
+    let h = w0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ w1.wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
+        ^ w2.wrapping_mul(0x1656_67b1_9e37_79f9)
+        ^ 0x5bd1_e995_7f4a_7c15;
     (h ^ (h >> 32)) as u32
 }
 
@@ -299,7 +300,7 @@ impl FragHeader {
     /// capacity never change, but are written again: that undoes any
     /// corruption of the header by another process since the last send, so
     /// the fragment is usable again.
-    #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn stamp(&self, owner: u16, capacity: u32, tag: u8, len: u32, seq: u32) {
         let r = Ordering::Relaxed;
         let owner = u32::from(owner);
@@ -315,6 +316,7 @@ impl FragHeader {
     }
 
     /// Reads each field once: owner, capacity, tag, len, seq, flags, check.
+    #[inline]
     pub fn snapshot(&self) -> [u32; 7] {
         let r = Ordering::Relaxed;
         [
@@ -673,10 +675,10 @@ mod tests {
 
     #[test]
     fn header_check_fixture() {
-        // Fixed values (FNV-1a over the words, folded): a change of the
-        // function is a change of the shared-memory format.
-        assert_eq!(header_check(0, 0, 0, 0, 0, 0), 0xfe79_8dc7);
-        assert_eq!(header_check(1, 64, 7, 8, 0, 0), 0x53d0_4e85);
+        // Fixed values: a change of the function is a change of the
+        // shared-memory format.
+        assert_eq!(header_check(0, 0, 0, 0, 0, 0), 0x249b_9580);
+        assert_eq!(header_check(1, 64, 7, 8, 0, 0), 0xac5f_e661);
         assert_ne!(
             header_check(1, 64, 7, 8, 0, 0),
             header_check(1, 64, 7, 8, 1, 0)
