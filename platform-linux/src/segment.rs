@@ -514,6 +514,56 @@ pub unsafe trait View {
 /// are dropped before the mapping whatever the order of any fields, and
 /// they are handed out only for a borrow of the owner — the mapping's
 /// lifetime is this value's, in the types.
+///
+/// ```
+/// use btl_core::shm::Region;
+/// use btl_linux::segment::{Attached, Segment, View};
+///
+/// /// A view that is just the region.
+/// struct Whole;
+/// // SAFETY: a `Region` holds nothing but the borrow of the mapping, and
+/// // has no `&mut self` methods.
+/// unsafe impl View for Whole {
+///     type Of<'r> = Region<'r>;
+/// }
+///
+/// let seg = Segment::create("btl-doc-attached", 4096)?;
+/// let mut a = Attached::<Whole>::new(seg, |region, _| Ok::<_, std::io::Error>(region))?;
+/// a.get().write_bytes(0, b"views")?;
+/// let mut back = [0u8; 5];
+/// a.view().read_bytes(0, &mut back)?;
+/// assert_eq!(&back, b"views");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A view cannot outlive its owner (the region is the borrow of `a`):
+///
+/// ```compile_fail
+/// # use btl_core::shm::Region;
+/// # use btl_linux::segment::{Attached, Segment, View};
+/// # struct Whole;
+/// # unsafe impl View for Whole { type Of<'r> = Region<'r>; }
+/// let seg = Segment::create("btl-doc-attached", 4096).unwrap();
+/// let a = Attached::<Whole>::new(seg, |region, _| Ok::<_, ()>(region)).unwrap();
+/// let region: Region<'_> = *a.view();
+/// drop(a); // unmaps the segment
+/// region.write_bytes(0, b"dangling").unwrap();
+/// ```
+///
+/// nor can the builder keep the region for itself:
+///
+/// ```compile_fail
+/// # use btl_core::shm::Region;
+/// # use btl_linux::segment::{Attached, Segment, View};
+/// # struct Whole;
+/// # unsafe impl View for Whole { type Of<'r> = Region<'r>; }
+/// let seg = Segment::create("btl-doc-attached", 4096).unwrap();
+/// let mut kept: Option<Region<'static>> = None;
+/// let a = Attached::<Whole>::new(seg, |region, _| {
+///     kept = Some(region);
+///     Ok::<_, ()>(region)
+/// });
+/// ```
 pub struct Attached<V: View> {
     // Dropped by hand in `drop`, before `segment` (dropped after it, as
     // every field is).

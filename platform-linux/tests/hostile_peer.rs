@@ -39,6 +39,8 @@ use btl_core::sm::layout::{segment_layout, SegmentLayout, CONTROL_HEADER, CONTRO
 use btl_core::sm::params::SmParams;
 use btl_core::sync::CACHE_LINE;
 
+mod common;
+
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 /// Messages each victim sends: enough to be still at it when the attack
 /// starts and ends, bounded so that a victim that keeps serving ends on its
@@ -152,8 +154,13 @@ impl Mapping {
 
 /// Waits for `pid` to hold the memfd of `job` and reopens it.
 fn steal_segment(pid: u32, job: &str) -> Mapping {
+    steal_segment_of(pid, job, "node")
+}
+
+/// Waits for `pid` to hold the memfd of `job` on `node` and reopens it.
+fn steal_segment_of(pid: u32, job: &str, node: &str) -> Mapping {
     let uid = rustix::process::geteuid().as_raw();
-    let want = format!("/memfd:btl-{uid}-{job}-node");
+    let want = format!("/memfd:btl-{uid}-{job}-{node}");
     let t0 = Instant::now();
     loop {
         if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
@@ -474,4 +481,90 @@ fn random_control_records_end_the_conversation() {
 #[test]
 fn the_segment_cannot_be_truncated_under_the_ranks() {
     hostile(Attack::Truncate);
+}
+
+/// The same attack on a job under `btl run`: the rank that catches the
+/// corruption stops with an error naming it, and the launcher ends the job
+/// at once (as when a rank dies), naming that rank.
+#[test]
+fn the_launcher_ends_a_corrupted_job_naming_the_rank() {
+    let mut launcher = Command::new(BTL)
+        .args(["run", "-n", "2", "--", BTL, "stress"])
+        .args(["--messages", "100000000", "--max-size", "100000"])
+        .env_remove("BTL_RANK")
+        .env_remove("BTL_TIMEOUT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = launcher.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = pipe.read_to_string(&mut s);
+        s
+    });
+    let t0 = Instant::now();
+    let (rank0, job) = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "ranks did not start"
+        );
+        let found = common::children(launcher.id())
+            .into_iter()
+            .find(|&p| common::environ_var(p, "BTL_RANK").as_deref() == Some("0"));
+        if let Some(p) = found {
+            if let Some(job) = common::environ_var(p, "BTL_JOB") {
+                break (p, job);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let node = common::environ_var(rank0, "BTL_NODE").unwrap();
+    let mapping = steal_segment_of(rank0, &job, &node);
+    let region = mapping.region();
+    let control = Control::new(region).unwrap();
+    while !control.is_ready()
+        || (0..2).any(|r| {
+            control
+                .record(r)
+                .map_or(true, |rec| rec.state() != RANK_READY)
+        })
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "ranks never ready");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (params, _, max_procs) = control.read_params(&SmParams::default()).unwrap();
+    let layout = segment_layout(&params, max_procs).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut rng = Rng(std::process::id() as u64 | 1);
+    let start = Instant::now();
+    while start.elapsed() < ATTACK && launcher.try_wait().unwrap().is_none() {
+        for _ in 0..64 {
+            attack(&region, &layout, Attack::RingSlots, &mut rng);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let ended = Instant::now();
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        if ended.elapsed() > DEADLINE {
+            let _ = launcher.kill();
+            panic!(
+                "the launcher did not end the corrupted job\n{}",
+                stderr.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = stderr.join().unwrap();
+    eprintln!("{err}");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("corrupted shared memory: "), "{err}");
+    assert!(
+        err.contains("btl run: rank ")
+            && err.contains(") exited with status 1; stopping the other rank"),
+        "{err}"
+    );
 }

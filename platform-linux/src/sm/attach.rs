@@ -396,3 +396,93 @@ fn identify(
     }
     Ok(peers)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Child, Command};
+
+    /// A live process of ours to name as a peer, and its start time.
+    fn peer() -> (Child, u32, u64) {
+        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let start = segment::process_start_time(pid).unwrap();
+        (child, pid, start)
+    }
+
+    fn info(pid: u32, start: u64) -> Option<RankInfo> {
+        Some(RankInfo {
+            pid: u64::from(pid),
+            start,
+            probe_addr: 0x1000,
+            probe_value: 7,
+        })
+    }
+
+    #[test]
+    fn records_must_match_the_wireup_and_the_kernel() {
+        let (mut child, cpid, cstart) = peer();
+        let (me, mstart) = segment::current_process_identity();
+        let wireup = [me, cpid];
+        let ok = [info(me, mstart), info(cpid, cstart)];
+        let peers = identify(&ok, 0, me, mstart, Some(&wireup)).unwrap();
+        assert_eq!((peers[1].pid, peers[1].start), (cpid, cstart));
+        assert_eq!((peers[1].probe_addr, peers[1].probe_value), (0x1000, 7));
+        // Without a wire-up, the record alone (still checked by the kernel).
+        assert_eq!(identify(&ok, 0, me, mstart, None).unwrap(), peers);
+
+        let refused = |infos: [Option<RankInfo>; 2], pids: Option<&[u32]>, want: &str| {
+            let err = identify(&infos, 0, me, mstart, pids)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err}");
+            assert!(err.contains("local rank 1"), "{err}");
+        };
+        // A record naming another process than the wire-up says.
+        refused(
+            [info(me, mstart), info(1, 1)],
+            Some(&wireup),
+            &format!("names pid 1, but the wire-up says {cpid}"),
+        );
+        // A record claiming our own pid (which would make single copy read
+        // our own memory at addresses a peer chose).
+        refused(
+            [info(me, mstart), info(me, mstart)],
+            None,
+            &format!("claims our own pid {me}"),
+        );
+        // A record whose start time is not the process's (a recycled pid, or
+        // a forgery).
+        refused(
+            [info(me, mstart), info(cpid, cstart + 1)],
+            Some(&wireup),
+            "the kernel says",
+        );
+        refused([info(me, mstart), info(0, 0)], None, "names pid 0");
+        let _ = child.kill();
+        let _ = child.wait();
+        // A peer that is gone.
+        let err = identify(&ok, 0, me, mstart, Some(&wireup)).unwrap_err();
+        assert!(
+            matches!(err, SmError::PeerDiedAtStart { rank: 1, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wireup_pids_are_checked() {
+        let own = std::process::id();
+        assert!(check_wireup_pids(&[own, own + 1], 0, 2, own).is_ok());
+        for (pids, want) in [
+            (vec![own], "gave 1 pids for 2"),
+            (vec![own + 1, own + 2], "says our pid is"),
+            (vec![own, own], "names our own pid"),
+            (vec![own, 0], "names pid 0"),
+        ] {
+            let err = check_wireup_pids(&pids, 0, 2, own).unwrap_err().to_string();
+            assert!(err.contains(want), "{pids:?}: {err}");
+        }
+        let err = check_wireup_pids(&[own, own + 1, own + 1], 0, 3, own).unwrap_err();
+        assert!(err.to_string().contains("and for another rank"), "{err}");
+    }
+}
