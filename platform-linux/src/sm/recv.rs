@@ -510,10 +510,13 @@ impl Dispatch for Ctx<'_, '_> {
                 if frag.info.len != 8 || frag.copy_payload(&mut b).is_err() {
                     return false;
                 }
-                (self.sink)(self.regions, TEvent::Barrier {
-                    from: peer,
-                    epoch: u64::from_le_bytes(b),
-                });
+                (self.sink)(
+                    self.regions,
+                    TEvent::Barrier {
+                        from: peer,
+                        epoch: u64::from_le_bytes(b),
+                    },
+                );
                 true
             }
             t if t <= MAX_USER_TAG => {

@@ -666,11 +666,7 @@ impl Sm {
     }
 
     /// Runs the engine once with `regions` and `sink`.
-    pub(super) fn progress_engine(
-        &mut self,
-        regions: &mut Regions,
-        sink: &mut Sink<'_>,
-    ) -> usize {
+    pub(super) fn progress_engine(&mut self, regions: &mut Regions, sink: &mut Sink<'_>) -> usize {
         let mut ctx = Ctx {
             st: &mut self.state,
             regions,

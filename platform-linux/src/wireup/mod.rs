@@ -121,6 +121,9 @@ pub enum WireupError {
     },
     /// PMIx is unavailable or failed.
     Pmix(String),
+    /// An external runtime's exchange (the C ABI's `btl_open` /
+    /// `btl_connect`) failed or handed back malformed records.
+    External(String),
 }
 
 impl fmt::Display for WireupError {
@@ -181,6 +184,7 @@ impl fmt::Display for WireupError {
                 message,
             } => write!(f, "wire-up service at {addr} refused ({code}): {message}"),
             Self::Pmix(why) => write!(f, "PMIx: {why}"),
+            Self::External(why) => write!(f, "the runtime's address exchange: {why}"),
         }
     }
 }
