@@ -67,6 +67,10 @@ pub use init::{Builder, Opened, ENV_TRANSPORT};
 
 /// Largest user tag of the job API (the table is [`btl_core::tags`]).
 pub const MAX_USER_TAG: u8 = btl_core::tags::MAX_USER_TAG;
+/// Empty passes after which [`World::poll`] hands consumed ring slots back
+/// (as the wait loop does when it stops spinning).
+const RELEASE_AFTER_IDLE: u32 = 64;
+
 /// Wire-up key of a rank's node name.
 pub const NODE_KEY: &str = "node";
 
@@ -534,8 +538,6 @@ struct Hub<'m> {
     barrier_in: HashMap<u64, HashSet<u32>>,
     /// Peers (global) declared failed, with why.
     failed: Vec<(u32, String)>,
-    /// Regions to unpin after the pass (completed operations).
-    unpin: Vec<u32>,
 }
 
 impl Hub<'_> {
@@ -601,7 +603,8 @@ impl Hub<'_> {
             return;
         };
         if let Some(id) = r.pin.take() {
-            self.unpin.push(id);
+            // At once: the completion's consumer may deregister it.
+            regions.unpin(id);
         }
         if let Some(u) = user.as_mut() {
             let ev = Event::Done {
@@ -731,6 +734,8 @@ pub struct World<'m> {
     choice: Choice,
     /// The tcp component's `eager_limit` and `max_send_size`.
     tcp_sizes: (u32, u32),
+    /// Consecutive passes that found nothing.
+    idle_passes: u32,
     /// Passes since the clock was last looked at (liveness checks).
     passes: u32,
     barrier_epoch: u64,
@@ -922,11 +927,21 @@ impl<'m> World<'m> {
             let me = self.hub.me;
             self.hub.message(me, tag, &data, &mut self.regions, user);
         }
-        for id in std::mem::take(&mut self.hub.unpin) {
-            self.regions.unpin(id);
-        }
         if !self.hub.outbox.is_empty() {
             n += self.post_outbox();
+        }
+        // A caller that only polls (no blocking call) must still hand
+        // consumed ring slots back, or a writer waiting for a partial
+        // lazy-free batch (a pipelined copy filling the ring) waits forever.
+        if n == 0 {
+            self.idle_passes = self.idle_passes.saturating_add(1);
+            if self.idle_passes >= RELEASE_AFTER_IDLE {
+                if let Some(sm) = &mut self.sm {
+                    sm.release_consumed();
+                }
+            }
+        } else {
+            self.idle_passes = 0;
         }
         self.passes = self.passes.wrapping_add(1);
         if self.passes % CLOCK_EVERY == 0 {

@@ -354,9 +354,6 @@ impl<'m> World<'m> {
                 };
                 let mut none = None;
                 self.hub.done(op, status, &mut self.regions, &mut none);
-                for id in std::mem::take(&mut self.hub.unpin) {
-                    self.regions.unpin(id);
-                }
                 return Ok(Request(op));
             }
             Route::Sm(l) => match self.sm.as_mut() {
