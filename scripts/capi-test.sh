@@ -66,6 +66,6 @@ for suffix in "" -asan; do
   run "misuse$suffix sm -n 2" 2 BTL_TRANSPORT=sm -- -n 2 -- "$out/misuse$suffix"
   run "misuse$suffix tcp -n 2" 2 BTL_TRANSPORT=tcp -- -n 2 -- "$out/misuse$suffix"
 done
-run "pingpong-static sm -n 2" 2 BTL_TRANSPORT=sm -- -n 2 -- "$out/pingpong-static" --sizes 8,65536
+run "pingpong-static sm -n 2" 2 BTL_TRANSPORT=sm -- -n 2 -- "$out/pingpong-static" --sizes 8,4096
 printf 'capi: %d passed, %d failed\n' "$passed" "$failed"
 [ "$failed" = 0 ]
