@@ -14,7 +14,7 @@ use std::ffi::c_void;
 use std::os::raw::c_int;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use btl_linux::wireup::{valid_key, Wireup, WireupError, MAX_VALUE};
+use btl_linux::wireup::{check_put, copy_value, valid_key, Wireup, WireupError, MAX_VALUE};
 
 /// Largest address blob (what the fetch callback is given room for; our
 /// records — node name, pid, TCP addresses — take about 100 bytes).
@@ -166,15 +166,7 @@ impl Wireup for External {
     }
 
     fn put(&mut self, key: &str, value: &[u8]) -> Result<(), WireupError> {
-        if !valid_key(key) {
-            return Err(WireupError::BadKey { key: key.into() });
-        }
-        if value.len() > MAX_VALUE {
-            return Err(WireupError::TooLarge {
-                rank: self.rank,
-                key: key.into(),
-            });
-        }
+        check_put(self.rank, key, value)?;
         let mut s = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
         s.mine.retain(|(k, _)| k != key);
         s.mine.push((key.into(), value.to_vec()));
@@ -198,18 +190,12 @@ impl Wireup for External {
 
     fn get(&mut self, rank: u32, key: &str, out: &mut [u8]) -> Result<Option<usize>, WireupError> {
         let mut s = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
-        let copy = |recs: &Records, out: &mut [u8]| -> Result<Option<usize>, WireupError> {
-            match recs.iter().find(|(k, _)| k == key) {
-                None => Ok(None),
-                Some((_, v)) if v.len() > out.len() => Err(WireupError::TooLarge {
-                    rank,
-                    key: key.into(),
-                }),
-                Some((_, v)) => {
-                    out[..v.len()].copy_from_slice(v);
-                    Ok(Some(v.len()))
-                }
-            }
+        let copy = |recs: &Records, out: &mut [u8]| {
+            let v = recs
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_slice());
+            copy_value(rank, key, v, out)
         };
         if rank == self.rank {
             return copy(&s.mine, out);
