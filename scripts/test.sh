@@ -36,6 +36,12 @@ step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 step test cargo test --workspace --locked
 
+# The C ABI: installs btl.h/libbtl/btl.pc under target/capi, compiles the
+# C examples with pkg-config and runs them under `btl run -n 2/-n 4` over
+# sm and tcp, the external wire-up, the misuse test, all again under
+# AddressSanitizer (scripts/capi-test.sh).
+step capi bash scripts/capi-test.sh
+
 # loom: every crate built with --cfg loom, in its own target dir so the
 # normal build is not invalidated. Preemption bound 3, as the models are
 # small rings (2–4 slots) with 1–2 writers.

@@ -41,7 +41,7 @@ impl Sm {
         let mut ctx = Ctx {
             st: &mut self.state,
             regions: &mut regions,
-            sink: &mut |_: TEvent<'_>| {},
+            sink: &mut |_: &mut Regions, _: TEvent<'_>| {},
         };
         // Only completions come out of failing a peer (no receive).
         self.engine.fail_peer(peer, &mut ctx);

@@ -740,11 +740,14 @@ impl Tcp {
                                 // The whole message is in the read-ahead
                                 // buffer: hand it out in place.
                                 c.delivered = true;
-                                (pass.sink)(TEvent::Message {
-                                    from: p,
-                                    tag: h.tag,
-                                    data: bytes,
-                                });
+                                (pass.sink)(
+                                    pass.regions,
+                                    TEvent::Message {
+                                        from: p,
+                                        tag: h.tag,
+                                        data: bytes,
+                                    },
+                                );
                             }
                             _ => c.payload.extend_from_slice(bytes),
                         }
@@ -833,17 +836,23 @@ impl Tcp {
             FrameType::Send if h.tag == TAG_CHUNK => self.on_chunk(peer, payload, pass),
             FrameType::Send if h.tag == TAG_BARRIER => {
                 if let Ok(b) = <[u8; 8]>::try_from(payload) {
-                    (pass.sink)(TEvent::Barrier {
-                        from: peer,
-                        epoch: u64::from_le_bytes(b),
-                    });
+                    (pass.sink)(
+                        pass.regions,
+                        TEvent::Barrier {
+                            from: peer,
+                            epoch: u64::from_le_bytes(b),
+                        },
+                    );
                 }
             }
-            FrameType::Send if h.tag <= MAX_USER_TAG => (pass.sink)(TEvent::Message {
-                from: peer,
-                tag: h.tag,
-                data: payload,
-            }),
+            FrameType::Send if h.tag <= MAX_USER_TAG => (pass.sink)(
+                pass.regions,
+                TEvent::Message {
+                    from: peer,
+                    tag: h.tag,
+                    data: payload,
+                },
+            ),
             FrameType::Send => log::warn!("tcp: rank {peer} used reserved tag {}", h.tag),
             FrameType::Fin => {
                 let a = self.peers[peer as usize].ep.on_fin(conn);
@@ -905,11 +914,14 @@ impl Tcp {
 
     fn chunk_done(&mut self, peer: u32, entry: (u8, u64, Vec<u8>), pass: &mut Pass<'_, '_>) {
         if entry.2.len() as u64 == entry.1 {
-            (pass.sink)(TEvent::Message {
-                from: peer,
-                tag: entry.0,
-                data: &entry.2,
-            });
+            (pass.sink)(
+                pass.regions,
+                TEvent::Message {
+                    from: peer,
+                    tag: entry.0,
+                    data: &entry.2,
+                },
+            );
         } else {
             self.peers[peer as usize].partial = Some(entry);
         }

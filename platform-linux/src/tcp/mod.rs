@@ -52,7 +52,7 @@ use btl_core::tcp::wire::{job_hash, FrameRepr};
 use rustix::event::epoll;
 use socket2::Socket;
 
-use crate::ops::{OpError, OpId, QueueLimits, RawBuf, TEvent};
+use crate::ops::{OpError, OpId, QueueLimits, RawBuf, Sink, TEvent};
 use crate::regions::Regions;
 use crate::wireup::{Identity, WireupError};
 
@@ -236,7 +236,7 @@ impl fmt::Debug for Tcp {
 /// What a progress pass lends the read path.
 pub(crate) struct Pass<'a, 's> {
     regions: &'a mut Regions,
-    sink: &'a mut (dyn FnMut(TEvent<'_>) + 's),
+    sink: &'a mut Sink<'s>,
 }
 
 impl Tcp {
@@ -433,16 +433,16 @@ impl Tcp {
     pub fn progress_timeout(
         &mut self,
         regions: &mut Regions,
-        sink: &mut dyn FnMut(TEvent<'_>),
+        sink: &mut Sink<'_>,
         timeout: Duration,
     ) -> usize {
         let mut pass = Pass { regions, sink };
         let n = self.poll_sockets(&mut pass, timeout);
-        n + self.report(pass.sink)
+        n + self.report(pass.regions, pass.sink)
     }
 
     /// One non-blocking pass of progress.
-    pub fn progress(&mut self, regions: &mut Regions, sink: &mut dyn FnMut(TEvent<'_>)) -> usize {
+    pub fn progress(&mut self, regions: &mut Regions, sink: &mut Sink<'_>) -> usize {
         self.progress_timeout(regions, sink, Duration::ZERO)
     }
 
@@ -500,18 +500,18 @@ impl Tcp {
     }
 
     /// Hands the pass's failures and completions to `sink`.
-    fn report(&mut self, sink: &mut dyn FnMut(TEvent<'_>)) -> usize {
+    fn report(&mut self, regions: &mut Regions, sink: &mut Sink<'_>) -> usize {
         let mut n = 0;
         if !self.to_report.is_empty() {
             for (peer, why) in std::mem::take(&mut self.to_report) {
                 n += 1;
-                sink(TEvent::PeerFailed { peer, why: &why });
+                sink(regions, TEvent::PeerFailed { peer, why: &why });
             }
         }
         if !self.done.is_empty() {
             for (op, result) in std::mem::take(&mut self.done) {
                 n += 1;
-                sink(TEvent::Done { op, result });
+                sink(regions, TEvent::Done { op, result });
             }
         }
         n
@@ -577,7 +577,7 @@ impl Drop for Tcp {
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut regions = Regions::new();
         while self.conns.values().any(|c| !c.out.is_empty()) && Instant::now() < deadline {
-            self.progress_timeout(&mut regions, &mut |_| {}, Duration::from_millis(1));
+            self.progress_timeout(&mut regions, &mut |_, _| {}, Duration::from_millis(1));
         }
     }
 }
