@@ -134,9 +134,70 @@ fn bad_arguments_are_refused_before_running() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("--iterations \"many\""), "{err}");
 
+    let o = Command::new(BTL).args(["help", "bench"]).output().unwrap();
+    let usage = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success());
+    for opt in [
+        "--iterations N",
+        "--window W",
+        "--plot FILE.svg",
+        "--compare",
+    ] {
+        assert!(usage.contains(opt), "{opt}: {usage}");
+    }
+
     let nowhere = dir.0.join("no/such/dir/p.svg");
     let o = bench(&["--plot", nowhere.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("no directory"), "{err}");
+}
+
+#[test]
+fn plot_inside_a_job() {
+    // Another launcher started the ranks: rank 0 measures and draws.
+    let dir = Dir::new("job");
+    let svg = dir.0.join("job.svg");
+    let o = Command::new(BTL)
+        .args(["run", "--timeout", "120", "-n", "2", "--", BTL, "bench"])
+        .args([
+            "--transport",
+            "tcp",
+            "--sizes",
+            "8,1024",
+            "--iterations",
+            "20",
+        ])
+        .args(["--json", "--plot", svg.to_str().unwrap()])
+        .env_remove("BTL_RANK")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("[0] {")).count(),
+        2,
+        "{out}"
+    );
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(
+        svg.lines().filter(|l| l.trim() == "btl tcp").count(),
+        2,
+        "{svg}"
+    );
+
+    // Several transports need btl bench's own launcher.
+    let o = Command::new(BTL)
+        .args(["run", "--timeout", "60", "-n", "2", "--", BTL, "bench"])
+        .args(["--transport", "sm,tcp", "--sizes", "8"])
+        .env_remove("BTL_RANK")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("one transport per run"), "{err}");
 }

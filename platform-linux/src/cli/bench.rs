@@ -301,15 +301,16 @@ pub fn run(opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<Row>, BoxError>
         );
     };
     let choice = Choice::parse(transport).ok_or("--transport: accepts auto, sm or tcp")?;
-    // A bad comparison file is reported before anything is measured.
-    let peers = match &opts.compare {
-        Some(f) => plot::read_compare(f, &opts.compare_ids)?,
-        None => Vec::new(),
-    };
     let mut world = World::init(choice)?;
     if world.size() != 2 {
         return Err("btl bench runs on exactly 2 ranks".into());
     }
+    // Rank 0 draws, so only its host needs the comparison file; a bad one
+    // is reported before anything is measured.
+    let peers = match &opts.compare {
+        Some(f) if world.rank() == 0 => plot::read_compare(f, &opts.compare_ids)?,
+        _ => Vec::new(),
+    };
     let rows = run_on(&mut world, opts, out)?;
     if world.rank() == 0 {
         let name = world.transport_name();
