@@ -339,6 +339,13 @@ fn panel(
     let (x0, x1) = span(pts.iter().flatten().map(|p| p.0), true);
     let (y0, y1) = span(pts.iter().flatten().map(|p| p.1), log_y);
     let e = |e: DrawingAreaErrorKind<_>| format!("drawing the {caption} panel: {e}");
+    // Where curves seldom go: latency rises with size (lower right is
+    // free), bandwidth too (upper left is).
+    let legend_at = if log_y {
+        SeriesLabelPosition::LowerRight
+    } else {
+        SeriesLabelPosition::UpperLeft
+    };
     let mut b = ChartBuilder::on(area);
     b.caption(caption, ("sans-serif", 20))
         .margin(12)
@@ -395,7 +402,7 @@ fn panel(
             }
             chart
                 .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
+                .position(legend_at)
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
                 .label_font(("sans-serif", 16))
