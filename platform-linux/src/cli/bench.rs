@@ -111,7 +111,8 @@ usage: btl bench [--transport auto|sm|tcp[,...]] [--sizes 8,64,...]
   --iterations N      timed round trips (latency) and messages (bandwidth)
                       per size, 1 to 100000000 (default: by size, 20000 to 100)
   --window W          messages in flight in the bandwidth test, 1 to 16384 (default 64)
-  --quick             a twentieth of the default iterations (smoke runs)
+  --quick             a twentieth of the default iterations (smoke runs;
+                      --iterations, if given, wins)
   --plot FILE.svg     draw latency (log-log) and bandwidth against size
   --compare FILE      add the peers' curves from ../shared/anchors' results_raw.tsv
   --compare-ids L     only these rows of that file (e.g. ompi_tcp,ucp_tcp)";
@@ -328,8 +329,11 @@ pub fn run(opts: &BenchOpts, out: &mut impl Write) -> Result<Vec<Row>, BoxError>
 
 /// Appends `rows` of `transport` to `path` ([`ENV_ROWS`]'s format).
 fn write_rows(path: &Path, transport: &str, rows: &[Row]) -> Result<(), BoxError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .append(true)
+        .create(true)
+        .mode(0o600)
         .open(path)
         .map_err(|e| format!("{ENV_ROWS}={}: {e}", path.display()))?;
     let mut text = String::new();
