@@ -2092,7 +2092,8 @@ mod tests {
     #[test]
     fn order_survives_box_ring_handoff_any_interleaving() {
         let (mut by_box, mut by_ring, mut switches) = (0, 0, 0);
-        for seed in 1..if cfg!(miri) { 4 } else { 300 } {
+        let seeds = if cfg!(miri) { 3 } else { 300 };
+        for seed in 1..=seeds {
             let (mut buf, at_ring, at_acks) = handoff_memory();
             let r = region(&mut buf);
             let (mut tx, mut rx) = handoff(&r, at_ring, at_acks);
@@ -2114,9 +2115,10 @@ mod tests {
             by_ring += tx.by_ring;
             switches += tx.switches;
         }
-        // Both paths and the switches between them were exercised.
+        // Both paths and the switches between them were exercised (a few
+        // per run on average).
         assert!(
-            by_box > 50 && by_ring > 50 && switches > 20,
+            by_box > 4 * seeds && by_ring > 4 * seeds && switches > 2 * seeds,
             "{by_box} {by_ring} {switches}"
         );
     }
