@@ -18,12 +18,12 @@
 use std::collections::{HashSet, VecDeque};
 
 use arbitrary::Arbitrary;
-use btl_core::shm::{Region, ShmOffset};
 use btl_core::sm::engine::{init_part, Dispatch, FragDesc, PeerError, PeerSlot, SmEngine};
 use btl_core::sm::fifo::{fifo_map, Consumer, Fifo};
 use btl_core::sm::frag::{FragType, FragView, Slot};
-use btl_core::sm::layout::{segment_layout, SegmentLayout};
 use btl_core::sm::params::SmParams;
+use btl_core::shm::{Region, ShmOffset};
+use btl_core::sm::layout::{segment_layout, SegmentLayout};
 use btl_core::sync::{CachePadded, CACHE_LINE};
 use libfuzzer_sys::fuzz_target;
 

@@ -13,8 +13,8 @@
 use std::collections::VecDeque;
 
 use arbitrary::Arbitrary;
-use btl_core::shm::Region;
 use btl_core::sm::fifo::{Fifo, PushError, FREE};
+use btl_core::shm::Region;
 use btl_core::sync::{CachePadded, CACHE_LINE};
 use libfuzzer_sys::fuzz_target;
 

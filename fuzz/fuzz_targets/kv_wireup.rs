@@ -10,8 +10,8 @@
 
 use arbitrary::Arbitrary;
 use btl_core::wireup::kv::{
-    encode_request, encode_response, parse_request, parse_response, split_frame, Client, KvError,
-    Pending, Request, Response, MAX_FRAME,
+    encode_request, encode_response, parse_request, parse_response, split_frame, Client,
+    KvError, Pending, Request, Response, MAX_FRAME,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -43,10 +43,7 @@ fn answers(p: Pending, r: &Response<'_>) -> bool {
             | (Pending::Fence, Response::FenceDone)
             | (Pending::Get, Response::Value(_))
             | (Pending::Who, Response::Waiting(_))
-            | (
-                Pending::WhoInFence,
-                Response::Waiting(_) | Response::FenceDone
-            )
+            | (Pending::WhoInFence, Response::Waiting(_) | Response::FenceDone)
     )
 }
 
@@ -99,10 +96,7 @@ fuzz_target!(|input: Input<'_>| {
             },
         };
         if before == Pending::Failed {
-            assert!(
-                r.is_err() || matches!(step, Step::Who),
-                "{step:?} after failure: {r:?}"
-            );
+            assert!(r.is_err() || matches!(step, Step::Who), "{step:?} after failure: {r:?}");
             assert!(matches!(c.pending(), Pending::Failed) || matches!(step, Step::Who));
         }
         if let Err(KvError::Busy) = r {

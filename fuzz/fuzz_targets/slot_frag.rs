@@ -5,8 +5,8 @@
 //! whatever validates must describe a payload inside the region.
 #![no_main]
 
-use btl_core::shm::{Region, SegmentTable};
 use btl_core::sm::frag::{read_frag, Slot, FRAG_HEADER_SIZE};
+use btl_core::shm::{Region, SegmentTable};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
