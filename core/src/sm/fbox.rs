@@ -102,11 +102,11 @@
 //! the adapter fails that peer). The reader never hands out bytes outside
 //! the box's data area, whatever the writer wrote.
 //!
-//! Payload bytes are data, not structure: a writer that scribbles on a
-//! payload it already published can make the reader see changed bytes (for
-//! a process outside ours, as [`crate::shm`] says of every plain copy), and
-//! a consumer that makes memory-safety decisions on payload bytes should
-//! copy them first ([`Payload::copy_to`]).
+//! Payload bytes are data, not structure: another process that scribbles
+//! on a payload the reader holds can change the bytes under it (outside
+//! what Rust's memory model covers, as [`crate::shm`] says of every plain
+//! copy), so a consumer that makes memory-safety decisions on payload bytes
+//! should copy them first ([`Payload::copy_to`]).
 //!
 //! # One writer, one reader
 //!
@@ -585,12 +585,16 @@ impl Fbox {
     /// Largest payload a box of `size` takes: a record is at most a quarter
     /// of the box.
     pub const fn max_payload(size: u32) -> u32 {
-        size / 4 - RECORD_HEADER
+        (size / 4).saturating_sub(RECORD_HEADER)
     }
 
-    /// Bytes a record with `len` payload bytes occupies in a box.
+    /// Bytes a record with `len` payload bytes occupies in a box
+    /// (saturating at `u32::MAX` for lengths no box takes).
     pub const fn record_size(len: u32) -> u32 {
-        RECORD_HEADER + len.next_multiple_of(RECORD_ALIGN)
+        match len.checked_next_multiple_of(RECORD_ALIGN) {
+            Some(padded) => padded.saturating_add(RECORD_HEADER),
+            None => u32::MAX,
+        }
     }
 
     /// Initialises a box of `size` data bytes for `sender` at `offset` in
@@ -1350,6 +1354,8 @@ mod tests {
         assert_eq!(Fbox::record_size(1), 16);
         assert_eq!(Fbox::record_size(8), 16);
         assert_eq!(Fbox::record_size(9), 24);
+        assert_eq!(Fbox::record_size(u32::MAX), u32::MAX);
+        assert_eq!(Fbox::max_payload(16), 0);
         assert_eq!(Fbox::TAIL_OFFSET, CACHE_LINE);
         assert_eq!(Fbox::DATA_OFFSET, 2 * CACHE_LINE);
     }
