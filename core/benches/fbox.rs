@@ -20,7 +20,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use btl_core::sm::fbox::{Fbox, FboxReader, FboxWriter, SendError, DEFAULT_SIZE};
-use common::{cacheline_pingpong, fifo_pingpong, median, pin, Memory};
+use common::{cacheline_pingpong, fifo_pingpong, median, pin, pin_main, run_lengths, Memory};
 
 const SENDER: u32 = 0;
 
@@ -124,27 +124,11 @@ fn fbox_streaming(msgs: u64) -> f64 {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    // `--short`: a few thousand messages per row, for running the threads
-    // under miri or a sanitizer, not for the figures.
-    let short = std::env::args().any(|a| a == "--short");
-    let (iters, msgs, reps) = if short && cfg!(miri) {
-        (20, 200, 1)
-    } else if short {
-        (2_000, 20_000, 1)
-    } else if quick {
-        (20_000, 200_000, 3)
-    } else {
-        (200_000, 5_000_000, 5)
-    };
-    let pinned = pin(0);
+    let (iters, msgs, reps) = run_lengths();
+    let pinning = pin_main();
     println!(
         "btl-core fast-box benchmark: box {DEFAULT_SIZE} B, {reps} runs each, median; threads {}",
-        if pinned {
-            "pinned to cores 0 and 1"
-        } else {
-            "NOT pinned (sched_setaffinity refused)"
-        }
+        pinning
     );
     // Interleave the rows so drift on a shared machine hits all alike.
     let (mut line, mut fifo, mut box8, mut box256, mut stream) =

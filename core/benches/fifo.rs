@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use btl_core::sm::fifo::Fifo;
 use common::{
-    cacheline_pingpong, fifo_pingpong, median, pin, push_spin, Memory, FIFO_SIZE, LAZY_FREE,
+    cacheline_pingpong, fifo_pingpong, median, pin, pin_main, push_spin, run_lengths, Memory,
+    FIFO_SIZE, LAZY_FREE,
 };
 
 /// Messages per second from `writers` threads to one reader.
@@ -62,24 +63,11 @@ fn streaming(writers: u64, per_writer: u64) -> f64 {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    // `--short`: a few thousand messages per row, for running the threads
-    // under a sanitizer (scripts/sanitizers.sh), not for the figures.
-    let short = std::env::args().any(|a| a == "--short");
-    // `cargo bench` passes `--bench`; ignore it and anything else.
-    let (iters, msgs, reps) = if short && cfg!(miri) {
-        (20, 200, 1)
-    } else if short {
-        (2_000, 20_000, 1)
-    } else if quick {
-        (20_000, 200_000, 3)
-    } else {
-        (200_000, 5_000_000, 5)
-    };
-    let pinned = pin(0);
+    let (iters, msgs, reps) = run_lengths();
+    let pinning = pin_main();
     println!(
         "btl-core FIFO benchmark: fifo_size {FIFO_SIZE}, lazy_free {LAZY_FREE}, {reps} runs each, median; threads {}",
-        if pinned { "pinned to cores 0 and 1" } else { "NOT pinned (sched_setaffinity refused)" }
+        pinning
     );
     // Interleave the rows so drift on a shared machine hits both alike.
     let mut line = Vec::new();

@@ -138,3 +138,31 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
+
+/// How much each row runs, from the command line: `--quick`, `--short` (a
+/// few thousand messages per row, for running the threads under miri or a
+/// sanitizer, not for the figures), or the full run. `cargo bench` passes
+/// `--bench`; anything else is ignored. Returns (ping-pong round trips,
+/// streamed messages, runs per row).
+pub fn run_lengths() -> (u64, u64, usize) {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let short = std::env::args().any(|a| a == "--short");
+    if short && cfg!(miri) {
+        (20, 200, 1)
+    } else if short {
+        (2_000, 20_000, 1)
+    } else if quick {
+        (20_000, 200_000, 3)
+    } else {
+        (200_000, 5_000_000, 5)
+    }
+}
+
+/// Pins the calling (main) thread to core 0 and says how the threads run.
+pub fn pin_main() -> &'static str {
+    if pin(0) {
+        "pinned to cores 0 and 1"
+    } else {
+        "NOT pinned (sched_setaffinity refused)"
+    }
+}

@@ -1307,14 +1307,14 @@ mod tests {
         (reader, writer)
     }
 
-    /// Deterministic pseudo-random numbers (xorshift64*).
-    struct Rng(u64);
+    /// Deterministic pseudo-random choices.
+    struct Rng(crate::check::Rng);
     impl Rng {
+        fn new(seed: u64) -> Self {
+            Self(crate::check::Rng::new(seed))
+        }
         fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+            self.0.next()
         }
         fn below(&mut self, n: u64) -> u64 {
             self.next() % n
@@ -1555,7 +1555,7 @@ mod tests {
         let mut buf = buffer(Fbox::memory_size(size).unwrap());
         let r = region(&mut buf);
         let (mut reader, mut w) = pair(&r, size);
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let s = u64::from(size);
         let (mut head, mut tail) = (0u64, 0u64);
         let mut queue: VecDeque<(u8, Vec<u8>, u64)> = VecDeque::new();
@@ -1858,7 +1858,7 @@ mod tests {
         let r = region(&mut buf);
         let start = r.base_addr() + Fbox::DATA_OFFSET;
         let end = start + size as usize;
-        let mut rng = Rng(99);
+        let mut rng = Rng::new(99);
         for _ in 0..if cfg!(miri) { 20 } else { 2000 } {
             // SAFETY: the previous box's handles are gone; nothing else
             // accesses the buffer.
@@ -1930,7 +1930,7 @@ mod tests {
         std::thread::scope(|s| {
             let done = &done;
             s.spawn(move || {
-                let mut rng = Rng(7);
+                let mut rng = Rng::new(7);
                 for id in 0..N {
                     let len = rng.below(57) as usize;
                     let msg = content(id, len);
@@ -1944,7 +1944,7 @@ mod tests {
                 }
             });
             let _done = Done(done);
-            let mut rng = Rng(7);
+            let mut rng = Rng::new(7);
             for id in 0..N {
                 let len = rng.below(57) as usize;
                 let got = loop {
@@ -2103,7 +2103,7 @@ mod tests {
             let (mut buf, at_ring, at_acks) = handoff_memory();
             let r = region(&mut buf);
             let (mut tx, mut rx) = handoff(&r, at_ring, at_acks);
-            let mut rng = Rng(seed);
+            let mut rng = Rng::new(seed);
             // The sender's share of the steps: 1/3, 1/2 or 2/3.
             let (num, den) = [(1, 3), (1, 2), (2, 3)][seed as usize % 3];
             const N: u64 = 60;
