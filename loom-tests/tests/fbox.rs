@@ -103,7 +103,10 @@ fn wrap_around_tiny_box() {
 #[test]
 fn full_box_writes_nothing_while_reader_releases() {
     loom::model(|| {
-        const SIZES: &[usize] = &[8, 8, 8, 8];
+        // Three 16-byte records fill the box up to byte 48. Message 3 fits
+        // once message 0 is released; message 4 (an 8-byte record at the
+        // start of the next lap) once message 1 is.
+        const SIZES: &[usize] = &[8, 8, 8, 8, 0];
         let mem = Arc::new(RingMemory::with_bytes(Fbox::memory_size(BOX).unwrap()));
         let region = mem.region();
         let (mut reader, mut w) = open(&region);
@@ -116,25 +119,28 @@ fn full_box_writes_nothing_while_reader_releases() {
                 let _keep = &mem;
                 let mut next = 0;
                 take_checked(&mut reader, SIZES, &mut next);
+                take_checked(&mut reader, SIZES, &mut next);
                 (reader, next)
             })
         };
-        // Full until the reader's release of message 0 is visible; then
-        // it fits. Either way nothing half-written is ever seen.
-        let accepted = match w.try_send(3, &content(3, 8), 0) {
-            Ok(()) => true,
-            Err(SendError::Full) => false,
-            Err(e) => panic!("{e}"),
-        };
-        let (mut reader, mut next) = reader_thread.join().unwrap();
-        assert_eq!(next, 1, "message 0 was there to take");
-        while take_checked(&mut reader, SIZES, &mut next) {}
-        assert_eq!(next, if accepted { 4 } else { 3 });
-        if !accepted {
-            // Drained now: the same message goes in.
-            w.try_send(3, &content(3, 8), 0).unwrap();
-            assert!(take_checked(&mut reader, SIZES, &mut next));
+        // Each is accepted or refused as full with nothing written; a
+        // refused one is not followed by a later one (order).
+        let mut sent = 3;
+        while sent < SIZES.len() && send_tries(&mut w, sent, &content(sent, SIZES[sent]), 2) {
+            sent += 1;
         }
+        let (mut reader, mut next) = reader_thread.join().unwrap();
+        assert_eq!(next, 2, "messages 0 and 1 were there to take");
+        while take_checked(&mut reader, SIZES, &mut next) {}
+        assert_eq!(next, sent);
+        // Drained now: the rest goes in.
+        while sent < SIZES.len() {
+            w.try_send(sent as u8, &content(sent, SIZES[sent]), 0)
+                .unwrap();
+            sent += 1;
+        }
+        while take_checked(&mut reader, SIZES, &mut next) {}
+        assert_eq!(next, SIZES.len());
     });
 }
 
@@ -256,7 +262,7 @@ fn handoff_model(sizes: &'static [usize]) {
 #[test]
 fn handoff_to_ring_keeps_order() {
     // Three 8-byte messages fill the box; the fourth goes by the ring
-    // unless the receiver made room, and the fifth by the box only once
-    // the ring message's ACK is back.
-    loom::model(|| handoff_model(&[8, 8, 8, 8, 0]));
+    // unless the receiver made room, and the next ones by the box only
+    // once the ring message's ACK is back.
+    loom::model(|| handoff_model(&[8, 8, 8, 8, 0, 0]));
 }
