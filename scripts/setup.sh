@@ -47,6 +47,10 @@ fi
 # and the layout test needs a C compiler.
 need=()
 command -v c++ >/dev/null || need+=(g++)
+# The C ABI's tests (scripts/capi-test.sh) compile C with cc and pkg-config
+# (gcc brings libasan for the AddressSanitizer runs).
+command -v cc >/dev/null || need+=(gcc)
+command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v mpirun >/dev/null || need+=(openmpi-bin)

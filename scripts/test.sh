@@ -36,6 +36,12 @@ step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 step test cargo test --workspace --locked
 
+# The C ABI: installs btl.h/libbtl/btl.pc under target/capi, compiles the
+# C examples with pkg-config and runs them under `btl run -n 2/-n 4` over
+# sm and tcp, the external wire-up, the misuse test, all again under
+# AddressSanitizer (scripts/capi-test.sh).
+step capi bash scripts/capi-test.sh
+
 # loom: first the check that every #[test] in loom-tests/tests calls
 # loom::model in code (not in a comment or a string: such a test runs
 # nothing and passes); then every model, built with --cfg loom in its own
@@ -48,11 +54,12 @@ loom() {
 }
 step loom loom
 
-# miri on the core's unit tests and the FIFO benchmark (its threads, in a
-# short mode), with strict provenance.
+# miri on the core's unit tests and the FIFO and fast-box benchmarks (their
+# threads, in a short mode), with strict provenance.
 miri() {
   MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test -p btl-core --locked
   MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test -p btl-core --locked --bench fifo -- --short
+  MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test -p btl-core --locked --bench fbox -- --short
 }
 step miri miri
 
@@ -89,12 +96,12 @@ step qemu qemu
 # from its committed seed corpus; a crash fails the step.
 step fuzz bash scripts/fuzz.sh
 
-# The core's unit tests and the FIFO benchmark's threads under
+# The core's unit tests and the FIFO and fast-box benchmarks' threads under
 # ThreadSanitizer, the unit tests under AddressSanitizer.
 step sanitizers bash scripts/sanitizers.sh
 
-# The benchmark must keep building (it is run by hand, not here).
-step bench-build cargo bench -p btl-core --bench fifo --locked --no-run
+# The benchmarks must keep building (they are run by hand, not here).
+step bench-build cargo bench -p btl-core --bench fifo --bench fbox --locked --no-run
 
 printf '\n==> summary\n'
 printf '  %s\n' "${steps_run[@]}"

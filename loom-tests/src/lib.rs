@@ -1,7 +1,8 @@
 //! Helpers for the loom models in `tests/`: a cache-line aligned buffer that
-//! several loom threads share, holding a ring initialised in place by
-//! btl-core's real [`btl_core::sm::fifo::Fifo`] code, and the memory of a
-//! whole segment for the engine and control-area models.
+//! several loom threads share, holding a ring (or a fast box) initialised in
+//! place by btl-core's real [`btl_core::sm::fifo::Fifo`] (or
+//! [`btl_core::sm::fbox::Fbox`]) code, and the memory of a whole segment for
+//! the engine and control-area models.
 //!
 //! Run the models with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p btl-loom-tests --release`.
@@ -28,8 +29,29 @@ pub struct RingMemory(Memory);
 impl RingMemory {
     /// Memory for a ring of `slots` slots.
     pub fn new(slots: u32) -> Self {
-        let size = Fifo::memory_size(slots).expect("ring size");
-        Self(Memory::new(size, Fifo::ALIGN))
+        Self::with_bytes(Fifo::memory_size(slots).expect("ring size"))
+    }
+
+    /// `bytes` bytes of zeroed, cache-line aligned memory (for structures
+    /// other than one ring: a fast box, or a box and its rings).
+    pub fn with_bytes(bytes: usize) -> Self {
+        assert!(bytes > 0, "empty memory");
+        Self(Memory::new(bytes, Fifo::ALIGN))
+    }
+
+    /// A region over the memory, for the calling thread (structures are
+    /// initialised through it; their handles, which hold only atomics, go
+    /// to the model's threads).
+    ///
+    /// # Safety
+    ///
+    /// `Region::from_raw_parts`' contract: the caller keeps `self` (its
+    /// `Arc`) alive while the region is used (every model joins its threads
+    /// before dropping it), and byte copies through regions of different
+    /// threads are ordered.
+    pub unsafe fn region(&self) -> Region<'static> {
+        // SAFETY: the caller's.
+        unsafe { self.0.region() }
     }
 
     /// Initialises a ring in the memory and returns it (its handles, not a

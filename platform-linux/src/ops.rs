@@ -57,6 +57,11 @@ impl fmt::Display for OpError {
 
 impl std::error::Error for OpError {}
 
+/// Where a transport hands its events: the region table (lent back, so
+/// the consumer may register or deregister memory while it handles the
+/// event) and the event.
+pub type Sink<'s> = dyn FnMut(&mut crate::regions::Regions, TEvent<'_>) + 's;
+
 /// An event of a transport's progress pass. Ranks are the transport's own
 /// numbering (node-local for shared memory); data borrows the transport's
 /// buffers and is valid during the callback only.

@@ -43,7 +43,7 @@ fn quiet<R>(st: &mut super::recv::State, f: impl FnOnce(&mut Ctx<'_, '_>) -> R) 
     let mut ctx = Ctx {
         st,
         regions: &mut regions,
-        sink: &mut |_: TEvent<'_>| {},
+        sink: &mut |_: &mut Regions, _: TEvent<'_>| {},
     };
     f(&mut ctx)
 }

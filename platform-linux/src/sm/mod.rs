@@ -93,7 +93,7 @@ use btl_core::sm::layout::SizeError;
 use btl_core::sm::params::SmParams;
 use btl_core::sync::AtomicU64;
 
-use crate::ops::{QueueLimits, TEvent};
+use crate::ops::{QueueLimits, Sink, TEvent};
 use crate::regions::Regions;
 use crate::segment::{Attached, SegmentError, View};
 
@@ -371,7 +371,7 @@ impl Sm {
     /// (with the sender's local rank), completions of operations posted
     /// earlier, barrier arrivals, failures. Returns the number of events
     /// and fragments handled. Never blocks.
-    pub fn progress(&mut self, regions: &mut Regions, sink: &mut dyn FnMut(TEvent<'_>)) -> usize {
+    pub fn progress(&mut self, regions: &mut Regions, sink: &mut Sink<'_>) -> usize {
         for id in self.unpins.drain(..) {
             regions.unpin(id);
         }
@@ -398,12 +398,12 @@ impl Sm {
         }
         for (peer, why) in std::mem::take(&mut self.to_report) {
             n += 1;
-            sink(TEvent::PeerFailed { peer, why: &why });
+            sink(regions, TEvent::PeerFailed { peer, why: &why });
         }
         if !self.state.done.is_empty() {
             for (op, result) in std::mem::take(&mut self.state.done) {
                 n += 1;
-                sink(TEvent::Done { op, result });
+                sink(regions, TEvent::Done { op, result });
             }
         }
         n
@@ -467,7 +467,7 @@ impl Drop for Sm {
         );
         let mut regions = Regions::new();
         while !self.is_flushed() {
-            let n = self.progress(&mut regions, &mut |_| {});
+            let n = self.progress(&mut regions, &mut |_, _| {});
             if let Some(now) = w.pass(n) {
                 self.check_peers_every(now);
                 if w.expired(now).is_some() {

@@ -17,7 +17,7 @@ use super::rma::{self, PutChunk, RangeReq, RmaWait, Work};
 use super::send::{Chunk, Rndv};
 use super::{MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_RNDV};
 use crate::cma;
-use crate::ops::{OpError, OpId, TEvent};
+use crate::ops::{OpError, OpId, Sink, TEvent};
 use crate::regions::Regions;
 
 /// Problems caused by peers' data logged one by one; after these, only
@@ -139,7 +139,7 @@ impl State {
 pub(super) struct Ctx<'a, 's> {
     pub(super) st: &'a mut State,
     pub(super) regions: &'a mut Regions,
-    pub(super) sink: &'a mut (dyn FnMut(TEvent<'_>) + 's),
+    pub(super) sink: &'a mut Sink<'s>,
 }
 
 impl State {
@@ -165,7 +165,7 @@ impl State {
 
 impl Ctx<'_, '_> {
     fn deliver(&mut self, from: u32, tag: u8, data: &[u8]) {
-        (self.sink)(TEvent::Message { from, tag, data });
+        (self.sink)(self.regions, TEvent::Message { from, tag, data });
     }
 
     fn recv_rndv(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
@@ -546,10 +546,13 @@ impl Dispatch for Ctx<'_, '_> {
                     violation!(self.st, peer, "malformed barrier message");
                     return false;
                 }
-                (self.sink)(TEvent::Barrier {
-                    from: peer,
-                    epoch: u64::from_le_bytes(b),
-                });
+                (self.sink)(
+                    self.regions,
+                    TEvent::Barrier {
+                        from: peer,
+                        epoch: u64::from_le_bytes(b),
+                    },
+                );
                 true
             }
             t if t <= MAX_USER_TAG => {

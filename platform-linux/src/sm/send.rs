@@ -18,7 +18,7 @@ use btl_core::sm::engine::{PeerState, SendError};
 use super::recv::Ctx;
 use super::rma::{encode_get_data, PutChunk};
 use super::*;
-use crate::ops::{OpError, OpId, PostError, Posted, RawBuf, RawParts, TEvent};
+use crate::ops::{OpError, OpId, PostError, Posted, RawBuf, RawParts, Sink};
 use crate::regions::Regions;
 
 /// Header of a single-copy rendezvous fragment.
@@ -321,7 +321,7 @@ impl Sm {
     /// Sends the concatenation of `parts` to `peer` with `tag` without
     /// copying large messages: a message up to a fragment is copied at once
     /// ([`Posted::Done`]); a larger one is read from `parts` while it
-    /// travels, and completes with [`TEvent::Done`] for `op`.
+    /// travels, and completes with [`TEvent::Done`](crate::ops::TEvent::Done) for `op`.
     ///
     /// # Safety
     ///
@@ -387,7 +387,7 @@ impl Sm {
     }
 
     /// Announces our arrival at barrier `epoch` to `peer` (the job's
-    /// barrier; arrivals are reported as [`TEvent::Barrier`]).
+    /// barrier; arrivals are reported as [`TEvent::Barrier`](crate::ops::TEvent::Barrier)).
     pub fn send_barrier(&mut self, peer: u32, epoch: u64) -> Result<(), PostError> {
         self.send_ctl(peer, TAG_BARRIER, &epoch.to_le_bytes())
     }
@@ -675,11 +675,7 @@ impl Sm {
     }
 
     /// Runs the engine once with `regions` and `sink`.
-    pub(super) fn progress_engine(
-        &mut self,
-        regions: &mut Regions,
-        sink: &mut dyn FnMut(TEvent<'_>),
-    ) -> usize {
+    pub(super) fn progress_engine(&mut self, regions: &mut Regions, sink: &mut Sink<'_>) -> usize {
         let mut ctx = Ctx {
             st: &mut self.state,
             regions,

@@ -319,12 +319,21 @@ impl Tcp {
         self.post_buf(peer, OutBuf::frame(&[&hdr, head], Body::Raw(data), op))
     }
 
+    /// The endpoint's decision on a send to `peer`. The clock is read only
+    /// for a closed endpoint, the one state whose decision uses it (the
+    /// connect starts its handshake deadline): a clock read costs about as
+    /// much as a small message's own work, and this is on every send.
+    fn send_decision(&mut self, peer: u32) -> SendDecision {
+        let closed = self.peers[peer as usize].ep.state() == EndpointState::Closed;
+        let now = if closed { self.now_ms() } else { 0 };
+        self.peers[peer as usize].ep.on_send_request(now)
+    }
+
     /// The connection to write on now, if `peer` is connected and nothing
     /// is queued ahead; otherwise starts connecting or queues per the
     /// endpoint's decision (`None`).
     fn ready_conn(&mut self, peer: u32) -> Result<Option<ConnId>, PostError> {
-        let now = self.now_ms();
-        match self.peers[peer as usize].ep.on_send_request(now) {
+        match self.send_decision(peer) {
             SendDecision::SendNow { conn } => Ok(self
                 .conns
                 .get(&conn.0)
@@ -384,8 +393,7 @@ impl Tcp {
     /// Queues `buf` for `peer`: on its connection if it has one, else in
     /// its queue until the connection is up. Tries to write at once.
     fn post_buf(&mut self, peer: u32, buf: OutBuf) -> Result<Posted, PostError> {
-        let now = self.now_ms();
-        match self.peers[peer as usize].ep.on_send_request(now) {
+        match self.send_decision(peer) {
             SendDecision::SendNow { .. } => self.queue_on_conn(peer, buf),
             SendDecision::Queue => Ok(self.queue_for_peer(peer, buf)),
             SendDecision::QueueAndConnect => {
@@ -433,9 +441,7 @@ impl Tcp {
     }
 
     fn queue_on_conn(&mut self, peer: u32, buf: OutBuf) -> Result<Posted, PostError> {
-        let now = self.now_ms();
-        let SendDecision::SendNow { conn } = self.peers[peer as usize].ep.on_send_request(now)
-        else {
+        let SendDecision::SendNow { conn } = self.send_decision(peer) else {
             return Ok(self.queue_for_peer(peer, buf));
         };
         let op = buf.op;
@@ -740,11 +746,14 @@ impl Tcp {
                                 // The whole message is in the read-ahead
                                 // buffer: hand it out in place.
                                 c.delivered = true;
-                                (pass.sink)(TEvent::Message {
-                                    from: p,
-                                    tag: h.tag,
-                                    data: bytes,
-                                });
+                                (pass.sink)(
+                                    pass.regions,
+                                    TEvent::Message {
+                                        from: p,
+                                        tag: h.tag,
+                                        data: bytes,
+                                    },
+                                );
                             }
                             _ => c.payload.extend_from_slice(bytes),
                         }
@@ -833,17 +842,23 @@ impl Tcp {
             FrameType::Send if h.tag == TAG_CHUNK => self.on_chunk(peer, payload, pass),
             FrameType::Send if h.tag == TAG_BARRIER => {
                 if let Ok(b) = <[u8; 8]>::try_from(payload) {
-                    (pass.sink)(TEvent::Barrier {
-                        from: peer,
-                        epoch: u64::from_le_bytes(b),
-                    });
+                    (pass.sink)(
+                        pass.regions,
+                        TEvent::Barrier {
+                            from: peer,
+                            epoch: u64::from_le_bytes(b),
+                        },
+                    );
                 }
             }
-            FrameType::Send if h.tag <= MAX_USER_TAG => (pass.sink)(TEvent::Message {
-                from: peer,
-                tag: h.tag,
-                data: payload,
-            }),
+            FrameType::Send if h.tag <= MAX_USER_TAG => (pass.sink)(
+                pass.regions,
+                TEvent::Message {
+                    from: peer,
+                    tag: h.tag,
+                    data: payload,
+                },
+            ),
             FrameType::Send => log::warn!("tcp: rank {peer} used reserved tag {}", h.tag),
             FrameType::Fin => {
                 let a = self.peers[peer as usize].ep.on_fin(conn);
@@ -905,11 +920,14 @@ impl Tcp {
 
     fn chunk_done(&mut self, peer: u32, entry: (u8, u64, Vec<u8>), pass: &mut Pass<'_, '_>) {
         if entry.2.len() as u64 == entry.1 {
-            (pass.sink)(TEvent::Message {
-                from: peer,
-                tag: entry.0,
-                data: &entry.2,
-            });
+            (pass.sink)(
+                pass.regions,
+                TEvent::Message {
+                    from: peer,
+                    tag: entry.0,
+                    data: &entry.2,
+                },
+            );
         } else {
             self.peers[peer as usize].partial = Some(entry);
         }

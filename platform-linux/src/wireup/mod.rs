@@ -121,6 +121,9 @@ pub enum WireupError {
     },
     /// PMIx is unavailable or failed.
     Pmix(String),
+    /// An external runtime's exchange (the C ABI's `btl_open` /
+    /// `btl_connect`) failed or handed back malformed records.
+    External(String),
 }
 
 impl fmt::Display for WireupError {
@@ -181,6 +184,7 @@ impl fmt::Display for WireupError {
                 message,
             } => write!(f, "wire-up service at {addr} refused ({code}): {message}"),
             Self::Pmix(why) => write!(f, "PMIx: {why}"),
+            Self::External(why) => write!(f, "the runtime's address exchange: {why}"),
         }
     }
 }
@@ -229,7 +233,7 @@ pub(crate) fn check_key(key: &str) -> Result<(), WireupError> {
 
 /// What every source checks before publishing: the key, and the value's
 /// size ([`MAX_VALUE`]).
-pub(crate) fn check_put(rank: u32, key: &str, value: &[u8]) -> Result<(), WireupError> {
+pub fn check_put(rank: u32, key: &str, value: &[u8]) -> Result<(), WireupError> {
     check_key(key)?;
     if value.len() > MAX_VALUE {
         return Err(WireupError::TooLarge {
@@ -242,7 +246,7 @@ pub(crate) fn check_put(rank: u32, key: &str, value: &[u8]) -> Result<(), Wireup
 
 /// Copies rank `rank`'s value of `key` (if any) into `out`, as
 /// [`Wireup::get`] answers: a value longer than `out` is an error.
-pub(crate) fn copy_value(
+pub fn copy_value(
     rank: u32,
     key: &str,
     value: Option<&[u8]>,

@@ -19,6 +19,13 @@ use crate::ops::QueueLimits;
 /// Default `BTL_TIMEOUT`: how long any blocking call may wait.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The variable choosing the transports when code does not
+/// ([`Builder::transports`]): `auto`, `sm`, `tcp` or `sm-local`.
+pub const ENV_TRANSPORT: &str = "BTL_TRANSPORT";
+
+/// What [`ENV_TRANSPORT`] and the `btl.transport` parameter accept.
+const TRANSPORTS: &str = "auto, sm, tcp or sm-local";
+
 /// Wire-up key of a rank's process id, published by the rank itself: the
 /// shared-memory transport's identity of its peers (their control records
 /// must name the same pid; single copy and liveness use it).
@@ -38,7 +45,9 @@ pub const PID_KEY: &str = "pid";
 /// # Ok::<(), btl_linux::world::WorldError>(())
 /// ```
 pub struct Builder {
-    choice: Choice,
+    /// Set by code ([`Builder::transports`], `set("btl", "transport", ..)`);
+    /// otherwise `BTL_TRANSPORT`, else [`Choice::Auto`].
+    choice: Option<Choice>,
     sm: Vec<(String, String)>,
     tcp: Vec<(String, String)>,
     timeout: Option<Duration>,
@@ -76,7 +85,7 @@ impl Builder {
     /// environment, wire-up from the environment's source.
     pub fn new() -> Self {
         Self {
-            choice: Choice::Auto,
+            choice: None,
             sm: Vec::new(),
             tcp: Vec::new(),
             timeout: None,
@@ -86,13 +95,15 @@ impl Builder {
 
     /// Which transports to use.
     pub fn transports(mut self, choice: Choice) -> Self {
-        self.choice = choice;
+        self.choice = Some(choice);
         self
     }
 
     /// Sets parameter `name` of `component` (`"sm"`, `"tcp"`, or `"btl"`
-    /// for the job's own: `timeout`, seconds any blocking call may wait)
-    /// from its text, as `BTL_<COMPONENT>_<NAME>` would. An unknown name
+    /// for the job's own: `timeout`, seconds any blocking call may wait, as
+    /// `BTL_TIMEOUT`; `transport`, `auto`, `sm`, `tcp` or `sm-local`, as
+    /// `BTL_TRANSPORT` and [`Self::transports`]) from its text, as
+    /// `BTL_<COMPONENT>_<NAME>` would. An unknown name
     /// or a malformed value is an error naming the parameter and what it
     /// accepts; rules between parameters are checked at `init`.
     pub fn set(mut self, component: &str, name: &str, value: &str) -> Result<Self, WorldError> {
@@ -122,10 +133,16 @@ impl Builder {
                     message: format!("{value:?}: accepts a positive number of seconds"),
                 })?);
             }
+            "btl" if name == "transport" => {
+                self.choice = Some(Choice::parse(value).ok_or(WorldError::Param {
+                    name: full,
+                    message: format!("{value:?}: accepts {TRANSPORTS}"),
+                })?);
+            }
             "btl" => {
                 return Err(WorldError::Param {
                     name: full,
-                    message: "unknown parameter (the btl component has: timeout)".into(),
+                    message: "unknown parameter (the btl component has: timeout, transport)".into(),
                 })
             }
             _ => {
@@ -143,6 +160,20 @@ impl Builder {
     pub fn wireup(mut self, id: Identity, w: DynWireup) -> Self {
         self.wireup = Some((id, w));
         self
+    }
+
+    /// The transport choice: code's, else `BTL_TRANSPORT`'s, else auto.
+    fn choice(&self) -> Result<Choice, WorldError> {
+        if let Some(c) = self.choice {
+            return Ok(c);
+        }
+        match std::env::var(ENV_TRANSPORT) {
+            Ok(v) if !v.is_empty() => Choice::parse(&v).ok_or(WorldError::Param {
+                name: ENV_TRANSPORT.into(),
+                message: format!("{v:?}: accepts {TRANSPORTS}"),
+            }),
+            _ => Ok(Choice::Auto),
+        }
     }
 
     fn params(&self) -> Result<(SmParams, TcpParams, Duration), WorldError> {
@@ -192,12 +223,14 @@ impl Builder {
     /// Joins the job: wire-up (node names; then, if some peer is on another
     /// node, TCP addresses), then the transports.
     pub fn init<'m>(mut self) -> Result<World<'m>, WorldError> {
+        let choice = self.choice()?;
         let (sm_p, tcp_p, timeout) = self.params()?;
         let (id, mut w) = self.source()?;
         publish_identity(&id, &mut w)?;
         w.fence()?;
         let names = node_names(&id, &mut w)?;
-        let plan = Plan::new(&id, &names, self.choice)?;
+        let plan = Plan::new(&id, &names, choice)?;
+        let tcp_sizes = (tcp_p.eager_limit, tcp_p.max_send_size);
         let mut tcp = None;
         if plan.route.contains(&Route::Tcp) {
             let t = start_tcp(&id, tcp_p, plan.nodes > 1)?;
@@ -205,7 +238,13 @@ impl Builder {
             w.fence()?;
             tcp = Some(t);
         }
-        finish(id, w, plan, tcp, sm_p, timeout, self.choice)
+        let how = Transports {
+            choice,
+            sm: sm_p,
+            tcp_sizes,
+            timeout,
+        };
+        finish(id, w, plan, tcp, how)
     }
 
     /// The first phase for a runtime that runs the fence itself (Open
@@ -214,10 +253,12 @@ impl Builder {
     /// listening already). Then the runtime fences, then
     /// [`Opened::connect`].
     pub fn open(mut self) -> Result<Opened, WorldError> {
+        let choice = self.choice()?;
         let (sm_p, tcp_p, timeout) = self.params()?;
         let (id, mut w) = self.source()?;
         publish_identity(&id, &mut w)?;
-        let tcp = if self.choice == Choice::Sm {
+        let tcp_sizes = (tcp_p.eager_limit, tcp_p.max_send_size);
+        let tcp = if matches!(choice, Choice::Sm | Choice::SmLocal) {
             None
         } else {
             // A job across nodes is assumed (the node names are not known
@@ -229,10 +270,13 @@ impl Builder {
         Ok(Opened {
             id,
             w,
-            choice: self.choice,
             tcp,
-            sm_p,
-            timeout,
+            how: Transports {
+                choice,
+                sm: sm_p,
+                tcp_sizes,
+                timeout,
+            },
         })
     }
 }
@@ -242,9 +286,15 @@ impl Builder {
 pub struct Opened {
     id: Identity,
     w: DynWireup,
-    choice: Choice,
     tcp: Option<Tcp>,
-    sm_p: SmParams,
+    how: Transports,
+}
+
+/// What `finish` starts the transports with.
+struct Transports {
+    choice: Choice,
+    sm: SmParams,
+    tcp_sizes: (u32, u32),
     timeout: Duration,
 }
 
@@ -252,7 +302,7 @@ impl fmt::Debug for Opened {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Opened")
             .field("id", &self.id)
-            .field("choice", &self.choice)
+            .field("choice", &self.how.choice)
             .finish_non_exhaustive()
     }
 }
@@ -267,21 +317,13 @@ impl Opened {
     /// transports.
     pub fn connect<'m>(mut self) -> Result<World<'m>, WorldError> {
         let names = node_names(&self.id, &mut self.w)?;
-        let plan = Plan::new(&self.id, &names, self.choice)?;
+        let plan = Plan::new(&self.id, &names, self.how.choice)?;
         let tcp = if plan.route.contains(&Route::Tcp) {
             self.tcp
         } else {
             None
         };
-        finish(
-            self.id,
-            self.w,
-            plan,
-            tcp,
-            self.sm_p,
-            self.timeout,
-            self.choice,
-        )
+        finish(self.id, self.w, plan, tcp, self.how)
     }
 }
 
@@ -369,6 +411,8 @@ impl Plan {
                     Route::Me
                 } else if let Some(l) = local.iter().position(|&x| x == r) {
                     Route::Sm(l as u32)
+                } else if choice == Choice::SmLocal {
+                    Route::Unreachable
                 } else {
                     Route::Tcp
                 }
@@ -387,10 +431,14 @@ fn finish<'m>(
     mut w: DynWireup,
     plan: Plan,
     mut tcp: Option<Tcp>,
-    sm_p: SmParams,
-    timeout: Duration,
-    choice: Choice,
+    how: Transports,
 ) -> Result<World<'m>, WorldError> {
+    let Transports {
+        choice,
+        sm: sm_p,
+        tcp_sizes,
+        timeout,
+    } = how;
     if let Some(t) = &mut tcp {
         for r in (0..id.size).filter(|&r| plan.route[r as usize] == Route::Tcp) {
             let rec = wireup::get_vec(w.as_mut(), r, crate::tcp::ADDR_KEY)?.ok_or(
@@ -423,6 +471,13 @@ fn finish<'m>(
         None
     };
     let oversubscribed = crate::progress::oversubscribed(plan.local.len() as u32);
+    if oversubscribed {
+        log::info!(
+            "{} ranks on this node outnumber its cores: waits yield after {} empty polls",
+            plan.local.len(),
+            crate::progress::SPIN_OVERSUBSCRIBED
+        );
+    }
     Ok(World {
         hub: Hub {
             me: id.rank,
@@ -436,7 +491,6 @@ fn finish<'m>(
             next_req: 0,
             barrier_in: HashMap::<u64, HashSet<u32>>::new(),
             failed: Vec::new(),
-            unpin: Vec::new(),
         },
         id,
         _wireup: w,
@@ -448,6 +502,8 @@ fn finish<'m>(
         timeout,
         oversubscribed,
         choice,
+        tcp_sizes,
+        idle_passes: 0,
         passes: 0,
         barrier_epoch: 0,
         _mem: PhantomData,

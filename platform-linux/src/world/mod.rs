@@ -63,10 +63,14 @@ mod init;
 mod ops;
 
 pub use btl_core::rma::RegionKey;
-pub use init::{Builder, Opened};
+pub use init::{Builder, Opened, ENV_TRANSPORT};
 
 /// Largest user tag of the job API (the table is [`btl_core::tags`]).
 pub const MAX_USER_TAG: u8 = btl_core::tags::MAX_USER_TAG;
+/// Empty passes after which [`World::poll`] hands consumed ring slots back
+/// (as the wait loop does when it stops spinning).
+const RELEASE_AFTER_IDLE: u32 = 64;
+
 /// Wire-up key of a rank's node name.
 pub const NODE_KEY: &str = "node";
 
@@ -104,6 +108,12 @@ pub enum Choice {
     Sm,
     /// TCP only, even between ranks of one node.
     Tcp,
+    /// Shared memory to the ranks of our node; the other ranks are
+    /// unreachable through this world ([`World::reachable`]; posts to them
+    /// are refused with [`WorldError::Unreachable`]) — for a component
+    /// that serves only node-local peers beside another that serves the
+    /// rest.
+    SmLocal,
 }
 
 impl Choice {
@@ -113,7 +123,18 @@ impl Choice {
             "auto" => Some(Choice::Auto),
             "sm" => Some(Choice::Sm),
             "tcp" => Some(Choice::Tcp),
+            "sm-local" => Some(Choice::SmLocal),
             _ => None,
+        }
+    }
+
+    /// The name [`Self::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Auto => "auto",
+            Choice::Sm => "sm",
+            Choice::Tcp => "tcp",
+            Choice::SmLocal => "sm-local",
         }
     }
 }
@@ -125,6 +146,9 @@ enum Route {
     /// Shared memory, with its node-local rank.
     Sm(u32),
     Tcp,
+    /// Not through this world ([`Choice::SmLocal`]: a rank of another
+    /// node).
+    Unreachable,
 }
 
 /// The job API's errors.
@@ -155,6 +179,12 @@ pub enum WorldError {
     },
     /// There is no such rank.
     InvalidPeer {
+        /// The rank.
+        peer: u32,
+    },
+    /// The rank is not reached by this world ([`Choice::SmLocal`] and a
+    /// rank of another node).
+    Unreachable {
         /// The rank.
         peer: u32,
     },
@@ -246,6 +276,10 @@ impl fmt::Display for WorldError {
                 )
             }
             Self::InvalidPeer { peer } => write!(f, "there is no rank {peer}"),
+            Self::Unreachable { peer } => write!(
+                f,
+                "rank {peer} is on another node: not reachable over shared memory (transport sm-local)"
+            ),
             Self::PeerFailed { peer, why } => write!(f, "rank {peer} failed: {why}"),
             Self::Timeout { what, waited } => write!(
                 f,
@@ -365,6 +399,19 @@ pub enum PayloadLocation {
     Elsewhere,
 }
 
+/// Message sizes of the transport reaching a peer ([`World::limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Messages up to this many bytes go in one eager fragment / frame
+    /// (the transport's `eager_limit` parameter).
+    pub eager: u64,
+    /// Largest message sent as one fragment (`max_send_size`); larger
+    /// ones travel by rendezvous, pipelining or chunks.
+    pub max_send: u64,
+    /// Largest message the transport carries at all.
+    pub max_message: u64,
+}
+
 /// Whether [`World::drive`] goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
@@ -418,9 +465,46 @@ impl Outbox {
 /// (in place, valid during the call).
 pub type Handler<'m> = Box<dyn FnMut(&mut Outbox, u32, &[u8]) + Send + 'm>;
 
+/// What a [`World::poll_with`] callback may do besides reading its event:
+/// queue replies (the [`Outbox`], posted when the callback returns) and
+/// register or deregister memory at once (the region table is lent back
+/// to the callback between the transports' uses of it).
+pub struct PollCx<'p> {
+    /// Replies, posted in order when the callback returns.
+    pub outbox: &'p mut Outbox,
+    regions: &'p mut Regions,
+    me: u32,
+}
+
+impl fmt::Debug for PollCx<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PollCx")
+            .field("outbox", &self.outbox)
+            .finish_non_exhaustive()
+    }
+}
+
 /// An event consumer: returns whether it took the event (an event it does
 /// not take is kept, as if nobody were listening).
-type User<'u> = &'u mut dyn FnMut(&mut Outbox, Event<'_>) -> bool;
+type User<'u> = &'u mut dyn FnMut(&mut PollCx<'_>, Event<'_>) -> bool;
+
+/// Calls the consumer with the outbox and the region table.
+fn call(
+    u: &mut User<'_>,
+    outbox: &mut Outbox,
+    regions: &mut Regions,
+    me: u32,
+    ev: Event<'_>,
+) -> bool {
+    u(
+        &mut PollCx {
+            outbox,
+            regions,
+            me,
+        },
+        ev,
+    )
+}
 
 /// The state of a request.
 struct Req {
@@ -454,8 +538,6 @@ struct Hub<'m> {
     barrier_in: HashMap<u64, HashSet<u32>>,
     /// Peers (global) declared failed, with why.
     failed: Vec<(u32, String)>,
-    /// Regions to unpin after the pass (completed operations).
-    unpin: Vec<u32>,
 }
 
 impl Hub<'_> {
@@ -484,7 +566,14 @@ impl Hub<'_> {
 
     /// Delivers a message: to its handler, else to the consumer, else
     /// kept.
-    fn message(&mut self, from: u32, tag: u8, data: &[u8], user: &mut Option<User<'_>>) {
+    fn message(
+        &mut self,
+        from: u32,
+        tag: u8,
+        data: &[u8],
+        regions: &mut Regions,
+        user: &mut Option<User<'_>>,
+    ) {
         if let Some(h) = self
             .handlers
             .get_mut(usize::from(tag))
@@ -494,27 +583,35 @@ impl Hub<'_> {
             return;
         }
         if let Some(u) = user.as_mut() {
-            if u(&mut self.outbox, Event::Message { from, tag, data }) {
+            let ev = Event::Message { from, tag, data };
+            if call(u, &mut self.outbox, regions, self.me, ev) {
                 return;
             }
         }
         self.stash.push_back((from, tag, data.to_vec()));
     }
 
-    fn done(&mut self, op: u64, result: Result<(), OpError>, user: &mut Option<User<'_>>) {
+    fn done(
+        &mut self,
+        op: u64,
+        result: Result<(), OpError>,
+        regions: &mut Regions,
+        user: &mut Option<User<'_>>,
+    ) {
         let Some(r) = self.reqs.get_mut(&op) else {
             // Cancelled: nobody waits for it.
             return;
         };
         if let Some(id) = r.pin.take() {
-            self.unpin.push(id);
+            // At once: the completion's consumer may deregister it.
+            regions.unpin(id);
         }
         if let Some(u) = user.as_mut() {
             let ev = Event::Done {
                 req: Request(op),
                 result: result.clone().map_err(|e| op_error(e, &self.failed)),
             };
-            if u(&mut self.outbox, ev) {
+            if call(u, &mut self.outbox, regions, self.me, ev) {
                 self.reqs.remove(&op);
                 return;
             }
@@ -526,11 +623,17 @@ impl Hub<'_> {
         self.completed.push_back(op);
     }
 
-    fn on_event(&mut self, sm: bool, ev: TEvent<'_>, user: &mut Option<User<'_>>) {
+    fn on_event(
+        &mut self,
+        sm: bool,
+        regions: &mut Regions,
+        ev: TEvent<'_>,
+        user: &mut Option<User<'_>>,
+    ) {
         match ev {
             TEvent::Message { from, tag, data } => {
                 let g = self.global(sm, from);
-                self.message(g, tag, data, user);
+                self.message(g, tag, data, regions, user);
             }
             TEvent::Done { op, result } => {
                 let result = result.map_err(|e| match e {
@@ -539,7 +642,7 @@ impl Hub<'_> {
                     },
                     e => e,
                 });
-                self.done(op, result, user);
+                self.done(op, result, regions, user);
             }
             TEvent::Barrier { from, epoch } => {
                 let g = self.global(sm, from);
@@ -551,7 +654,8 @@ impl Hub<'_> {
                     self.failed.push((g, why.to_string()));
                 }
                 if let Some(u) = user.as_mut() {
-                    u(&mut self.outbox, Event::PeerFailed { peer: g, why });
+                    let ev = Event::PeerFailed { peer: g, why };
+                    call(u, &mut self.outbox, regions, self.me, ev);
                 }
             }
         }
@@ -559,21 +663,19 @@ impl Hub<'_> {
 
     /// Hands what was kept during blocking calls to a consumer that is
     /// listening now.
-    fn replay(&mut self, user: &mut Option<User<'_>>) -> usize {
+    fn replay(&mut self, regions: &mut Regions, user: &mut Option<User<'_>>) -> usize {
         let Some(u) = user.as_mut() else {
             return 0;
         };
         let mut n = 0;
         while let Some((from, tag, data)) = self.stash.pop_front() {
             n += 1;
-            if !u(
-                &mut self.outbox,
-                Event::Message {
-                    from,
-                    tag,
-                    data: &data,
-                },
-            ) {
+            let ev = Event::Message {
+                from,
+                tag,
+                data: &data,
+            };
+            if !call(u, &mut self.outbox, regions, self.me, ev) {
                 self.stash.push_front((from, tag, data));
                 return n;
             }
@@ -587,7 +689,7 @@ impl Hub<'_> {
                 req: Request(op),
                 result: result.map_err(|e| op_error(e, &self.failed)),
             };
-            if u(&mut self.outbox, ev) {
+            if call(u, &mut self.outbox, regions, self.me, ev) {
                 self.reqs.remove(&op);
             } else {
                 self.completed.push_front(op);
@@ -630,6 +732,10 @@ pub struct World<'m> {
     timeout: Duration,
     oversubscribed: bool,
     choice: Choice,
+    /// The tcp component's `eager_limit` and `max_send_size`.
+    tcp_sizes: (u32, u32),
+    /// Consecutive passes that found nothing.
+    idle_passes: u32,
     /// Passes since the clock was last looked at (liveness checks).
     passes: u32,
     barrier_epoch: u64,
@@ -703,10 +809,46 @@ impl<'m> World<'m> {
     }
 
     fn route_of(&self, peer: u32) -> Result<Route, WorldError> {
-        self.route
-            .get(peer as usize)
-            .copied()
-            .ok_or(WorldError::InvalidPeer { peer })
+        match self.route.get(peer as usize).copied() {
+            None => Err(WorldError::InvalidPeer { peer }),
+            Some(Route::Unreachable) => Err(WorldError::Unreachable { peer }),
+            Some(r) => Ok(r),
+        }
+    }
+
+    /// Whether this world reaches rank `peer` (ourselves included): false
+    /// for a rank that does not exist and, with [`Choice::SmLocal`], for
+    /// the ranks of other nodes. A reachable peer may still fail later
+    /// ([`Event::PeerFailed`]).
+    pub fn reachable(&self, peer: u32) -> bool {
+        self.route_of(peer).is_ok()
+    }
+
+    /// The transport choice this world was started with.
+    pub fn choice(&self) -> Choice {
+        self.choice
+    }
+
+    /// Sizes that matter to a caller choosing between protocols for
+    /// messages to `peer` (`None` when it is not reachable).
+    pub fn limits(&self, peer: u32) -> Option<Limits> {
+        match self.route_of(peer).ok()? {
+            Route::Sm(_) => self.sm.as_ref().map(|s| Limits {
+                eager: u64::from(s.params().eager_limit),
+                max_send: u64::from(s.params().max_send_size),
+                max_message: crate::sm::MAX_MESSAGE,
+            }),
+            Route::Tcp => self.tcp.as_ref().map(|_| Limits {
+                eager: u64::from(self.tcp_sizes.0),
+                max_send: u64::from(self.tcp_sizes.1),
+                max_message: crate::tcp::MAX_MESSAGE,
+            }),
+            Route::Me | Route::Unreachable => Some(Limits {
+                eager: u64::from(u32::MAX),
+                max_send: u64::from(u32::MAX),
+                max_message: crate::tcp::MAX_MESSAGE,
+            }),
+        }
     }
 
     /// Registers `handler` for `tag` (replacing any earlier one). It runs
@@ -735,8 +877,15 @@ impl<'m> World<'m> {
     /// handing each event to `f` (messages for tags without a handler,
     /// completions, failures). Returns the number of events. Never blocks.
     pub fn poll(&mut self, mut f: impl FnMut(&mut Outbox, Event<'_>)) -> usize {
-        let mut u = |o: &mut Outbox, e: Event<'_>| {
-            f(o, e);
+        self.poll_with(|cx, e| f(cx.outbox, e))
+    }
+
+    /// [`Self::poll`] whose callback may also register and deregister
+    /// memory ([`PollCx`]) while it handles an event — what a component
+    /// that registers a receive buffer on a rendezvous needs.
+    pub fn poll_with(&mut self, mut f: impl FnMut(&mut PollCx<'_>, Event<'_>)) -> usize {
+        let mut u = |cx: &mut PollCx<'_>, e: Event<'_>| {
+            f(cx, e);
             true
         };
         self.pass(&mut Some(&mut u), Duration::ZERO)
@@ -753,10 +902,12 @@ impl<'m> World<'m> {
     /// liveness check every [`CLOCK_EVERY`] passes. `block` lets a
     /// TCP-only world sleep in `epoll_wait` that long.
     fn pass(&mut self, user: &mut Option<User<'_>>, block: Duration) -> usize {
-        let mut n = self.hub.replay(user);
+        let mut n = self.hub.replay(&mut self.regions, user);
         if let Some(sm) = &mut self.sm {
             let hub = &mut self.hub;
-            n += sm.progress(&mut self.regions, &mut |ev| hub.on_event(true, ev, user));
+            n += sm.progress(&mut self.regions, &mut |r, ev| {
+                hub.on_event(true, r, ev, user)
+            });
         }
         if let Some(tcp) = &mut self.tcp {
             let hub = &mut self.hub;
@@ -767,20 +918,30 @@ impl<'m> World<'m> {
             };
             n += tcp.progress_timeout(
                 &mut self.regions,
-                &mut |ev| hub.on_event(false, ev, user),
+                &mut |r, ev| hub.on_event(false, r, ev, user),
                 t,
             );
         }
         while let Some((tag, data)) = self.hub.to_self.pop_front() {
             n += 1;
             let me = self.hub.me;
-            self.hub.message(me, tag, &data, user);
-        }
-        for id in std::mem::take(&mut self.hub.unpin) {
-            self.regions.unpin(id);
+            self.hub.message(me, tag, &data, &mut self.regions, user);
         }
         if !self.hub.outbox.is_empty() {
             n += self.post_outbox();
+        }
+        // A caller that only polls (no blocking call) must still hand
+        // consumed ring slots back, or a writer waiting for a partial
+        // lazy-free batch (a pipelined copy filling the ring) waits forever.
+        if n == 0 {
+            self.idle_passes = self.idle_passes.saturating_add(1);
+            if self.idle_passes >= RELEASE_AFTER_IDLE {
+                if let Some(sm) = &mut self.sm {
+                    sm.release_consumed();
+                }
+            }
+        } else {
+            self.idle_passes = 0;
         }
         self.passes = self.passes.wrapping_add(1);
         if self.passes % CLOCK_EVERY == 0 {
@@ -904,11 +1065,11 @@ impl<'m> World<'m> {
     ) -> Result<(), WorldError> {
         // Internal to this call: the consumer sets it, the loop reads it.
         let finished = std::cell::Cell::new(false);
-        let mut wrapped = |o: &mut Outbox, e: Event<'_>| {
+        let mut wrapped = |cx: &mut PollCx<'_>, e: Event<'_>| {
             if finished.get() {
                 return false;
             }
-            if f(o, e) == Flow::Done {
+            if f(cx.outbox, e) == Flow::Done {
                 finished.set(true);
             }
             true

@@ -76,6 +76,7 @@ impl<'m> World<'m> {
                 Some(t) => t.isend(peer, tag, parts),
                 None => Err(PostError::InvalidPeer),
             },
+            Route::Unreachable => Err(PostError::InvalidPeer),
         };
         r.map(|()| Request::COMPLETE).map_err(|e| match e {
             PostError::ReservedTag => WorldError::ReservedTag { tag },
@@ -151,6 +152,7 @@ impl<'m> World<'m> {
                 Some(t) => unsafe { t.isend_raw(peer, tag, parts, op) },
                 None => Err(PostError::InvalidPeer),
             },
+            Route::Unreachable => Err(PostError::InvalidPeer),
         };
         self.posted(op, peer, r)
     }
@@ -215,12 +217,8 @@ impl<'m> World<'m> {
         ptr: *mut u8,
         len: usize,
     ) -> Result<RegionKey, WorldError> {
-        let mem = RawBuf::from_raw(ptr, len).ok_or(WorldError::InvalidArgument(
-            "null pointer with a non-zero length",
-        ))?;
         // SAFETY: the caller's promise.
-        let id = unsafe { self.regions.insert(mem) };
-        Ok(self.key(id, len as u64))
+        unsafe { register_raw(&mut self.regions, self.id.rank, ptr, len) }
     }
 
     fn key(&self, id: u32, len: u64) -> RegionKey {
@@ -234,17 +232,7 @@ impl<'m> World<'m> {
     /// Removes one of our regions: later requests naming it are refused.
     /// Refused while operations of ours use it; hands back an owned buffer.
     pub fn deregister(&mut self, key: &RegionKey) -> Result<Option<Box<[u8]>>, WorldError> {
-        if key.rank != self.id.rank {
-            return Err(WorldError::BadLocal {
-                status: RmaStatus::UnknownRegion,
-            });
-        }
-        self.regions.remove(key.id).map_err(|e| match e {
-            DeregisterError::Unknown => WorldError::BadLocal {
-                status: RmaStatus::UnknownRegion,
-            },
-            DeregisterError::Busy { ops } => WorldError::RegionBusy { ops },
-        })
+        deregister(&mut self.regions, self.id.rank, key)
     }
 
     /// The contents of one of our regions.
@@ -365,10 +353,7 @@ impl<'m> World<'m> {
                     Err(s) => Err(OpError::Refused(s)),
                 };
                 let mut none = None;
-                self.hub.done(op, status, &mut none);
-                for id in std::mem::take(&mut self.hub.unpin) {
-                    self.regions.unpin(id);
-                }
+                self.hub.done(op, status, &mut self.regions, &mut none);
                 return Ok(Request(op));
             }
             Route::Sm(l) => match self.sm.as_mut() {
@@ -393,6 +378,7 @@ impl<'m> World<'m> {
                 },
                 None => Err(PostError::InvalidPeer),
             },
+            Route::Unreachable => Err(PostError::InvalidPeer),
         };
         self.posted(op, remote.rank, r)
     }
@@ -460,7 +446,7 @@ impl<'m> World<'m> {
                     t.cancel(req.0);
                 }
             }
-            Route::Me => {}
+            Route::Me | Route::Unreachable => {}
         }
         if let Some(id) = r.pin {
             self.regions.unpin(id);
@@ -566,12 +552,17 @@ impl<'m> World<'m> {
     /// memory and TCP alike, on the barrier tag; the bare-metal node speaks
     /// the TCP one) and waits for the `n - 1` announcements of the others.
     /// A peer that fails after announcing does not stop the barrier; one
-    /// that fails before does (the error names it).
+    /// that fails before does (the error names it). With
+    /// [`Choice::SmLocal`] it is a barrier of the ranks of our node (the
+    /// ranks this world reaches).
     pub fn barrier(&mut self) -> Result<(), WorldError> {
         self.barrier_epoch += 1;
         let epoch = self.barrier_epoch;
         let me = self.id.rank;
-        for p in (0..self.id.size).filter(|&p| p != me) {
+        let peers: Vec<u32> = (0..self.id.size)
+            .filter(|&p| p != me && self.reachable(p))
+            .collect();
+        for p in peers {
             let r = match self.route_of(p)? {
                 Route::Tcp => match self.tcp.as_mut() {
                     Some(t) => t.send_barrier(p, epoch),
@@ -581,7 +572,7 @@ impl<'m> World<'m> {
                     Some(sm) => sm.send_barrier(l, epoch),
                     None => Err(PostError::InvalidPeer),
                 },
-                Route::Me => Ok(()),
+                Route::Me | Route::Unreachable => Ok(()),
             };
             r.map_err(|e| self.post_error(p, e))?;
         }
@@ -591,7 +582,11 @@ impl<'m> World<'m> {
             "the other ranks at a barrier",
             &mut |w, p| !arrived(w, p),
             &mut None,
-            &mut |w| (0..w.id.size).filter(|&p| p != me).all(|p| arrived(w, p)),
+            &mut |w| {
+                (0..w.id.size)
+                    .filter(|&p| p != me && w.reachable(p))
+                    .all(|p| arrived(w, p))
+            },
         )?;
         self.hub.barrier_in.remove(&epoch);
         Ok(())
@@ -681,6 +676,68 @@ impl<'m> World<'m> {
         }
         s
     }
+}
+
+impl PollCx<'_> {
+    /// [`World::register_raw`] from inside a callback.
+    ///
+    /// # Safety
+    ///
+    /// As [`World::register_raw`].
+    pub unsafe fn register_raw(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<RegionKey, WorldError> {
+        // SAFETY: the caller's promise.
+        unsafe { register_raw(self.regions, self.me, ptr, len) }
+    }
+
+    /// [`World::deregister`] from inside a callback.
+    pub fn deregister(&mut self, key: &RegionKey) -> Result<Option<Box<[u8]>>, WorldError> {
+        deregister(self.regions, self.me, key)
+    }
+}
+
+/// Registers `len` bytes at `ptr` in `regions` as a region of rank `me`.
+///
+/// # Safety
+///
+/// As [`World::register_raw`].
+pub(super) unsafe fn register_raw(
+    regions: &mut Regions,
+    me: u32,
+    ptr: *mut u8,
+    len: usize,
+) -> Result<RegionKey, WorldError> {
+    let mem = RawBuf::from_raw(ptr, len).ok_or(WorldError::InvalidArgument(
+        "null pointer with a non-zero length",
+    ))?;
+    // SAFETY: the caller's promise.
+    let id = unsafe { regions.insert(mem) };
+    Ok(RegionKey {
+        rank: me,
+        id,
+        len: len as u64,
+    })
+}
+
+/// Removes rank `me`'s region `key` from `regions`.
+pub(super) fn deregister(
+    regions: &mut Regions,
+    me: u32,
+    key: &RegionKey,
+) -> Result<Option<Box<[u8]>>, WorldError> {
+    let unknown = WorldError::BadLocal {
+        status: RmaStatus::UnknownRegion,
+    };
+    if key.rank != me || regions.len_of(key.id).map(|l| l as u64) != Some(key.len) {
+        return Err(unknown);
+    }
+    regions.remove(key.id).map_err(|e| match e {
+        DeregisterError::Unknown => unknown,
+        DeregisterError::Busy { ops } => WorldError::RegionBusy { ops },
+    })
 }
 
 /// A blocking get/put's result: the target's refusal is `Ok(Err(status))`.

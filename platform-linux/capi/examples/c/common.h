@@ -1,0 +1,45 @@
+/* Helpers the examples share: checked calls and a bounded wait. */
+#ifndef BTL_EXAMPLE_COMMON_H
+#define BTL_EXAMPLE_COMMON_H
+#include <btl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sched.h>
+#include <time.h>
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Exits naming the call, the code and btl's message with its context. */
+#define CHECK(call)                                                          \
+  do {                                                                       \
+    int rc_ = (call);                                                        \
+    if (rc_ < 0) {                                                           \
+      fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,     \
+              btl_strerror(rc_), btl_last_error());                          \
+      exit(1);                                                               \
+    }                                                                        \
+  } while (0)
+
+/* Progresses `h` until `cond` holds; gives up after 60 s. */
+#define WAIT_UNTIL(h, cb, ctx, cond, what)                                   \
+  do {                                                                       \
+    double t0_ = now_s();                                                    \
+    unsigned long spins_ = 0, idle_ = 0;                                     \
+    while (!(cond)) {                                                        \
+      int n_ = btl_progress((h), (cb), (ctx));                               \
+      CHECK(n_);                                                             \
+      /* Oversubscribed machines: let the peer run when nothing comes. */    \
+      if (n_ > 0) idle_ = 0;                                                 \
+      else if (++idle_ > 2000) sched_yield();                                \
+      if ((++spins_ & 4095) == 0 && now_s() - t0_ > 60.0) {                  \
+        fprintf(stderr, "timed out after 60 s waiting for %s\n", (what));    \
+        exit(1);                                                             \
+      }                                                                      \
+    }                                                                        \
+  } while (0)
+
+#endif

@@ -1,0 +1,209 @@
+/* The C ABI misused on purpose: every call must answer with the right
+ * error code (and a message), never crash. Run under btl run -n 2 (also
+ * under AddressSanitizer). Prints "misuse: N passed, 0 failed". */
+#include "common.h"
+#include <stdint.h>
+#include <string.h>
+
+static int passed, failed;
+
+#define EXPECT(call, want)                                                       \
+  do {                                                                           \
+    int rc_ = (call);                                                            \
+    if (rc_ == (want)) passed++;                                                 \
+    else {                                                                       \
+      failed++;                                                                  \
+      fprintf(stderr, "%s:%d: %s returned %d (%s), expected %s; last error: %s\n", \
+              __FILE__, __LINE__, #call, rc_, btl_strerror(rc_), #want,          \
+              btl_last_error());                                                 \
+    }                                                                            \
+  } while (0)
+
+#define EXPECT_MSG(needle)                                                       \
+  do {                                                                           \
+    if (strstr(btl_last_error(), (needle))) passed++;                            \
+    else {                                                                       \
+      failed++;                                                                  \
+      fprintf(stderr, "%s:%d: last error \"%s\" does not mention \"%s\"\n",      \
+              __FILE__, __LINE__, btl_last_error(), (needle));                   \
+    }                                                                            \
+  } while (0)
+
+struct cbstate {
+  btl_t *h;
+  int empty_msgs, refused, done, nested_checked;
+};
+
+static void on_event(void *ctx, const btl_event_t *ev) {
+  struct cbstate *s = ctx;
+  if (ev->kind == BTL_EVENT_MESSAGE && ev->len == 0) {
+    s->empty_msgs++;
+    if (!s->nested_checked) {
+      /* Handle-wide and blocking calls are refused inside a callback. */
+      s->nested_checked = 1;
+      EXPECT(btl_progress(s->h, on_event, s), BTL_ERR_STATE);
+      EXPECT(btl_barrier(s->h), BTL_ERR_STATE);
+      btl_t *copy = s->h;
+      EXPECT(btl_finalize(&copy), BTL_ERR_STATE);
+    }
+  } else if (ev->kind == BTL_EVENT_DONE) {
+    if (ev->status == BTL_ERR_REFUSED && ev->text && ev->text[0]) s->refused++;
+    else s->done++;
+  }
+}
+
+int main(void) {
+  /* Codes and messages. */
+  for (int c = -19; c <= 1; c++)
+    if (!btl_strerror(c) || !strncmp(btl_strerror(c), "unknown", 7)) failed++; else passed++;
+  EXPECT(strcmp(btl_strerror(-1000), "unknown btl return code"), 0);
+
+  /* Configuration. */
+  btl_config_t *cfg = NULL;
+  EXPECT(btl_config_new(NULL), BTL_ERR_ARG);
+  EXPECT(btl_config_new(&cfg), BTL_OK);
+  EXPECT(btl_config_set(cfg, "sm", "fifo_size", "lots"), BTL_ERR_PARAM);
+  EXPECT_MSG("fifo_size");
+  EXPECT(btl_config_set(cfg, "sm", "no_such_parameter", "1"), BTL_ERR_PARAM);
+  EXPECT(btl_config_set(cfg, "gpu", "x", "1"), BTL_ERR_PARAM);
+  EXPECT_MSG("unknown component");
+  EXPECT(btl_config_set(cfg, "btl", "transport", "carrier-pigeon"), BTL_ERR_PARAM);
+  EXPECT_MSG("sm-local");
+  EXPECT(btl_config_set(cfg, NULL, "x", "1"), BTL_ERR_ARG);
+  EXPECT(btl_config_set(NULL, "sm", "fifo_size", "8192"), BTL_ERR_ARG);
+  EXPECT(btl_config_set(cfg, "sm", "fifo_size", "8192"), BTL_OK);
+  EXPECT(btl_config_set(cfg, "btl", "timeout", "30"), BTL_OK);
+
+  /* Parameters as Open MPI would register them. */
+  size_t count = 0;
+  btl_param_info_t info;
+  EXPECT(btl_param_count("sm", &count), BTL_OK);
+  EXPECT(count > 5, 1);
+  int found = 0;
+  for (size_t i = 0; i < count; i++) {
+    EXPECT(btl_param_info("sm", i, &info), BTL_OK);
+    if (!info.name[0] || !info.help[0] || info.level < 1 || info.level > 9) failed++;
+    if (!strcmp(info.name, "fifo_size")) {
+      found = 1;
+      EXPECT(strcmp(info.env_name, "BTL_SM_FIFO_SIZE"), 0);
+      EXPECT(strcmp(info.ompi_env_name, "OMPI_MCA_btl_sm_fifo_size"), 0);
+    }
+  }
+  EXPECT(found, 1);
+  EXPECT(btl_param_count("tcp", &count), BTL_OK);
+  EXPECT(btl_param_info("tcp", count, &info), BTL_ERR_ARG);
+  EXPECT(btl_param_count("gpu", &count), BTL_ERR_PARAM);
+  EXPECT(btl_param_info("sm", 0, NULL), BTL_ERR_ARG);
+
+  /* Bad identities for btl_open. */
+  btl_t *ext = NULL;
+  btl_identity_t id = {"job1", 0, 2, "node1"};
+  EXPECT(btl_open(NULL, NULL, &ext), BTL_ERR_ARG);
+  btl_identity_t bad = id;
+  bad.rank = 2;
+  EXPECT(btl_open(NULL, &bad, &ext), BTL_ERR_ARG);
+  bad = id;
+  bad.job = "a job";
+  EXPECT(btl_open(NULL, &bad, &ext), BTL_ERR_ARG);
+  bad = id;
+  bad.node = NULL;
+  EXPECT(btl_open(NULL, &bad, &ext), BTL_ERR_ARG);
+  EXPECT(btl_connect(NULL, NULL, NULL), BTL_ERR_ARG);
+
+  /* Before a handle exists. */
+  uint32_t me = 99, n = 0;
+  EXPECT(btl_init(cfg, NULL), BTL_ERR_ARG);
+  EXPECT(btl_rank(NULL, &me), BTL_ERR_ARG);
+
+  btl_t *h = NULL;
+  EXPECT(btl_init(cfg, &h), BTL_OK);
+  btl_config_free(cfg);
+  if (!h) return 1;
+  EXPECT(btl_rank(h, NULL), BTL_ERR_ARG);
+  EXPECT(btl_rank(h, &me), BTL_OK);
+  EXPECT(btl_size(h, &n), BTL_OK);
+  uint32_t peer = (me + 1) % n;
+  EXPECT(btl_reachable(h, me), 1);
+  EXPECT(btl_reachable(h, n), BTL_ERR_RANK);
+  btl_limits_t lim;
+  EXPECT(btl_limits(h, peer, &lim), BTL_OK);
+  EXPECT(lim.eager > 0 && lim.max_send >= lim.eager, 1);
+  EXPECT(btl_limits(h, n + 3, &lim), BTL_ERR_RANK);
+  const void *blob;
+  size_t blen;
+  EXPECT(btl_address(h, &blob, &blen), BTL_ERR_STATE);
+  EXPECT(btl_connect(h, NULL, NULL), BTL_ERR_ARG);
+
+  /* Sends. */
+  char msg[16] = "hello";
+  btl_iovec_t iov = {msg, 5}, nul = {NULL, 5};
+  EXPECT(btl_sendi(h, n + 5, 1, &iov, 1), BTL_ERR_RANK);
+  EXPECT_MSG("no rank");
+  EXPECT(btl_sendi(h, peer, 250, &iov, 1), BTL_ERR_TAG);
+  EXPECT(btl_sendi(h, peer, 1, NULL, 1), BTL_ERR_ARG);
+  EXPECT(btl_sendi(h, peer, 1, &nul, 1), BTL_ERR_ARG);
+  EXPECT(btl_isend(h, peer, 240, &iov, 1, NULL), BTL_ERR_TAG);
+  EXPECT(btl_isend(h, n, 1, &iov, 1, NULL), BTL_ERR_RANK);
+  /* An empty message is a message (a tag alone). */
+  EXPECT(btl_sendi(h, peer, 1, NULL, 0), BTL_DONE);
+
+  /* Registration and keys. */
+  static uint8_t mem[4096], mem2[4096];
+  btl_key_t k, k2, forged;
+  EXPECT(btl_register(h, NULL, 10, &k), BTL_ERR_ARG);
+  EXPECT(btl_register(h, mem, 0, &k), BTL_ERR_ARG);
+  EXPECT(btl_register(h, mem, sizeof mem, NULL), BTL_ERR_ARG);
+  EXPECT(btl_register(h, mem, sizeof mem, &k), BTL_OK);
+  EXPECT(btl_register(h, mem2, sizeof mem2, &k2), BTL_OK);
+  EXPECT(k.rank == me && k.len == sizeof mem && k.base == (uint64_t)(uintptr_t)mem, 1);
+  uint8_t packed[BTL_KEY_BYTES];
+  btl_key_t back;
+  EXPECT(btl_key_pack(&k, packed), BTL_OK);
+  EXPECT(btl_key_unpack(packed, sizeof packed, &back), BTL_OK);
+  EXPECT(memcmp(&back, &k, sizeof k), 0);
+  EXPECT(btl_key_unpack(packed, 10, &back), BTL_ERR_KEY);
+  EXPECT(btl_key_unpack(NULL, BTL_KEY_BYTES, &back), BTL_ERR_ARG);
+  forged = k;
+  forged.id = 9999;
+  EXPECT(btl_deregister(h, &forged), BTL_ERR_KEY);
+  forged = k;
+  forged.rank = peer;
+  EXPECT(btl_deregister(h, &forged), BTL_ERR_KEY);
+  EXPECT(btl_deregister(h, NULL), BTL_ERR_ARG);
+
+  /* One-sided: local checks at once. The peer's key is forged (id 777):
+   * its owner refuses it, as the completion says. */
+  btl_key_t theirs = {peer, 777, 4096, 0x10000};
+  EXPECT(btl_iput(h, &k, mem, &theirs, theirs.base, 0, NULL), BTL_ERR_ARG);
+  EXPECT(btl_iput(h, &theirs, mem, &theirs, theirs.base, 8, NULL), BTL_ERR_KEY);
+  EXPECT(btl_iput(h, &k, mem + 4090, &theirs, theirs.base, 8, NULL), BTL_ERR_RANGE);
+  EXPECT(btl_iput(h, &k, mem, &theirs, theirs.base - 1, 8, NULL), BTL_ERR_RANGE);
+  btl_key_t nobody = theirs;
+  nobody.rank = n + 1;
+  EXPECT(btl_iget(h, &k, mem, &nobody, nobody.base, 8, NULL), BTL_ERR_RANK);
+  EXPECT(btl_iget(h, &k, mem, NULL, 0, 8, NULL), BTL_ERR_ARG);
+  struct cbstate s = {h, 0, 0, 0, 0};
+  int rc = btl_iget(h, &k, mem, &theirs, theirs.base, 8, &s);
+  EXPECT(rc, BTL_OK);
+  /* In use by the get until its answer: deregistering is refused. */
+  EXPECT(btl_deregister(h, &k), BTL_ERR_BUSY);
+  WAIT_UNTIL(h, on_event, &s, s.refused == 1 && s.empty_msgs == 1, "the refusal and the empty message");
+  EXPECT(s.nested_checked, 1);
+  EXPECT(btl_deregister(h, &k), BTL_OK);
+  EXPECT(btl_deregister(h, &k), BTL_ERR_KEY); /* twice: gone */
+  EXPECT(btl_deregister(h, &k2), BTL_OK);
+
+  /* Finalize; then the handle is gone. */
+  EXPECT(btl_barrier(h), BTL_OK);
+  btl_t *stale = h;
+  EXPECT(btl_finalize(&h), BTL_OK);
+  EXPECT(h == NULL, 1);
+  EXPECT(btl_rank(h, &me), BTL_ERR_ARG);
+  EXPECT(btl_sendi(stale, peer, 1, &iov, 1), BTL_ERR_FINALIZED);
+  EXPECT_MSG("finalized");
+  EXPECT(btl_progress(stale, on_event, &s), BTL_ERR_FINALIZED);
+  EXPECT(btl_finalize(&stale), BTL_ERR_FINALIZED);
+  EXPECT(btl_finalize(NULL), BTL_ERR_ARG);
+  printf("misuse: %d passed, %d failed\n", passed, failed);
+  return failed != 0;
+}
