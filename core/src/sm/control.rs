@@ -27,6 +27,7 @@
 use core::fmt;
 
 use crate::shm::{Region, ResolveError, ShmSafe};
+use crate::sm::fbox::Fbox;
 use crate::sm::layout::{CONTROL_HEADER, CONTROL_RECORD};
 use crate::sm::params::SmParams;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -34,7 +35,7 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 /// "BTLSEG01", little endian.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"BTLSEG01");
 /// Layout version of the control area.
-pub const CONTROL_VERSION: u32 = 1;
+pub const CONTROL_VERSION: u32 = 2;
 
 /// Segment state: the creator is still writing the header.
 pub const SEG_CREATING: u32 = 0;
@@ -70,6 +71,9 @@ pub enum Structure {
     /// A transport message inside a valid fragment (malformed header of a
     /// large message, a one-sided request, a barrier).
     MessageProtocol = 7,
+    /// A fast box: a record header, or the reader's tail as its writer
+    /// sees it.
+    FastBox = 8,
 }
 
 impl Structure {
@@ -83,6 +87,7 @@ impl Structure {
             Self::Acknowledgement => "acknowledgement",
             Self::ControlRecord => "control record",
             Self::MessageProtocol => "message protocol",
+            Self::FastBox => "fast box",
         }
     }
 
@@ -96,6 +101,7 @@ impl Structure {
             5 => Self::Acknowledgement,
             6 => Self::ControlRecord,
             7 => Self::MessageProtocol,
+            8 => Self::FastBox,
             _ => return None,
         })
     }
@@ -181,6 +187,10 @@ pub struct ControlHeader {
     pub max_procs: AtomicU32,
     /// Total segment size in bytes.
     pub total_bytes: AtomicU64,
+    /// `fbox_size` (0: no fast boxes); since version 2.
+    pub fbox_size: AtomicU32,
+    /// Reserved (0).
+    pub _reserved: AtomicU32,
 }
 
 /// One rank's record, at `CONTROL_HEADER + rank * CONTROL_RECORD`.
@@ -402,6 +412,8 @@ impl<'a> Control<'a> {
         h.free_list_inc.store(params.free_list_inc as u32, r);
         h.max_procs.store(max_procs, r);
         h.total_bytes.store(total_bytes, r);
+        h.fbox_size.store(params.fbox_size, r);
+        h._reserved.store(0, r);
         h.magic.store(SEGMENT_MAGIC, r);
         // Release: pairs with the Acquire load in `read_params`.
         h.state.store(SEG_READY, Ordering::Release);
@@ -443,6 +455,10 @@ impl<'a> Control<'a> {
             i32::try_from(h.free_list_inc.load(r)).map_err(|_| ControlError::Corrupted {
                 what: "free_list_inc",
             })?;
+        p.fbox_size = h.fbox_size.load(r);
+        if p.fbox_size != 0 && Fbox::check_size(p.fbox_size).is_err() {
+            return Err(ControlError::Corrupted { what: "fbox_size" });
+        }
         let nprocs = h.nprocs.load(r);
         let max_procs = h.max_procs.load(r);
         if nprocs == 0 || max_procs < nprocs {

@@ -18,9 +18,19 @@
 //! 1. its receive rings: [`fifo_map_num`]`(num_fifos, max_procs)` of them,
 //!    each [`Fifo::memory_size`]`(fifo_size)` bytes rounded up to
 //!    [`CACHE_LINE`];
-//! 2. its eager fragments: `2 * max_procs + free_list_inc` of them, each
-//!    `FRAG_HEADER + eager_limit` bytes rounded up to [`CACHE_LINE`];
-//! 3. its max-size fragments: `free_list_num + free_list_inc` of them (the
+//! 2. its fast boxes (unless `fbox_size` is 0): one per other rank it may
+//!    receive from, `max_procs - 1` of them, each
+//!    [`Fbox::memory_size`]`(fbox_size)` bytes; the box of sender `s` in
+//!    the part of receiver `r` is number `s` if `s < r`, else `s - 1`
+//!    ([`SegmentLayout::fbox_offset`]);
+//! 3. its eager fragments: `2 * max_procs + free_list_inc` of them, each
+//!    `FRAG_HEADER + eager_limit` bytes rounded up to [`CACHE_LINE`], less
+//!    as many as the fast boxes take the room of (rounded up), but at
+//!    least `free_list_inc`: the boxes carry the small messages that the
+//!    two eager fragments per peer were for, so with the default sizes
+//!    (4 KiB boxes, 4 KiB eager fragments) a part with boxes is no larger
+//!    than one without; larger boxes than eager fragments grow it;
+//! 4. its max-size fragments: `free_list_num + free_list_inc` of them (the
 //!    seed's free list after one growth step), at most `free_list_max` when
 //!    that is not -1, each `FRAG_HEADER + max_send_size` bytes rounded up to
 //!    [`CACHE_LINE`];
@@ -38,6 +48,7 @@
 use core::fmt;
 
 use crate::params::{ParamError, ParamKey};
+use crate::sm::fbox::Fbox;
 use crate::sm::fifo::{fifo_map_num, Fifo};
 use crate::sm::frag::FragHeader;
 use crate::sm::params::{ParamId, SmParams, COMPONENT, MAX_FIFO_SIZE, MIN_EAGER_LIMIT};
@@ -47,7 +58,7 @@ use crate::sync::CACHE_LINE;
 pub const PART_ALIGN: usize = 4096;
 
 /// Bytes of the fixed control header at offset 0 of the segment: 128 on
-/// every target (the header is 80 bytes; 128 is a multiple of every
+/// every target (the header is 88 bytes; 128 is a multiple of every
 /// `CACHE_LINE`, so the rank records after it stay line-aligned).
 pub const CONTROL_HEADER: usize = 128;
 
@@ -113,6 +124,12 @@ pub struct SegmentLayout {
     pub rings_per_rank: u32,
     /// Stride of the rings: the ring's memory size rounded up to a cache line.
     pub ring_bytes: usize,
+    /// Data bytes of each fast box (0: no boxes).
+    pub fbox_size: u32,
+    /// Fast boxes per part: `max_procs - 1`, or 0 without boxes.
+    pub fboxes_per_rank: u32,
+    /// Stride of the fast boxes ([`Fbox::memory_size`]; 0 without boxes).
+    pub fbox_bytes: usize,
     /// Eager fragments per part.
     pub eager_frags: u32,
     /// Stride of the eager fragments (header + eager limit, cache-line
@@ -268,12 +285,25 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     let ring_bytes = round_up(ring_bytes, CACHE_LINE, "ring")?;
     let rings = mul(ring_bytes, rings_per_rank, "rings")?;
 
-    // Eager fragments: two per peer plus one growth increment, as the seed.
+    // Fast boxes: one per other rank.
+    let (fbox_size, fboxes_per_rank, fbox_bytes) = match params.fbox_size {
+        0 => (0, 0, 0),
+        size => match Fbox::memory_size(size) {
+            Some(bytes) => (size, max_procs - 1, bytes),
+            None => return invalid("fbox_size must be 0 or a power of two between 64 and 65536"),
+        },
+    };
+    let fboxes = mul(fbox_bytes, fboxes_per_rank, "fast boxes")?;
+
+    // Eager fragments: two per peer plus one growth increment, as the seed,
+    // less the room the fast boxes take (module docs).
     let eager_frags = max_procs
         .checked_mul(2)
         .and_then(|n| n.checked_add(free_list_inc))
         .ok_or(overflow("eager fragment count"))?;
     let eager_frag_bytes = frag_bytes(params.eager_limit, "eager fragment")?;
+    let boxed_out = u32::try_from(fboxes.div_ceil(eager_frag_bytes)).unwrap_or(u32::MAX);
+    let eager_frags = eager_frags.saturating_sub(boxed_out).max(free_list_inc);
     let eager = mul(eager_frag_bytes, eager_frags, "eager fragments")?;
 
     // Max-size fragments: the seed's free list starts with free_list_num and
@@ -290,7 +320,7 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     let max_frag_bytes = frag_bytes(params.max_send_size, "max-size fragment")?;
     let max = mul(max_frag_bytes, max_frags, "max-size fragments")?;
 
-    let part = add(add(rings, eager, "part")?, max, "part")?;
+    let part = add(add(add(rings, fboxes, "part")?, eager, "part")?, max, "part")?;
     let part_bytes = fits_isize(round_up(part, PART_ALIGN, "part")?, "part")?;
 
     let control = control_segment_size(max_procs)?;
@@ -303,6 +333,9 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
         max_procs,
         rings_per_rank,
         ring_bytes,
+        fbox_size,
+        fboxes_per_rank,
+        fbox_bytes,
         eager_frags,
         eager_frag_bytes,
         max_frags,
@@ -333,6 +366,27 @@ impl SegmentLayout {
             .ok_or(overflow("segment"))
     }
 
+    /// Offset of the fast box in `receiver`'s part that `sender` writes
+    /// (see the module docs); an error without boxes or for `sender ==
+    /// receiver`.
+    pub fn fbox_offset(&self, receiver: u32, sender: u32) -> Result<usize, SizeError> {
+        let start = self.fbox_start(receiver)?;
+        check_index("sender", sender, self.max_procs)?;
+        if sender == receiver {
+            return Err(SizeError::IndexOutOfRange {
+                what: "fast box (a rank has none for itself)",
+                index: sender,
+                limit: self.max_procs,
+            });
+        }
+        let i = if sender < receiver { sender } else { sender - 1 };
+        let i = check_index("fast box", i, self.fboxes_per_rank)?;
+        self.fbox_bytes
+            .checked_mul(i)
+            .and_then(|o| o.checked_add(start))
+            .ok_or(overflow("segment"))
+    }
+
     /// Offset of eager fragment `i` of `rank`.
     pub fn eager_frag_offset(&self, rank: u32, i: u32) -> Result<usize, SizeError> {
         let start = self.eager_start(rank)?;
@@ -359,13 +413,23 @@ impl SegmentLayout {
             .ok_or(overflow("segment"))
     }
 
-    /// Offset of the first eager fragment of `rank` (just after its rings).
-    fn eager_start(&self, rank: u32) -> Result<usize, SizeError> {
+    /// Offset of the first fast box of `rank` (just after its rings).
+    fn fbox_start(&self, rank: u32) -> Result<usize, SizeError> {
         let part = self.part_offset(rank)?;
         let rings = usize::try_from(self.rings_per_rank).map_err(|_| overflow("segment"))?;
         self.ring_bytes
             .checked_mul(rings)
             .and_then(|o| o.checked_add(part))
+            .ok_or(overflow("segment"))
+    }
+
+    /// Offset of the first eager fragment of `rank` (just after its boxes).
+    fn eager_start(&self, rank: u32) -> Result<usize, SizeError> {
+        let start = self.fbox_start(rank)?;
+        let boxes = usize::try_from(self.fboxes_per_rank).map_err(|_| overflow("segment"))?;
+        self.fbox_bytes
+            .checked_mul(boxes)
+            .and_then(|o| o.checked_add(start))
             .ok_or(overflow("segment"))
     }
 }
