@@ -602,10 +602,10 @@ mod tests {
             );
             assert_eq!(rec.take_verdict(1, 3), None, "cleared");
         }
-        for code in 1..=7 {
+        for code in 1..=8 {
             assert_eq!(Structure::from_code(code).map(|s| s as u16), Some(code));
         }
         assert_eq!(Structure::from_code(0), None);
-        assert_eq!(Structure::from_code(8), None);
+        assert_eq!(Structure::from_code(9), None);
     }
 }

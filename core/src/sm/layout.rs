@@ -320,7 +320,11 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     let max_frag_bytes = frag_bytes(params.max_send_size, "max-size fragment")?;
     let max = mul(max_frag_bytes, max_frags, "max-size fragments")?;
 
-    let part = add(add(add(rings, fboxes, "part")?, eager, "part")?, max, "part")?;
+    let part = add(
+        add(add(rings, fboxes, "part")?, eager, "part")?,
+        max,
+        "part",
+    )?;
     let part_bytes = fits_isize(round_up(part, PART_ALIGN, "part")?, "part")?;
 
     let control = control_segment_size(max_procs)?;
@@ -379,7 +383,11 @@ impl SegmentLayout {
                 limit: self.max_procs,
             });
         }
-        let i = if sender < receiver { sender } else { sender - 1 };
+        let i = if sender < receiver {
+            sender
+        } else {
+            sender - 1
+        };
         let i = check_index("fast box", i, self.fboxes_per_rank)?;
         self.fbox_bytes
             .checked_mul(i)
@@ -454,7 +462,9 @@ mod tests {
         let l = segment_layout(&p, n).unwrap();
         assert_eq!(l.max_procs, 4);
         assert_eq!(l.rings_per_rank, 1);
-        assert_eq!(l.eager_frags, 2 * 4 + 64);
+        // 3 fast boxes of 4352 bytes take the room of 4 eager fragments.
+        assert_eq!((l.fboxes_per_rank, l.fbox_bytes), (3, 4352));
+        assert_eq!(l.eager_frags, 2 * 4 + 64 - 4);
         assert_eq!(l.max_frags, 8 + 64);
         assert!(l.ring_bytes >= Fifo::memory_size(4096).unwrap());
         assert!(l.eager_frag_bytes >= FRAG_HEADER + 4096);
@@ -466,7 +476,8 @@ mod tests {
         assert_eq!(l.control_bytes % PART_ALIGN, 0);
         assert_eq!(l.part_bytes % PART_ALIGN, 0);
         assert_eq!(l.total_bytes, l.control_bytes + 4 * l.part_bytes);
-        let used = l.ring_bytes + 72 * l.eager_frag_bytes + 72 * l.max_frag_bytes;
+        let used =
+            l.ring_bytes + 3 * l.fbox_bytes + 68 * l.eager_frag_bytes + 72 * l.max_frag_bytes;
         assert!(used <= l.part_bytes && l.part_bytes < used + PART_ALIGN);
     }
 
@@ -499,6 +510,9 @@ mod tests {
             let mut regions = std::vec::Vec::new();
             for r in 0..l.rings_per_rank {
                 regions.push((l.ring_offset(rank, r).unwrap(), l.ring_bytes));
+            }
+            for sender in (0..3).filter(|&s| s != rank) {
+                regions.push((l.fbox_offset(rank, sender).unwrap(), l.fbox_bytes));
             }
             for i in 0..l.eager_frags {
                 regions.push((l.eager_frag_offset(rank, i).unwrap(), l.eager_frag_bytes));
@@ -555,6 +569,9 @@ mod tests {
             max_procs: u32::MAX,
             rings_per_rank: u32::MAX,
             ring_bytes: usize::MAX,
+            fbox_size: u32::MAX,
+            fboxes_per_rank: u32::MAX,
+            fbox_bytes: usize::MAX,
             eager_frags: u32::MAX,
             eager_frag_bytes: usize::MAX,
             max_frags: u32::MAX,
@@ -567,6 +584,51 @@ mod tests {
         assert!(l.ring_offset(0, 1).is_err());
         assert!(l.eager_frag_offset(0, 1).is_err());
         assert!(l.max_frag_offset(0, 1).is_err());
+        assert!(l.fbox_offset(0, 2).is_err());
+    }
+
+    #[test]
+    fn fast_boxes_take_the_room_of_eager_fragments() {
+        let with = verified(|_| {});
+        let without = verified(|p| p.fbox_size = 0);
+        for max_procs in [1, 2, 3, 8, 32, 128, 256, 1024] {
+            let l = segment_layout(&with, max_procs).unwrap();
+            let l0 = segment_layout(&without, max_procs).unwrap();
+            assert_eq!(l.fboxes_per_rank, max_procs - 1);
+            assert_eq!(l.fbox_bytes, Fbox::memory_size(4096).unwrap());
+            assert_eq!((l0.fboxes_per_rank, l0.fbox_bytes), (0, 0));
+            // The segment never grows with the default sizes.
+            assert!(l.part_bytes <= l0.part_bytes, "max_procs {max_procs}");
+            assert!(l.total_bytes <= l0.total_bytes);
+            assert!(l.eager_frags >= 64 && l.eager_frags <= l0.eager_frags);
+            // Each receiver has one box per other rank, between its rings
+            // and its eager fragments, on cache lines, disjoint.
+            for r in [0, max_procs / 2, max_procs - 1] {
+                let mut at = l.ring_offset(r, l.rings_per_rank - 1).unwrap() + l.ring_bytes;
+                for s in (0..max_procs).filter(|&s| s != r) {
+                    let o = l.fbox_offset(r, s).unwrap();
+                    assert_eq!(o, at);
+                    assert_eq!(o % Fbox::ALIGN, 0);
+                    at += l.fbox_bytes;
+                }
+                assert_eq!(l.eager_frag_offset(r, 0).unwrap(), at);
+                assert!(l.fbox_offset(r, r).is_err());
+                assert!(l.fbox_offset(r, max_procs).is_err());
+                assert!(l0.fbox_offset(r, (r + 1) % max_procs).is_err());
+            }
+        }
+        // Boxes larger than eager fragments grow the part (the user's
+        // choice), never below free_list_inc eager fragments.
+        let big = verified(|p| p.fbox_size = 65536);
+        let l = segment_layout(&big, 64).unwrap();
+        assert_eq!(l.eager_frags, 64);
+        assert!(l.part_bytes > segment_layout(&without, 64).unwrap().part_bytes);
+        let mut bad = without;
+        bad.fbox_size = 100;
+        assert!(matches!(
+            segment_layout(&bad, 4),
+            Err(SizeError::InvalidParams { .. })
+        ));
     }
 
     #[test]

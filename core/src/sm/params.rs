@@ -26,11 +26,11 @@
 use crate::params::base::{
     self, BaseKeys, ACCEPTS_BOOL, ACCEPTS_SIZE, ACCEPTS_U32, FLAG_GET, FLAG_PUT, FLAG_SEND,
 };
-use crate::sm::fbox::{Fbox, DEFAULT_SIZE as FBOX_DEFAULT_SIZE, MAX_SIZE as FBOX_MAX_SIZE};
 use crate::params::{
     table, Assign, Component, ParamDef, ParamError, ParamKey, ParamKind, ParamState, Params, Value,
     Verified,
 };
+use crate::sm::fbox::{Fbox, DEFAULT_SIZE as FBOX_DEFAULT_SIZE, MAX_SIZE as FBOX_MAX_SIZE};
 
 /// Name of the component, the middle part of `BTL_SM_FIFO_SIZE`.
 pub const COMPONENT: &str = "sm";
