@@ -40,10 +40,6 @@ struct Job {
 }
 
 impl Job {
-    fn new(nprocs: u32, fifo_size: u32) -> Self {
-        Self::with_params(nprocs, small_params(fifo_size))
-    }
-
     fn with_params(nprocs: u32, params: SmParams) -> Self {
         let layout = segment_layout(&params, nprocs).unwrap();
         let lines = layout.total_bytes.div_ceil(CACHE_LINE);
