@@ -171,12 +171,13 @@
 //!   more than half the box even with a wrap, so the box still takes small
 //!   messages while a large one waits, and messages above that go by
 //!   fragments, whose single copy the box could not beat anyway.
-//! - Parameters: the box is the core structure only; the adapter
-//!   integration (issue 13, items 1–2) registers `fbox_size`,
-//!   `fbox_threshold` and `fbox_max` in [`crate::sm::params`] (vader's
-//!   names and defaults: 4 KiB, a box after 16 messages to a peer, at most
-//!   32 boxes per receiver), their verify rule calling [`Fbox::check_size`].
-//!   They are not registered yet because nothing would read them.
+//! - Parameters: `fbox_size` is registered in [`crate::sm::params`]
+//!   (0 disables the boxes; its verify rule calls [`Fbox::check_size`]);
+//!   the engine gives every pair of ranks its box up front
+//!   ([`crate::sm::layout`], [`crate::sm::engine`]). `fbox_threshold` and
+//!   `fbox_max` (vader's names and defaults: a box after 16 messages to a
+//!   peer, at most 32 boxes per receiver) come with the hand-out below
+//!   (issue 13, item 2), when something reads them.
 //!
 //! # Hand-out: boxes only for peers actually talked to
 //!
