@@ -166,9 +166,9 @@ pub struct ControlHeader {
     pub state: AtomicU32,
     /// Number of local ranks.
     pub nprocs: AtomicU32,
-    /// Reserved (counted the ranks that had attached when segments were
-    /// files, unlinked by the last one; memfds need no unlinking).
-    pub attached: AtomicU32,
+    /// `fbox_size` (0: no fast boxes). Since version 2; in version 1 this
+    /// word counted the ranks that had attached when segments were files.
+    pub fbox_size: AtomicU32,
     /// `fifo_size` the layout was computed with.
     pub fifo_size: AtomicU32,
     /// `num_fifos` (power of two).
@@ -187,10 +187,6 @@ pub struct ControlHeader {
     pub max_procs: AtomicU32,
     /// Total segment size in bytes.
     pub total_bytes: AtomicU64,
-    /// `fbox_size` (0: no fast boxes); since version 2.
-    pub fbox_size: AtomicU32,
-    /// Reserved (0).
-    pub _reserved: AtomicU32,
 }
 
 /// One rank's record, at `CONTROL_HEADER + rank * CONTROL_RECORD`.
@@ -402,7 +398,7 @@ impl<'a> Control<'a> {
         h.creator_start.store(creator_start, r);
         h.version.store(CONTROL_VERSION, r);
         h.nprocs.store(nprocs, r);
-        h.attached.store(0, r);
+        h.fbox_size.store(params.fbox_size, r);
         h.fifo_size.store(params.fifo_size, r);
         h.num_fifos.store(params.num_fifos as u32, r);
         h.lazy_free.store(params.fifo_lazy_free, r);
@@ -412,8 +408,6 @@ impl<'a> Control<'a> {
         h.free_list_inc.store(params.free_list_inc as u32, r);
         h.max_procs.store(max_procs, r);
         h.total_bytes.store(total_bytes, r);
-        h.fbox_size.store(params.fbox_size, r);
-        h._reserved.store(0, r);
         h.magic.store(SEGMENT_MAGIC, r);
         // Release: pairs with the Acquire load in `read_params`.
         h.state.store(SEG_READY, Ordering::Release);
@@ -517,9 +511,19 @@ mod tests {
         let mut p = SmParams::default();
         p.fifo_size = 64;
         p.num_fifos = 2;
+        p.fbox_size = 1024;
         c.publish(&p, 3, 6, 1 << 20, 42, 7);
         let (q, n, m) = c.read_params(&SmParams::default()).unwrap();
         assert_eq!((q.fifo_size, q.num_fifos, n, m), (64, 2, 3, 6));
+        assert_eq!(q.fbox_size, 1024, "the creator's, not the default");
+        // A box size no layout has is a corrupted header.
+        c.header().fbox_size.store(1000, Ordering::Relaxed);
+        assert_eq!(
+            c.read_params(&SmParams::default()).unwrap_err(),
+            ControlError::Corrupted { what: "fbox_size" }
+        );
+        c.header().fbox_size.store(0, Ordering::Relaxed);
+        assert_eq!(c.read_params(&SmParams::default()).unwrap().0.fbox_size, 0);
         assert!(c.record(2).is_ok());
         assert!(matches!(
             c.record(3),

@@ -58,7 +58,7 @@ use crate::sync::CACHE_LINE;
 pub const PART_ALIGN: usize = 4096;
 
 /// Bytes of the fixed control header at offset 0 of the segment: 128 on
-/// every target (the header is 88 bytes; 128 is a multiple of every
+/// every target (the header is 80 bytes; 128 is a multiple of every
 /// `CACHE_LINE`, so the rank records after it stay line-aligned).
 pub const CONTROL_HEADER: usize = 128;
 
