@@ -929,7 +929,10 @@ pub unsafe extern "C" fn btl_config_new(out: *mut *mut btl_config_t) -> c_int {
 /// memory inside a node, TCP between nodes —, `sm` — every rank on this
 /// node —, `tcp` — TCP to every rank, over loopback inside a node —, or
 /// `sm-local` — shared memory to the ranks of this node, the others
-/// unreachable —, as BTL_TRANSPORT). Validated now, with the
+/// unreachable —, as BTL_TRANSPORT; `nodes`: how many nodes the job
+/// spans, when the runtime knows it before the address exchange — with 1,
+/// btl_open listens on loopback unless tcp `if_include` or BTL_BIND say
+/// otherwise). Validated now, with the
 /// environment's errors (BTL_ERR_PARAM naming the parameter and what it
 /// accepts); rules between parameters are checked by btl_init/btl_open.
 /// Values set here win over the environment. The strings are copied.
@@ -961,6 +964,38 @@ pub unsafe extern "C" fn btl_config_set(
         unsafe { &mut *cfg }
             .set
             .push((c.into(), n.into(), v.into()));
+        Ok(BTL_OK)
+    })
+}
+
+/// The value numeric parameter `name` of `component` (`sm` or `tcp`)
+/// will have in a handle made from `cfg` (NULL: no settings) now, in
+/// `*out`: `cfg`'s setting, else the environment's, else the default,
+/// after the component's rules between parameters (booleans as 0/1).
+/// BTL_ERR_PARAM naming the parameter when one is unknown, malformed or
+/// in conflict with another (the error btl_open would give), or for a
+/// text parameter — so a runtime can take a module's attributes (Open
+/// MPI's eager limit, exclusivity, ...) from btl's own values.
+///
+/// # Safety
+///
+/// `cfg` is NULL or from btl_config_new; the strings are NUL-terminated;
+/// `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn btl_config_number(
+    cfg: *const btl_config_t,
+    component: *const c_char,
+    name: *const c_char,
+    out: *mut i64,
+) -> c_int {
+    entry("btl_config_number", || {
+        // SAFETY: the caller's strings.
+        let (c, n) = unsafe { (text(component, "component")?, text(name, "name")?) };
+        need(out, "out")?;
+        // SAFETY: the caller's config.
+        let v = unsafe { builder(cfg) }?.number(c, n)?;
+        // SAFETY: checked.
+        unsafe { out.write(v) };
         Ok(BTL_OK)
     })
 }
