@@ -227,6 +227,18 @@ static int component_register(void)
 
 static int component_open(void) { return OPAL_SUCCESS; }
 
+static const char *source_name(mca_base_var_source_t s)
+{
+    switch (s) {
+    case MCA_BASE_VAR_SOURCE_COMMAND_LINE: return "the command line";
+    case MCA_BASE_VAR_SOURCE_ENV: return "the environment";
+    case MCA_BASE_VAR_SOURCE_FILE: return "a parameter file";
+    case MCA_BASE_VAR_SOURCE_SET: return "the program";
+    case MCA_BASE_VAR_SOURCE_OVERRIDE: return "an override file";
+    default: return "the default";
+    }
+}
+
 /* Open MPI's values into btl's configuration; the variables the user did
  * not set keep btl's defaults (and btl's own BTL_* environment). */
 static int configure(btl_config_t *cfg)
@@ -238,6 +250,8 @@ static int configure(btl_config_t *cfg)
         (void) mca_base_var_get_value(param_index[i], NULL, &source, NULL);
         if (MCA_BASE_VAR_SOURCE_DEFAULT == source) continue;
         const char *v = param_values[i] ? param_values[i] : "";
+        VERBOSE(10, "btl_" NAME "_%s = %s (from %s) goes to btl as %s.%s", info.name, v,
+                source_name(source), BTL_COMP, info.name);
         int rc = btl_config_set(cfg, BTL_COMP, info.name, v);
         if (BTL_OK != rc) {
             opal_output(0,

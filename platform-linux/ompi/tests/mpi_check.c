@@ -6,11 +6,15 @@
  * many messages in flight, collectives, one-sided put/get. Prints
  * "mpi_check: rank R: N passed, M failed" and exits non-zero on a failure.
  *
- * It asks for MPI_THREAD_MULTIPLE (Open MPI's one-sided pt2pt component
- * needs it when the BTLs have no atomics) and, when given it, also runs
- * two threads exchanging checked messages at once.
+ * By default it asks for MPI_THREAD_MULTIPLE and, when given it, also
+ * runs two threads exchanging checked messages at once. With --rma it
+ * initialises single-threaded and checks one-sided put/get instead: Open
+ * MPI 4.1's osc pt2pt, the one-sided component for BTLs without atomics
+ * (Open MPI's tcp, btl's rsm/rtcp), refuses MPI_THREAD_MULTIPLE; run it
+ * with --mca osc pt2pt.
  *
  *   mpirun -n 4 --mca pml ob1 --mca btl self,rsm ./mpi_check [--quick]
+ *   mpirun -n 4 --mca pml ob1 --mca btl self,rsm --mca osc pt2pt ./mpi_check --rma
  */
 #include <mpi.h>
 #include <pthread.h>
@@ -258,9 +262,17 @@ static void threads(void)
 
 int main(int argc, char **argv)
 {
-    int quick = argc > 1 && 0 == strcmp(argv[1], "--quick");
+    int quick = 0, rma = 0;
+    for (int i = 1; i < argc; i++) {
+        if (0 == strcmp(argv[i], "--quick")) quick = 1;
+        else if (0 == strcmp(argv[i], "--rma")) rma = 1;
+        else {
+            fprintf(stderr, "usage: mpi_check [--quick] [--rma]\n");
+            return 2;
+        }
+    }
     int provided = MPI_THREAD_SINGLE;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Init_thread(&argc, &argv, rma ? MPI_THREAD_SINGLE : MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     size_t maxsz = quick ? 1048589 : 4194304;
@@ -271,10 +283,8 @@ int main(int argc, char **argv)
         flood(32, 65536);
         flood(4, 1048576);
         collectives(quick ? 300000 : 4194304);
-        if (provided == MPI_THREAD_MULTIPLE) {
-            onesided(quick ? 100000 : 1 << 20);
-            threads();
-        }
+        if (rma) onesided(quick ? 100000 : 1 << 20);
+        else if (provided == MPI_THREAD_MULTIPLE) threads();
         MPI_Barrier(MPI_COMM_WORLD);
     }
     printf("mpi_check: rank %d: %d passed, %d failed\n", rank, passed, failed);
