@@ -850,6 +850,68 @@ unsafe fn pieces(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Vec<(usize, u
     Ok(out)
 }
 
+/// Pieces as slices without allocating for the usual few (a header and a
+/// payload): the send fast path allocates nothing here.
+enum Slices<'a> {
+    Few([&'a [u8]; FEW], usize),
+    Many(Vec<&'a [u8]>),
+}
+
+/// How many pieces [`Slices`] holds without allocating.
+const FEW: usize = 4;
+
+impl<'a> Slices<'a> {
+    fn as_slice(&self) -> &[&'a [u8]] {
+        match self {
+            Slices::Few(a, n) => &a[..*n],
+            Slices::Many(v) => v,
+        }
+    }
+}
+
+/// Checks an iovec array (as [`pieces`]) and lends its pieces as slices.
+///
+/// # Safety
+///
+/// `iov`, when not NULL, points to `iovcnt` elements whose pieces are
+/// readable for `'a`.
+unsafe fn slices<'a>(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Slices<'a>, Fail> {
+    if iovcnt > FEW {
+        // SAFETY: the caller's promise.
+        let parts = unsafe { pieces(iov, iovcnt) }?;
+        return Ok(Slices::Many(
+            parts
+                .iter()
+                // SAFETY: the caller's promise of readable pieces.
+                .map(|&(p, l)| unsafe { slice(p as *const u8, l) })
+                .collect(),
+        ));
+    }
+    let mut a: [&[u8]; FEW] = [&[]; FEW];
+    if iovcnt == 0 {
+        return Ok(Slices::Few(a, 0));
+    }
+    need(iov, "iov")?;
+    // SAFETY: not NULL; the caller's promise of `iovcnt` elements.
+    let v = unsafe { std::slice::from_raw_parts(iov, iovcnt) };
+    let mut total = 0usize;
+    for (i, p) in v.iter().enumerate() {
+        if p.base.is_null() && p.len > 0 {
+            return Err(fail(
+                BTL_ERR_ARG,
+                format!("iov[{i}].base is NULL with len {}", p.len),
+            ));
+        }
+        total = total
+            .checked_add(p.len)
+            .filter(|t| *t <= isize::MAX as usize)
+            .ok_or_else(|| fail(BTL_ERR_TOO_LARGE, "the pieces' total length overflows"))?;
+        // SAFETY: the caller's promise of readable pieces.
+        a[i] = unsafe { slice(p.base.cast(), p.len) };
+    }
+    Ok(Slices::Few(a, iovcnt))
+}
+
 fn check_tag(tag: u8) -> Result<(), Fail> {
     if tag > MAX_USER_TAG {
         Err(fail(
@@ -1371,19 +1433,15 @@ pub unsafe extern "C" fn btl_sendi(
         // SAFETY: the caller's handle.
         let h = unsafe { handle(h) }?;
         check_tag(tag)?;
-        // SAFETY: the caller's iovec.
-        let parts = unsafe { pieces(iov, iovcnt) }?;
+        // SAFETY: the caller's iovec and readable pieces.
+        let sl = unsafe { slices(iov, iovcnt) }?;
+        let slices = sl.as_slice();
         h.peer(rank)?;
         if h.busy.get() == Busy::Connecting {
             return Err(fail(BTL_ERR_STATE, "not allowed during btl_connect"));
         }
-        let slices: Vec<&[u8]> = parts
-            .iter()
-            // SAFETY: the caller's promise of readable pieces.
-            .map(|&(p, l)| unsafe { slice(p as *const u8, l) })
-            .collect();
         if h.busy.get() == Busy::Callback {
-            let len: usize = parts.iter().map(|p| p.1).sum();
+            let len: usize = slices.iter().map(|p| p.len()).sum();
             let mut s = h.side.borrow_mut();
             if s.deferred_bytes + len > DEFERRED_BYTES {
                 return Err(fail(
@@ -1405,7 +1463,7 @@ pub unsafe extern "C" fn btl_sendi(
                 format!("earlier sends to rank {rank} wait to be posted (progress first)"),
             ));
         }
-        h.world()?.isendv(rank, tag, &slices)?;
+        h.world()?.isendv(rank, tag, slices)?;
         Ok(BTL_DONE)
     })
 }
@@ -1438,13 +1496,18 @@ pub unsafe extern "C" fn btl_isend(
         // SAFETY: the caller's handle.
         let h = unsafe { handle(h) }?;
         check_tag(tag)?;
-        // SAFETY: the caller's iovec.
-        let parts = unsafe { pieces(iov, iovcnt) }?;
+        // SAFETY: the caller's iovec, readable until the completion event.
+        let sl = unsafe { slices(iov, iovcnt) }?;
         h.peer(rank)?;
         if h.busy.get() == Busy::Connecting {
             return Err(fail(BTL_ERR_STATE, "not allowed during btl_connect"));
         }
         if h.must_defer() {
+            let parts = sl
+                .as_slice()
+                .iter()
+                .map(|p| (p.as_ptr() as usize, p.len()))
+                .collect();
             h.side.borrow_mut().deferred.push_back(Deferred::Send {
                 peer: rank,
                 tag,
@@ -1453,14 +1516,9 @@ pub unsafe extern "C" fn btl_isend(
             });
             return Ok(BTL_OK);
         }
-        let slices: Vec<&[u8]> = parts
-            .iter()
-            // SAFETY: the caller's promise of readable pieces.
-            .map(|&(p, l)| unsafe { slice(p as *const u8, l) })
-            .collect();
         let w = h.world()?;
         // SAFETY: the caller's promise: valid until the completion event.
-        let r = unsafe { w.isend_raw(rank, tag, &slices) };
+        let r = unsafe { w.isend_raw(rank, tag, sl.as_slice()) };
         h.track(r, ctx as usize, rank, false)
     })
 }
@@ -1502,10 +1560,10 @@ pub unsafe extern "C" fn btl_progress(h: *mut btl_t, cb: btl_event_fn, ctx: *mut
         // Completions of queued posts; their callbacks may queue more
         // (bounded rounds; the rest wait for the next call).
         for _ in 0..4 {
-            let ready: Vec<Ready> = h.side.borrow_mut().ready.drain(..).collect();
-            if ready.is_empty() {
+            if h.side.borrow().ready.is_empty() {
                 break;
             }
+            let ready: Vec<Ready> = h.side.borrow_mut().ready.drain(..).collect();
             for r in ready {
                 n += 1;
                 let e = btl_event_t {
