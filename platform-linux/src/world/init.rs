@@ -148,17 +148,12 @@ impl Builder {
                 })?);
             }
             "btl" if name == "nodes" => {
-                self.nodes = Some(
-                    value
-                        .trim()
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|&n| n >= 1)
-                        .ok_or(WorldError::Param {
-                            name: full,
-                            message: format!("{value:?}: accepts a number of nodes >= 1"),
-                        })?,
-                );
+                self.nodes = Some(value.trim().parse::<u32>().ok().filter(|&n| n >= 1).ok_or(
+                    WorldError::Param {
+                        name: full,
+                        message: format!("{value:?}: accepts a number of nodes >= 1"),
+                    },
+                )?);
             }
             "btl" => {
                 return Err(WorldError::Param {
