@@ -677,33 +677,23 @@ static int rdma(int put, struct mca_btl_base_endpoint_t *ep, void *local_address
     return ret;
 }
 
-static int m_put(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
-                   void *local_address, uint64_t remote_address,
-                   struct mca_btl_base_registration_handle_t *local_handle,
-                   struct mca_btl_base_registration_handle_t *remote_handle, size_t size,
-                   int flags, int order, mca_btl_base_rdma_completion_fn_t cbfunc,
-                   void *cbcontext, void *cbdata)
-{
-    (void) btl;
-    (void) flags;
-    (void) order;
-    return rdma(1, ep, local_address, remote_address, local_handle, remote_handle, size, cbfunc,
-                cbcontext, cbdata);
-}
-
-static int m_get(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
-                   void *local_address, uint64_t remote_address,
-                   struct mca_btl_base_registration_handle_t *local_handle,
-                   struct mca_btl_base_registration_handle_t *remote_handle, size_t size,
-                   int flags, int order, mca_btl_base_rdma_completion_fn_t cbfunc,
-                   void *cbcontext, void *cbdata)
-{
-    (void) btl;
-    (void) flags;
-    (void) order;
-    return rdma(0, ep, local_address, remote_address, local_handle, remote_handle, size, cbfunc,
-                cbcontext, cbdata);
-}
+/* btl_put and btl_get: one signature, the direction apart */
+#define RDMA_FN(fn, put)                                                                       \
+    static int fn(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,       \
+                  void *local_address, uint64_t remote_address,                                \
+                  struct mca_btl_base_registration_handle_t *local_handle,                     \
+                  struct mca_btl_base_registration_handle_t *remote_handle, size_t size,       \
+                  int flags, int order, mca_btl_base_rdma_completion_fn_t cbfunc,              \
+                  void *cbcontext, void *cbdata)                                               \
+    {                                                                                          \
+        (void) btl;                                                                            \
+        (void) flags;                                                                          \
+        (void) order;                                                                          \
+        return rdma(put, ep, local_address, remote_address, local_handle, remote_handle, size, \
+                    cbfunc, cbcontext, cbdata);                                                \
+    }
+RDMA_FN(m_put, 1)
+RDMA_FN(m_get, 0)
 
 /* ------------------------------------------------------------------ progress */
 

@@ -817,14 +817,15 @@ unsafe fn slice<'a>(p: *const u8, len: usize) -> &'a [u8] {
     }
 }
 
-/// Checks an iovec array and returns its pieces as (address, length).
+/// Checks an iovec array (count, NULL bases with bytes, total length) and
+/// lends it.
 ///
 /// # Safety
 ///
-/// `iov`, when not NULL, points to `iovcnt` elements.
-unsafe fn pieces(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Vec<(usize, usize)>, Fail> {
+/// `iov`, when not NULL, points to `iovcnt` elements that live for `'a`.
+unsafe fn iov_array<'a>(iov: *const btl_iovec_t, iovcnt: usize) -> Result<&'a [btl_iovec_t], Fail> {
     if iovcnt == 0 {
-        return Ok(Vec::new());
+        return Ok(&[]);
     }
     need(iov, "iov")?;
     if iovcnt > 1024 {
@@ -833,7 +834,6 @@ unsafe fn pieces(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Vec<(usize, u
     // SAFETY: not NULL; the caller's promise of `iovcnt` elements.
     let v = unsafe { std::slice::from_raw_parts(iov, iovcnt) };
     let mut total = 0usize;
-    let mut out = Vec::with_capacity(iovcnt);
     for (i, p) in v.iter().enumerate() {
         if p.base.is_null() && p.len > 0 {
             return Err(fail(
@@ -845,9 +845,8 @@ unsafe fn pieces(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Vec<(usize, u
             .checked_add(p.len)
             .filter(|t| *t <= isize::MAX as usize)
             .ok_or_else(|| fail(BTL_ERR_TOO_LARGE, "the pieces' total length overflows"))?;
-        out.push((p.base as usize, p.len));
     }
-    Ok(out)
+    Ok(v)
 }
 
 /// Pieces as slices without allocating for the usual few (a header and a
@@ -869,47 +868,26 @@ impl<'a> Slices<'a> {
     }
 }
 
-/// Checks an iovec array (as [`pieces`]) and lends its pieces as slices.
+/// Checks an iovec array (as [`iov_array`]) and lends its pieces as slices.
 ///
 /// # Safety
 ///
 /// `iov`, when not NULL, points to `iovcnt` elements whose pieces are
 /// readable for `'a`.
 unsafe fn slices<'a>(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Slices<'a>, Fail> {
-    if iovcnt > FEW {
-        // SAFETY: the caller's promise.
-        let parts = unsafe { pieces(iov, iovcnt) }?;
-        return Ok(Slices::Many(
-            parts
-                .iter()
-                // SAFETY: the caller's promise of readable pieces.
-                .map(|&(p, l)| unsafe { slice(p as *const u8, l) })
-                .collect(),
-        ));
+    // SAFETY: the caller's promise.
+    let v = unsafe { iov_array(iov, iovcnt) }?;
+    // SAFETY: the caller's promise of readable pieces (checked: a NULL
+    // base has no bytes).
+    let piece = |p: &btl_iovec_t| unsafe { slice(p.base.cast(), p.len) };
+    if v.len() > FEW {
+        return Ok(Slices::Many(v.iter().map(piece).collect()));
     }
     let mut a: [&[u8]; FEW] = [&[]; FEW];
-    if iovcnt == 0 {
-        return Ok(Slices::Few(a, 0));
+    for (d, p) in a.iter_mut().zip(v) {
+        *d = piece(p);
     }
-    need(iov, "iov")?;
-    // SAFETY: not NULL; the caller's promise of `iovcnt` elements.
-    let v = unsafe { std::slice::from_raw_parts(iov, iovcnt) };
-    let mut total = 0usize;
-    for (i, p) in v.iter().enumerate() {
-        if p.base.is_null() && p.len > 0 {
-            return Err(fail(
-                BTL_ERR_ARG,
-                format!("iov[{i}].base is NULL with len {}", p.len),
-            ));
-        }
-        total = total
-            .checked_add(p.len)
-            .filter(|t| *t <= isize::MAX as usize)
-            .ok_or_else(|| fail(BTL_ERR_TOO_LARGE, "the pieces' total length overflows"))?;
-        // SAFETY: the caller's promise of readable pieces.
-        a[i] = unsafe { slice(p.base.cast(), p.len) };
-    }
-    Ok(Slices::Few(a, iovcnt))
+    Ok(Slices::Few(a, v.len()))
 }
 
 fn check_tag(tag: u8) -> Result<(), Fail> {
