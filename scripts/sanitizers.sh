@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The core's unit tests and the FIFO benchmark (its threads, in a short
-# mode) under ThreadSanitizer, and the core's unit tests under
+# The core's unit tests and the FIFO and fast-box benchmarks (their threads,
+# in a short mode) under ThreadSanitizer, and the core's unit tests under
 # AddressSanitizer. Nightly `-Zsanitizer` with `-Zbuild-std`, so the
 # standard library is instrumented too (a clean TSan run needs that: an
 # uninstrumented std hides its synchronisation from TSan). Each sanitizer
@@ -12,7 +12,8 @@
 #   SANITIZERS=thread bash scripts/sanitizers.sh
 #
 # Miri (the other half of issue 7's sanitizer work) is the `miri` step of
-# scripts/test.sh: the core's unit tests and the FIFO benchmark.
+# scripts/test.sh: the core's unit tests and the FIFO and fast-box
+# benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,9 +26,11 @@ for san in ${SANITIZERS:-thread address}; do
     TSAN_OPTIONS="halt_on_error=1" ASAN_OPTIONS="detect_leaks=1" \
     cargo +nightly test -Zbuild-std --target "$host" -p btl-core --lib --locked -q
   if [ "$san" = thread ]; then
-    printf '[sanitizers] %s: FIFO benchmark (--short)\n' "$san"
-    RUSTFLAGS="$flags" CARGO_TARGET_DIR=$dir TSAN_OPTIONS="halt_on_error=1" \
-      cargo +nightly test -Zbuild-std --target "$host" -p btl-core --bench fifo --locked -q -- --short
+    for bench in fifo fbox; do
+      printf '[sanitizers] %s: %s benchmark (--short)\n' "$san" "$bench"
+      RUSTFLAGS="$flags" CARGO_TARGET_DIR=$dir TSAN_OPTIONS="halt_on_error=1" \
+        cargo +nightly test -Zbuild-std --target "$host" -p btl-core --bench "$bench" --locked -q -- --short
+    done
   fi
 done
 printf '[sanitizers] clean\n'

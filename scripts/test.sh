@@ -58,11 +58,12 @@ loom() {
 }
 step loom loom
 
-# miri on the core's unit tests and the FIFO benchmark (its threads, in a
-# short mode), with strict provenance.
+# miri on the core's unit tests and the FIFO and fast-box benchmarks (their
+# threads, in a short mode), with strict provenance.
 miri() {
   MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test -p btl-core --locked
   MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test -p btl-core --locked --bench fifo -- --short
+  MIRIFLAGS="-Zmiri-strict-provenance" cargo +nightly miri test -p btl-core --locked --bench fbox -- --short
 }
 step miri miri
 
@@ -99,12 +100,12 @@ step qemu qemu
 # from its committed seed corpus; a crash fails the step.
 step fuzz bash scripts/fuzz.sh
 
-# The core's unit tests and the FIFO benchmark's threads under
+# The core's unit tests and the FIFO and fast-box benchmarks' threads under
 # ThreadSanitizer, the unit tests under AddressSanitizer.
 step sanitizers bash scripts/sanitizers.sh
 
-# The benchmark must keep building (it is run by hand, not here).
-step bench-build cargo bench -p btl-core --bench fifo --locked --no-run
+# The benchmarks must keep building (they are run by hand, not here).
+step bench-build cargo bench -p btl-core --bench fifo --bench fbox --locked --no-run
 
 printf '\n==> summary\n'
 printf '  %s\n' "${steps_run[@]}"

@@ -12,136 +12,16 @@
 //! otherwise). Run: `cargo bench -p btl-core --bench fifo [-- --quick | --short]`.
 //! Speed is measured here, never asserted in tests.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+mod common;
+
 use std::hint::black_box;
-use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use btl_core::shm::Region;
-use btl_core::sm::fifo::{Fifo, PushError};
-use btl_core::sync::{AtomicU64, CachePadded, Ordering};
-
-/// Seed defaults (`fifo_size`, `fifo_lazy_free`).
-const FIFO_SIZE: u32 = 4096;
-const LAZY_FREE: u32 = 120;
-
-struct Memory {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-impl Memory {
-    fn new(bytes: usize) -> Self {
-        let layout = Layout::from_size_align(bytes, 4096).expect("layout");
-        // SAFETY: non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).expect("alloc");
-        Self { ptr, layout }
-    }
-    fn region(&self) -> Region<'_> {
-        // SAFETY: the allocation lives as long as `self`, and is only
-        // accessed through btl-core's atomics.
-        unsafe { Region::from_raw_parts(self.ptr, self.layout.size()) }
-    }
-}
-
-impl Drop for Memory {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
-fn pin(cpu: usize) -> bool {
-    let mut set = rustix::thread::CpuSet::new();
-    set.set(cpu);
-    rustix::thread::sched_setaffinity(None, &set).is_ok()
-}
-
-fn push_spin(p: &mut btl_core::sm::fifo::Producer<'_>, v: u64) {
-    let mut v = v;
-    loop {
-        match p.push(v) {
-            Ok(()) => return,
-            Err(PushError::Full(back)) => {
-                v = back;
-                std::hint::spin_loop();
-            }
-            Err(e) => panic!("push: {e}"),
-        }
-    }
-}
-
-/// Half round trip through two FIFOs, in nanoseconds.
-fn fifo_pingpong(iters: u64) -> f64 {
-    let ring = Fifo::memory_size(FIFO_SIZE).unwrap() as u64;
-    let mem = Memory::new(2 * ring as usize);
-    let region = mem.region();
-    // SAFETY: fresh memory, nothing else accesses it yet.
-    let ab = unsafe { Fifo::init(&region, 0, FIFO_SIZE, LAZY_FREE) }.unwrap();
-    // SAFETY: as above, the second half.
-    let ba = unsafe { Fifo::init(&region, ring, FIFO_SIZE, LAZY_FREE) }.unwrap();
-    let mut elapsed = Duration::ZERO;
-    std::thread::scope(|s| {
-        let mut to_a = ba.producer();
-        let mut from_a = ab.claim_consumer().unwrap();
-        s.spawn(move || {
-            pin(1);
-            for _ in 0..iters {
-                let v = loop {
-                    if let Some(v) = from_a.pop() {
-                        break v;
-                    }
-                    std::hint::spin_loop();
-                };
-                push_spin(&mut to_a, v + 1);
-            }
-        });
-        pin(0);
-        let mut to_b = ab.producer();
-        let mut from_b = ba.claim_consumer().unwrap();
-        let start = Instant::now();
-        for i in 0..iters {
-            push_spin(&mut to_b, i);
-            let v = loop {
-                if let Some(v) = from_b.pop() {
-                    break v;
-                }
-                std::hint::spin_loop();
-            };
-            assert_eq!(v, i + 1);
-        }
-        elapsed = start.elapsed();
-    });
-    elapsed.as_nanos() as f64 / iters as f64 / 2.0
-}
-
-/// Half round trip of a bare cache line flipped between two threads, in ns.
-fn cacheline_pingpong(iters: u64) -> f64 {
-    let line = CachePadded(AtomicU64::new(0));
-    let mut elapsed = Duration::ZERO;
-    std::thread::scope(|s| {
-        let line = &line;
-        s.spawn(move || {
-            pin(1);
-            for i in 0..iters {
-                while line.load(Ordering::Acquire) != 2 * i + 1 {
-                    std::hint::spin_loop();
-                }
-                line.store(2 * i + 2, Ordering::Release);
-            }
-        });
-        pin(0);
-        let start = Instant::now();
-        for i in 0..iters {
-            line.store(2 * i + 1, Ordering::Release);
-            while line.load(Ordering::Acquire) != 2 * i + 2 {
-                std::hint::spin_loop();
-            }
-        }
-        elapsed = start.elapsed();
-    });
-    elapsed.as_nanos() as f64 / iters as f64 / 2.0
-}
+use btl_core::sm::fifo::Fifo;
+use common::{
+    cacheline_pingpong, fifo_pingpong, median, pin, pin_main, push_spin, run_lengths, Memory,
+    FIFO_SIZE, LAZY_FREE,
+};
 
 /// Messages per second from `writers` threads to one reader.
 fn streaming(writers: u64, per_writer: u64) -> f64 {
@@ -182,30 +62,12 @@ fn streaming(writers: u64, per_writer: u64) -> f64 {
     total as f64 / elapsed.as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    // `--short`: a few thousand messages per row, for running the threads
-    // under a sanitizer (scripts/sanitizers.sh), not for the figures.
-    let short = std::env::args().any(|a| a == "--short");
-    // `cargo bench` passes `--bench`; ignore it and anything else.
-    let (iters, msgs, reps) = if short && cfg!(miri) {
-        (20, 200, 1)
-    } else if short {
-        (2_000, 20_000, 1)
-    } else if quick {
-        (20_000, 200_000, 3)
-    } else {
-        (200_000, 5_000_000, 5)
-    };
-    let pinned = pin(0);
+    let (iters, msgs, reps) = run_lengths();
+    let pinning = pin_main();
     println!(
         "btl-core FIFO benchmark: fifo_size {FIFO_SIZE}, lazy_free {LAZY_FREE}, {reps} runs each, median; threads {}",
-        if pinned { "pinned to cores 0 and 1" } else { "NOT pinned (sched_setaffinity refused)" }
+        pinning
     );
     // Interleave the rows so drift on a shared machine hits both alike.
     let mut line = Vec::new();

@@ -16,12 +16,12 @@ use core::fmt;
 pub const HEADER: usize = 20;
 
 /// xorshift64* seeded through splitmix64: small, seeded, good enough to
-/// vary sizes and content.
+/// vary sizes and content (and the core's tests' pseudo-random choices).
 #[derive(Clone, Copy, Debug)]
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         // splitmix64 of the seed, never zero.
         let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -29,7 +29,7 @@ impl Rng {
         Self((z ^ (z >> 31)) | 1)
     }
 
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;

@@ -1,6 +1,7 @@
 //! Helpers for the loom models in `tests/`: a cache-line aligned buffer that
-//! several loom threads share, holding a ring initialised in place by
-//! btl-core's real [`btl_core::sm::fifo::Fifo`] code.
+//! several loom threads share, holding a ring (or a fast box) initialised in
+//! place by btl-core's real [`btl_core::sm::fifo::Fifo`] (or
+//! [`btl_core::sm::fbox::Fbox`]) code.
 //!
 //! Run the models with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p btl-loom-tests --release`.
@@ -32,8 +33,14 @@ unsafe impl Sync for RingMemory {}
 impl RingMemory {
     /// Memory for a ring of `slots` slots.
     pub fn new(slots: u32) -> Self {
-        let size = Fifo::memory_size(slots).expect("ring size");
-        let layout = Layout::from_size_align(size, Fifo::ALIGN).expect("layout");
+        Self::with_bytes(Fifo::memory_size(slots).expect("ring size"))
+    }
+
+    /// `bytes` bytes of zeroed, cache-line aligned memory (for structures
+    /// other than one ring: a fast box, or a box and its rings).
+    pub fn with_bytes(bytes: usize) -> Self {
+        assert!(bytes > 0, "empty memory");
+        let layout = Layout::from_size_align(bytes, Fifo::ALIGN).expect("layout");
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).expect("allocation");
         Self { ptr, layout }

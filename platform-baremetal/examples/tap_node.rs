@@ -82,7 +82,7 @@ fn main() {
         },
         "bench" => match btl_linux::cli::bench::parse_args(rest) {
             Ok(mut opts) => {
-                opts.transport = "smoltcp".into();
+                opts.transports = vec!["smoltcp".into()];
                 match btl_linux::cli::bench::run_on(&mut node, &opts, &mut out) {
                     Ok(_) => true,
                     Err(e) => {

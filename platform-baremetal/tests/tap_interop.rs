@@ -409,7 +409,7 @@ fn run_child(role: &str) -> Result<(), BoxError> {
         }
         "bench" => {
             let mut opts = btl_linux::cli::bench::parse_args(&os(&["--sizes", &sizes]))?;
-            opts.transport = "smoltcp".into();
+            opts.transports = vec!["smoltcp".into()];
             btl_linux::cli::bench::run_on(t.as_mut(), &opts, &mut out)?;
         }
         _ => exchange(t.as_mut(), role, &name, &mut out)?,

@@ -123,14 +123,52 @@ impl Waiter {
     }
 }
 
-/// Whether more ranks run on this node than this process may use cores:
-/// then waits yield almost at once.
+/// Whether more ranks run on this node than there are cores for them: then
+/// waits yield almost at once.
+///
+/// The cores are those of this process's affinity mask — unless the mask
+/// is a single CPU: a launcher that binds each rank to a core of its own
+/// (`btl run --bind-to core`, `btl bench`, `mpirun --bind-to core`) leaves
+/// every rank a one-CPU mask that says nothing of the others', and
+/// counting it would make every bound job of two ranks or more
+/// "oversubscribed" (yielding after 8 empty polls: a `sched_yield` per poll
+/// on the latency path). Then the machine's online CPUs count. Ranks bound
+/// several to one core on a machine with enough cores are not detected.
 pub fn oversubscribed(local_ranks: u32) -> bool {
-    let online = rustix::thread::sched_getaffinity(None)
-        .map(|s| s.count())
-        .unwrap_or(1)
-        .max(1);
-    local_ranks as usize > online as usize
+    let mask = rustix::thread::sched_getaffinity(None)
+        .map(|s| s.count() as usize)
+        .unwrap_or(1);
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| cpu_list_len(&s));
+    outnumber(local_ranks, mask, online)
+}
+
+/// [`oversubscribed`]'s rule: `local_ranks` against the CPUs of our mask,
+/// or the `online` ones when the mask is a single CPU.
+fn outnumber(local_ranks: u32, mask: usize, online: Option<usize>) -> bool {
+    let cores = match (mask, online) {
+        (0 | 1, Some(online)) => online,
+        (m, _) => m,
+    };
+    local_ranks as usize > cores.max(1)
+}
+
+/// The number of CPUs in a kernel CPU list (`0-3,8,10-11`), `None` if it
+/// does not parse.
+fn cpu_list_len(list: &str) -> Option<usize> {
+    let mut n = 0usize;
+    for part in list.trim().split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+            None => {
+                let a = part.parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        n += b.checked_sub(a)? + 1;
+    }
+    Some(n)
 }
 
 #[cfg(test)]
@@ -157,5 +195,21 @@ mod tests {
         let seen: Vec<_> = (0..CLOCK_EVERY).filter_map(|_| w.pass(1)).collect();
         assert_eq!(seen.len(), 1);
         assert!(w.expired(seen[0]).is_none());
+    }
+
+    #[test]
+    fn bound_ranks_count_the_machine() {
+        assert_eq!(cpu_list_len("0-1\n"), Some(2));
+        assert_eq!(cpu_list_len("0-3,8,10-11"), Some(7));
+        assert_eq!(cpu_list_len("3-1"), None);
+        assert_eq!(cpu_list_len("x"), None);
+        // Unbound (mask = what the job may use): the mask decides.
+        assert!(!outnumber(2, 2, Some(64)));
+        assert!(outnumber(3, 2, Some(64)));
+        // Bound one per core: the machine decides.
+        assert!(!outnumber(2, 1, Some(2)));
+        assert!(outnumber(3, 1, Some(2)));
+        assert!(outnumber(2, 1, None));
+        assert!(!outnumber(1, 1, None));
     }
 }

@@ -9,6 +9,9 @@
 //!   which ring a sender writes to (`FIFO_MAP`);
 //! - [`frag`]: fragment headers and the slot encoding (offset + type bits +
 //!   status bit);
+//! - [`fbox`]: fast boxes, per sender→receiver byte rings for small
+//!   messages without a ring operation or an ACK, and the rule that keeps
+//!   per-peer order across a box and the ring;
 //! - [`control`]: the segment's control area (creator, layout parameters,
 //!   one record per rank);
 //! - [`layout`]: how many processes the segment is sized for
@@ -22,6 +25,7 @@
 
 pub mod control;
 pub mod engine;
+pub mod fbox;
 pub mod fifo;
 pub mod frag;
 pub mod layout;

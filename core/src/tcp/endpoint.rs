@@ -467,7 +467,10 @@ impl Endpoint {
         }
     }
 
-    /// The user wants to send a frame to the peer.
+    /// The user wants to send a frame to the peer. `now_ms` is used only
+    /// when the endpoint is [`EndpointState::Closed`] (the connect it
+    /// starts gets its handshake deadline), so an adapter may skip reading
+    /// the clock in the other states.
     pub fn on_send_request(&mut self, now_ms: u64) -> SendDecision {
         match self.state {
             EndpointState::Connected => match self.conn {

@@ -39,6 +39,12 @@
 //! TCP transport provides (the seed's other flag bits — send-in-place,
 //! checksum, ack, heterogeneous RDMA — describe Open MPI's PML interplay
 //! and have no meaning here).
+//!
+//! One default differs from the seed's: `sndbuf` and `rcvbuf` are 0 (the
+//! kernel's autotuning) instead of 128 KiB. On Linux a fixed `SO_SNDBUF` /
+//! `SO_RCVBUF` turns autotuning off for that socket, and 128 KiB caps the
+//! window well below what a loopback or data-centre link needs; Open MPI
+//! (and MPICH) changed their defaults to 0 later for the same reason.
 
 use core::fmt;
 use core::ops::RangeInclusive;
@@ -406,19 +412,25 @@ pub static TCP_PARAMS: [ParamDef; TCP_PARAM_COUNT] = table(
         base::free_list_num("Number of fragments of each kind each process allocates up front."),
         base::free_list_max(),
         base::free_list_inc(32),
-        ParamDef::number("sndbuf", ParamKind::Size, 128 * 1024, (0, I32_MAX)).doc(
+        ParamDef::number("sndbuf", ParamKind::Size, 0, (0, I32_MAX)).doc(
             4,
-            "a size in bytes between 0 and 2147483647 (0 = the kernel default; k, M, G suffixes \
-             allowed)",
-            "Size (in bytes) of the kernel send buffer of each TCP socket (0 = leave the kernel \
-             default).",
+            "a size in bytes between 0 and 2147483647 (0 = the kernel's autotuning; k, M, G \
+             suffixes allowed)",
+            "Size (in bytes) of the kernel send buffer of each TCP socket. 0 (the default) \
+             leaves it to the kernel, which grows it with the connection's window up to \
+             net.ipv4.tcp_wmem's maximum; a fixed size turns that autotuning off and caps the \
+             bytes in flight, and with them the bandwidth (the seed's 128 KiB gave about half \
+             the 4 MiB bandwidth on loopback; Open MPI and MPICH moved to 0 for this reason).",
         ),
-        ParamDef::number("rcvbuf", ParamKind::Size, 128 * 1024, (0, I32_MAX)).doc(
+        ParamDef::number("rcvbuf", ParamKind::Size, 0, (0, I32_MAX)).doc(
             4,
-            "a size in bytes between 0 and 2147483647 (0 = the kernel default; k, M, G suffixes \
-             allowed)",
-            "Size (in bytes) of the kernel receive buffer of each TCP socket (0 = leave the \
-             kernel default).",
+            "a size in bytes between 0 and 2147483647 (0 = the kernel's autotuning; k, M, G \
+             suffixes allowed)",
+            "Size (in bytes) of the kernel receive buffer of each TCP socket. 0 (the default) \
+             leaves it to the kernel, which grows it (and the advertised window) up to \
+             net.ipv4.tcp_rmem's maximum; a fixed size turns that autotuning off and caps the \
+             TCP window, and with it the bandwidth (the seed's 128 KiB gave about half the \
+             4 MiB bandwidth on loopback; Open MPI and MPICH moved to 0 for this reason).",
         ),
         ParamDef::number("endpoint_cache", ParamKind::Size, 30 * 1024, (64, I32_MAX)).doc(
             4,
@@ -720,9 +732,9 @@ pub struct TcpParams {
     pub free_list_max: i32,
     /// Free-list growth increment.
     pub free_list_inc: i32,
-    /// `SO_SNDBUF` in bytes (0 = kernel default).
+    /// `SO_SNDBUF` in bytes (0, the default: the kernel autotunes it).
     pub sndbuf: i32,
-    /// `SO_RCVBUF` in bytes (0 = kernel default).
+    /// `SO_RCVBUF` in bytes (0, the default: the kernel autotunes it).
     pub rcvbuf: i32,
     /// Read-ahead cache per connection, in bytes.
     pub endpoint_cache: i32,
@@ -811,7 +823,8 @@ fn default_port_range(port_min: i32) -> i32 {
 }
 
 impl TcpParams {
-    /// The seed's defaults, all with source [`ParamSource::Default`].
+    /// The defaults (the seed's, but `sndbuf`/`rcvbuf`: see the module
+    /// documentation), all with source [`ParamSource::Default`].
     pub const fn new() -> Self {
         let if_exclude = match FixedStr::new(DEFAULT_IF_EXCLUDE) {
             Some(s) => s,
@@ -822,8 +835,8 @@ impl TcpParams {
             free_list_num: 8,
             free_list_max: -1,
             free_list_inc: 32,
-            sndbuf: 128 * 1024,
-            rcvbuf: 128 * 1024,
+            sndbuf: 0,
+            rcvbuf: 0,
             endpoint_cache: 30 * 1024,
             use_nagle: false,
             port_min_v4: DEFAULT_PORT_MIN,
@@ -1374,10 +1387,7 @@ mod tests {
             (p.links, p.free_list_num, p.free_list_max, p.free_list_inc),
             (1, 8, -1, 32)
         );
-        assert_eq!(
-            (p.sndbuf, p.rcvbuf, p.endpoint_cache),
-            (131072, 131072, 30720)
-        );
+        assert_eq!((p.sndbuf, p.rcvbuf, p.endpoint_cache), (0, 0, 30720));
         assert_eq!(
             (p.exclusivity, p.flags),
             (100, FLAG_SEND | FLAG_PUT | FLAG_GET)
@@ -1450,12 +1460,12 @@ mod tests {
     fn parsing_and_domains() {
         let mut p = TcpParams::new();
         p.set("sndbuf", "1M", ParamSource::Code).unwrap();
-        p.set("RCVBUF", "0", ParamSource::Code).unwrap();
+        p.set("RCVBUF", "128k", ParamSource::Code).unwrap();
         p.set("use_nagle", "yes", ParamSource::Code).unwrap();
         p.set("endpoint_cache", "0x40", ParamSource::Code).unwrap();
         assert_eq!(
             (p.sndbuf, p.rcvbuf, p.use_nagle, p.endpoint_cache),
-            (1 << 20, 0, true, 64)
+            (1 << 20, 128 << 10, true, 64)
         );
         let cases: [(&str, &str, &str); 8] = [
             (

@@ -27,7 +27,8 @@ Usage:
   btl run -n N [--bind-to core|none] [--timeout SECS]
           [--host H[:SLOTS],... --wireup-addr IP [--agent PROG]] [--] PROGRAM [ARGS...]
   btl info [--json]
-  btl bench [--transport auto|sm|tcp] [--sizes 8,64,...] [--json | --format osu]
+  btl bench [--transport auto|sm|tcp[,...]] [--sizes 8,64,...] [--iterations N]
+            [--window W] [--json | --format osu] [--plot FILE.svg [--compare RAW.tsv]]
   btl stress [-n N] [--transport auto|sm|tcp] [--messages M] [--max-size BYTES]
   btl help | --help | -h
   btl --version
@@ -39,8 +40,8 @@ Subcommands:
   stress   every rank sends M checked messages to every other rank
   help     show this text
 
-`btl run --help` describes the launcher. Log level: BTL_LOG=error|warn|info|
-debug|trace (default warn).
+`btl run --help` describes the launcher, `btl help bench` the benchmark.
+Log level: BTL_LOG=error|warn|info|debug|trace (default warn).
 ";
 
 const RUN_USAGE: &str = "\
@@ -156,6 +157,7 @@ fn cmd_help(args: &[OsString]) -> i32 {
         None => print(USAGE),
         Some("run") => print(RUN_USAGE),
         Some("info") => print(INFO_USAGE),
+        Some("bench") => print(&format!("{}\n", btl_linux::cli::bench::USAGE)),
         Some(other) => usage_error(
             "btl help",
             &UsageError::new(format!("unknown subcommand `{other}`")),

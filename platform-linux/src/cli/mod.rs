@@ -5,5 +5,6 @@
 pub mod bench;
 pub mod info;
 pub mod launcher;
+pub mod plot;
 pub mod stress;
 pub mod transport;

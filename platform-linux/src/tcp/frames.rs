@@ -319,12 +319,21 @@ impl Tcp {
         self.post_buf(peer, OutBuf::frame(&[&hdr, head], Body::Raw(data), op))
     }
 
+    /// The endpoint's decision on a send to `peer`. The clock is read only
+    /// for a closed endpoint, the one state whose decision uses it (the
+    /// connect starts its handshake deadline): a clock read costs about as
+    /// much as a small message's own work, and this is on every send.
+    fn send_decision(&mut self, peer: u32) -> SendDecision {
+        let closed = self.peers[peer as usize].ep.state() == EndpointState::Closed;
+        let now = if closed { self.now_ms() } else { 0 };
+        self.peers[peer as usize].ep.on_send_request(now)
+    }
+
     /// The connection to write on now, if `peer` is connected and nothing
     /// is queued ahead; otherwise starts connecting or queues per the
     /// endpoint's decision (`None`).
     fn ready_conn(&mut self, peer: u32) -> Result<Option<ConnId>, PostError> {
-        let now = self.now_ms();
-        match self.peers[peer as usize].ep.on_send_request(now) {
+        match self.send_decision(peer) {
             SendDecision::SendNow { conn } => Ok(self
                 .conns
                 .get(&conn.0)
@@ -384,8 +393,7 @@ impl Tcp {
     /// Queues `buf` for `peer`: on its connection if it has one, else in
     /// its queue until the connection is up. Tries to write at once.
     fn post_buf(&mut self, peer: u32, buf: OutBuf) -> Result<Posted, PostError> {
-        let now = self.now_ms();
-        match self.peers[peer as usize].ep.on_send_request(now) {
+        match self.send_decision(peer) {
             SendDecision::SendNow { .. } => self.queue_on_conn(peer, buf),
             SendDecision::Queue => Ok(self.queue_for_peer(peer, buf)),
             SendDecision::QueueAndConnect => {
@@ -433,9 +441,7 @@ impl Tcp {
     }
 
     fn queue_on_conn(&mut self, peer: u32, buf: OutBuf) -> Result<Posted, PostError> {
-        let now = self.now_ms();
-        let SendDecision::SendNow { conn } = self.peers[peer as usize].ep.on_send_request(now)
-        else {
+        let SendDecision::SendNow { conn } = self.send_decision(peer) else {
             return Ok(self.queue_for_peer(peer, buf));
         };
         let op = buf.op;

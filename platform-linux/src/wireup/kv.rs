@@ -158,6 +158,15 @@ impl KvServer {
 impl Drop for KvServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // Wake the accept loop (it waits in poll up to `TICK` otherwise).
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(match wake {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(100));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -173,6 +182,7 @@ fn accept_loop(listener: TcpListener, store: Arc<Mutex<Store>>, stop: Arc<Atomic
     let mut refused = 0u64;
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
+            Ok(_) if stop.load(Ordering::Relaxed) => break,
             Ok((s, peer)) => {
                 workers.retain(|h| !h.is_finished());
                 if workers.len() >= cap {
@@ -198,7 +208,19 @@ fn accept_loop(listener: TcpListener, store: Arc<Mutex<Store>>, stop: Arc<Atomic
                 workers.retain(|h| !h.is_finished());
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(2));
+                // Sleep in the kernel until a rank connects (or `TICK`, to
+                // look at `stop`; dropping the server also connects to wake
+                // us): on a machine whose cores all run spinning ranks,
+                // every wake-up of this thread preempts one of them.
+                let mut fds = [rustix::event::PollFd::new(
+                    &listener,
+                    rustix::event::PollFlags::IN,
+                )];
+                let tick = rustix::time::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: TICK.as_nanos() as i64,
+                };
+                let _ = rustix::event::poll(&mut fds, Some(&tick));
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {

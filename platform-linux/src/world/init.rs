@@ -493,6 +493,13 @@ fn finish<'m>(
         None
     };
     let oversubscribed = crate::progress::oversubscribed(plan.local.len() as u32);
+    if oversubscribed {
+        log::info!(
+            "{} ranks on this node outnumber its cores: waits yield after {} empty polls",
+            plan.local.len(),
+            crate::progress::SPIN_OVERSUBSCRIBED
+        );
+    }
     Ok(World {
         hub: Hub {
             me: id.rank,
