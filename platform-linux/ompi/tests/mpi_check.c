@@ -15,6 +15,7 @@
  *
  *   mpirun -n 4 --mca pml ob1 --mca btl self,rsm ./mpi_check [--quick]
  *   mpirun -n 4 --mca pml ob1 --mca btl self,rsm --mca osc pt2pt ./mpi_check --rma
+ *   mpirun -n 3 ... ./mpi_check --seconds 60     # rounds for a minute
  */
 #include <mpi.h>
 #include <pthread.h>
@@ -263,11 +264,13 @@ static void threads(void)
 int main(int argc, char **argv)
 {
     int quick = 0, rma = 0;
+    double seconds = 0;
     for (int i = 1; i < argc; i++) {
         if (0 == strcmp(argv[i], "--quick")) quick = 1;
         else if (0 == strcmp(argv[i], "--rma")) rma = 1;
+        else if (0 == strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: mpi_check [--quick] [--rma]\n");
+            fprintf(stderr, "usage: mpi_check [--quick] [--rma] [--seconds S]\n");
             return 2;
         }
     }
@@ -276,7 +279,13 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     size_t maxsz = quick ? 1048589 : 4194304;
-    for (int rep = 0; rep < (quick ? 1 : 3); rep++) {
+    /* --seconds S: repeat the rounds until rank 0 has seen S seconds (the
+     * kill test's long run); otherwise 1 (--quick) or 3 rounds. */
+    double t0 = MPI_Wtime();
+    for (int rep = 0;; rep++) {
+        int more = seconds > 0 ? MPI_Wtime() - t0 < seconds : rep < (quick ? 1 : 3);
+        MPI_Bcast(&more, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        if (!more) break;
         pairs(maxsz);
         vectors();
         flood(64, 8);
