@@ -40,9 +40,11 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
 fi
 # Debian packages of the tests that make their own hosts: iproute2 (network
 # namespaces, veth, bridges), util-linux (unshare), openmpi-bin (mpirun and
-# the PMIx library, for the run under mpirun). The tests skip, saying why,
-# where they are missing or namespaces are not permitted. g++: libFuzzer
-# (the fuzz step) is C++.
+# the PMIx library, for the run under mpirun), libpmix-dev (the PMIx header
+# the PMIx layout test compiles against). Where one is missing or
+# namespaces are not permitted, the tests skip, saying why — or, with CI
+# set (as .ci/run sets it), fail. g++: libFuzzer (the fuzz step) is C++,
+# and the layout test needs a C compiler.
 need=()
 command -v c++ >/dev/null || need+=(g++)
 # The C ABI's tests (scripts/capi-test.sh) compile C with cc and pkg-config
@@ -52,6 +54,7 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
+compgen -G '/usr/lib/*/pmix2/include/pmix_common.h' >/dev/null || need+=(libpmix-dev)
 # nftables: the partition test cuts a namespace host off its network.
 command -v nft >/dev/null || need+=(nftables)
 # The Open MPI components (scripts/ompi-components.sh, scripts/ompi-test.sh):
@@ -65,7 +68,7 @@ if [ ${#need[@]} -gt 0 ]; then
     log "installing ${need[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
   else
-    log "${need[*]} missing and cannot be installed here: the tests needing them will skip"
+    log "${need[*]} missing and cannot be installed here: the tests needing them will skip (fail with CI set)"
   fi
 fi
 
@@ -89,7 +92,7 @@ if ! command -v qemu-system-riscv64 >/dev/null || [ ! -e /usr/share/qemu/opensbi
     log "installing qemu-system-misc opensbi"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-misc opensbi
   else
-    log "qemu-system-riscv64 missing and cannot be installed here: the QEMU node tests will skip"
+    log "qemu-system-riscv64 missing and cannot be installed here: the QEMU node tests will skip (fail with CI set)"
   fi
 fi
 

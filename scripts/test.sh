@@ -49,10 +49,13 @@ step capi bash scripts/capi-test.sh
 # vader/tcp, three namespace hosts over rsm+rtcp (scripts/ompi-test.sh).
 step ompi bash scripts/ompi-test.sh
 
-# loom: every crate built with --cfg loom, in its own target dir so the
-# normal build is not invalidated. Preemption bound 3, as the models are
-# small rings (2–4 slots) with 1–2 writers.
+# loom: first the check that every #[test] in loom-tests/tests calls
+# loom::model in code (not in a comment or a string: such a test runs
+# nothing and passes); then every model, built with --cfg loom in its own
+# target dir so the normal build is not invalidated. Preemption bound 3, as
+# the models are small rings (2–4 slots) with 1–2 writers.
 loom() {
+  cargo test -p btl-loom-tests --lib --locked -- check::
   RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom \
     cargo test -p btl-loom-tests --release --locked
 }

@@ -120,6 +120,9 @@ impl Dispatch for Seen {
     fn error(&mut self, error: PeerError) {
         panic!("{error}");
     }
+    fn failed(&mut self, peer: u32, why: PeerError) {
+        panic!("rank {peer} declared failed: {why}");
+    }
 }
 
 /// Half round trip of an 8-byte message through two real progress engines
@@ -136,16 +139,23 @@ fn engine_pingpong(iters: u64) -> f64 {
     let layout = segment_layout(&params, 2).unwrap();
     let mem = Memory::new(layout.total_bytes.next_multiple_of(CACHE_LINE));
     let region = mem.region();
-    let sizes = Eng::storage_sizes(&layout, 2).unwrap();
     for r in 0..2 {
         // SAFETY: fresh memory; nothing touches the parts yet.
         unsafe { init_part(&region, &layout, &params, r) }.unwrap();
     }
-    let engine = |me| -> Eng<'_> {
+    // Each engine in its own thread, over its own region of the memory (a
+    // region is not Send), as two processes would have it.
+    fn engine<'a>(
+        region: &btl_core::shm::Region<'a>,
+        layout: &btl_core::sm::layout::SegmentLayout,
+        params: &SmParams,
+        me: u32,
+    ) -> Eng<'a> {
+        let sizes = Eng::storage_sizes(layout, 2).unwrap();
         Eng::attach(
-            &region,
-            &layout,
-            &params,
+            region,
+            layout,
+            params,
             me,
             2,
             (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
@@ -154,8 +164,9 @@ fn engine_pingpong(iters: u64) -> f64 {
             vec![0; sizes.pending],
         )
         .unwrap()
-    };
-    let (mut a, mut b) = (engine(0), engine(1));
+    }
+    let shared = mem.shared();
+    let (layout, params) = (&layout, &params);
     // Waits for the next message (progressing the ACKs too).
     fn wait(e: &mut Eng<'_>, seen: &mut Seen) -> u8 {
         let before = seen.messages;
@@ -170,6 +181,10 @@ fn engine_pingpong(iters: u64) -> f64 {
     std::thread::scope(|s| {
         s.spawn(move || {
             pin(1);
+            // SAFETY: `mem` outlives the scope; the engines' protocol
+            // orders the two threads' copies, and nothing else copies.
+            let region = unsafe { shared.region() };
+            let mut b = engine(&region, layout, params, 1);
             let mut seen = Seen::default();
             let mut msg = [0u8; 8];
             for i in 0..iters {
@@ -182,6 +197,7 @@ fn engine_pingpong(iters: u64) -> f64 {
             }
         });
         pin(0);
+        let mut a = engine(&region, layout, params, 0);
         let mut seen = Seen::default();
         let mut msg = [0u8; 8];
         let start = Instant::now();

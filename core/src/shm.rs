@@ -25,12 +25,32 @@
 //! - [`ShmSafe`] types are valid for any bytes, so reading memory a peer
 //!   wrote (or scribbled on) is never an invalid value.
 //!
-//! Byte copies ([`Region::read_bytes`], [`Region::write_bytes`]) are plain
-//! `memcpy`s: an honest peer publishes a payload before the release store
-//! that hands it over, so the copy never races. A *misbehaving* peer that
-//! writes a payload while we copy it can only make us read torn bytes (the
-//! hardware gives no stronger failure for plain copies of `u8`s); the
-//! protocol layers above treat payload bytes as untrusted data.
+//! # The concurrency model
+//!
+//! Shared memory is reached two ways, with different rules:
+//!
+//! - **atomics** — [`Region::resolve`] hands out `&T` for [`ShmSafe`] types
+//!   (all `Sync`, all mutation atomic). These references may go to any
+//!   thread: every access is an atomic operation, so nothing races;
+//! - **byte copies** — [`Region::read_bytes`] and [`Region::write_bytes`] are
+//!   plain `memcpy`s. Two copies of the same bytes, one of them a write, from
+//!   two threads of this process without a happens-before between them are a
+//!   data race: undefined behaviour. So a [`Region`] — the only way to copy
+//!   bytes — is neither `Send` nor `Sync`: every region made from one root
+//!   (one exclusive borrow in [`Region::from_mut_slice`], one
+//!   [`Region::from_raw_parts`]) stays in the thread that made it, and safe
+//!   code cannot copy bytes of one memory from two threads. Regions over the
+//!   same memory in *different* threads exist only through
+//!   [`Region::from_raw_parts`], whose contract makes the caller order their
+//!   byte copies (the engine's SEND → ACK hand-over does, with the rings'
+//!   release/acquire pairs; a miri test checks it).
+//!
+//! Other *processes* are outside the Rust memory model: an honest peer
+//! publishes a payload before the release store that hands it over, so the
+//! copy never races; a *misbehaving* peer that writes a payload while we
+//! copy it can only make us read torn bytes (the hardware gives no stronger
+//! failure for plain copies of `u8`s), and the protocol layers above treat
+//! payload bytes as untrusted data.
 #![allow(unsafe_code)]
 
 use core::fmt;
@@ -231,20 +251,39 @@ impl core::error::Error for ResolveError {}
 /// A mapped region of (possibly shared) memory: base and length.
 ///
 /// `Region` is a `Copy` view; it does not own the mapping. Its lifetime `'a`
-/// is the mapping's.
+/// is the mapping's. It is neither `Send` nor `Sync` (see the module's
+/// concurrency model): the byte copies it offers must stay in one thread, so
+/// two threads cannot write the same bytes through safe code. The `&T` it
+/// resolves to (atomics) may be shared freely.
+///
+/// ```compile_fail
+/// // Two threads copying into the same bytes through one region: refused
+/// // at compile time (`Region` is not `Sync`).
+/// let mut buf = [0u8; 8];
+/// let r = btl_core::shm::Region::from_mut_slice(&mut buf);
+/// std::thread::scope(|s| {
+///     s.spawn(|| r.write_bytes(0, b"a"));
+///     s.spawn(|| r.write_bytes(0, b"b"));
+/// });
+/// ```
+///
+/// ```compile_fail
+/// // Nor can a copy of it be sent to another thread (`Region` is not `Send`).
+/// let mut buf = [0u8; 8];
+/// let r = btl_core::shm::Region::from_mut_slice(&mut buf);
+/// std::thread::scope(|s| {
+///     s.spawn(move || r.write_bytes(0, b"a"));
+///     r.write_bytes(0, b"b").unwrap();
+/// });
+/// ```
 #[derive(Clone, Copy)]
 pub struct Region<'a> {
+    // NonNull makes the type neither Send nor Sync, which the concurrency
+    // model requires: do not add `unsafe impl Send/Sync`.
     base: NonNull<u8>,
     len: usize,
     _mapping: PhantomData<&'a [u8]>,
 }
-
-// SAFETY: a Region only hands out `&T` for `T: ShmSafe` (which is `Sync`)
-// and byte copies; sharing or sending the view between threads is no
-// different from sharing those references.
-unsafe impl Send for Region<'_> {}
-// SAFETY: as above.
-unsafe impl Sync for Region<'_> {}
 
 impl fmt::Debug for Region<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -264,6 +303,15 @@ impl<'a> Region<'a> {
     /// (a live mapping), `len <= isize::MAX`, and, while `'a` lasts, the
     /// memory must be accessed only through `ShmSafe` types (atomics) and
     /// byte copies — never through Rust references to non-atomic data.
+    ///
+    /// If other regions over the same memory exist in other threads of this
+    /// process (each thread making its own with this function), every byte
+    /// copy through this region must be ordered (happens-before) with every
+    /// byte copy of the same bytes through them that writes, or the two are
+    /// a data race. The engine's protocol orders them when every thread runs
+    /// one engine of a different rank and nothing else in the process
+    /// writes the memory; within one thread (all regions derived from this
+    /// one) nothing more is needed.
     pub unsafe fn from_raw_parts(base: NonNull<u8>, len: usize) -> Self {
         debug_assert!(len <= isize::MAX as usize);
         Self {
@@ -400,7 +448,10 @@ impl<'a> Region<'a> {
         let src = self.ptr_at(start);
         // SAFETY: the source range is in bounds and live (checked above,
         // Region's contract); `dst` is a distinct exclusive borrow, so the
-        // ranges do not overlap. Races with a misbehaving peer: module docs.
+        // ranges do not overlap. No other thread of this process writes the
+        // range meanwhile: regions are not Send/Sync, and regions of other
+        // threads order their copies with ours (`from_raw_parts`' contract).
+        // Races with a misbehaving peer process: module docs.
         unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
@@ -411,7 +462,8 @@ impl<'a> Region<'a> {
         let dst = self.ptr_at(start);
         // SAFETY: the destination range is in bounds and writable (checked
         // above, Region's contract); `src` is a Rust borrow, which cannot
-        // alias memory accessed only through the region.
+        // alias memory accessed only through the region. No other thread of
+        // this process copies the range meanwhile (as in `read_bytes`).
         unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), src.len()) };
         Ok(())
     }

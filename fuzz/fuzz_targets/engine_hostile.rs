@@ -10,17 +10,21 @@
 //! Always: no panic, no out-of-bounds access (the fuzzer's AddressSanitizer
 //! watches), every completion names a cookie that was sent and arrives at
 //! most once, outstanding fragments never exceed the fragments a rank has,
-//! and every delivered payload fits a fragment. Without hostile actions
-//! (the honest baseline of the same input): no error is reported and every
-//! message arrives intact, in order, and completes successfully.
+//! every delivered payload fits a fragment, every reported error declares
+//! someone failed, and nothing is delivered from a peer after the engine
+//! declared it failed. Without hostile actions (the honest baseline of the
+//! same input): no error is reported, nobody fails, and every message
+//! arrives intact, in order, and completes successfully.
 #![no_main]
 
 use std::collections::{HashSet, VecDeque};
 
 use arbitrary::Arbitrary;
-use btl_core::sm::engine::{init_part, Dispatch, FragDesc, PeerError, PeerSlot, SmEngine};
+use btl_core::sm::engine::{
+    init_part, Blame, Dispatch, FragDesc, PeerError, PeerSlot, PeerState, SmEngine,
+};
 use btl_core::sm::fifo::{fifo_map, Consumer, Fifo};
-use btl_core::sm::frag::{FragType, FragView, Slot};
+use btl_core::sm::frag::{header_check, FragType, FragView, Slot};
 use btl_core::sm::params::SmParams;
 use btl_core::shm::{Region, ShmOffset};
 use btl_core::sm::layout::{segment_layout, SegmentLayout};
@@ -57,8 +61,10 @@ enum Op {
         value: u64,
     },
     /// Forge fragment `frag` of the hostile part's eager fragments with
-    /// these header fields, then push a slot of `kind` naming it (or the
-    /// same offset in the victim's part when `theirs`).
+    /// these header fields (with a valid check word if `consistent`, as a
+    /// forger who knows the format would), then push a slot of `kind`
+    /// naming it (or the same offset in the victim's part when `theirs`;
+    /// an ACK names the hostile rank as its sender).
     Forge {
         victim: bool,
         frag: u8,
@@ -66,6 +72,8 @@ enum Op {
         capacity: u32,
         tag: u32,
         len: u32,
+        seq: u32,
+        consistent: bool,
         kind: u8,
         error: bool,
         theirs: bool,
@@ -73,6 +81,12 @@ enum Op {
     FailPeer {
         who: bool,
         peer: u8,
+    },
+    /// The engine's audit of its rings (a stalled slot counts after
+    /// `stall % 4` audits; 0: never).
+    Audit {
+        who: bool,
+        stall: u8,
     },
 }
 
@@ -88,11 +102,16 @@ struct Rec {
     got: Vec<(u32, u8, Vec<u8>)>,
     done: Vec<(u32, u64, bool)>,
     errors: Vec<PeerError>,
+    failed: HashSet<u32>,
     max_payload: u32,
 }
 
 impl Dispatch for Rec {
     fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
+        assert!(
+            !self.failed.contains(&peer),
+            "delivered from rank {peer} after it was declared failed"
+        );
         assert!(frag.info.len <= self.max_payload);
         assert_eq!(frag.payload.len(), frag.info.len as usize);
         let mut buf = vec![0; frag.info.len as usize];
@@ -106,6 +125,10 @@ impl Dispatch for Rec {
     fn error(&mut self, error: PeerError) {
         assert!(!error.to_string().is_empty());
         self.errors.push(error);
+    }
+    fn failed(&mut self, peer: u32, why: PeerError) {
+        assert!(self.errors.contains(&why), "failed for an unreported error");
+        assert!(self.failed.insert(peer), "rank {peer} declared failed twice");
     }
 }
 
@@ -147,6 +170,26 @@ impl Books {
             }
             if !tainted {
                 assert!(rec.errors.is_empty(), "{:?}", rec.errors);
+                assert!(rec.failed.is_empty(), "{:?}", rec.failed);
+            }
+            // Every error blames someone, who is failed now (or was before).
+            for e in &rec.errors {
+                match e.blamed() {
+                    Blame::Peer { peer } => assert!(
+                        engines[who].peer_state(peer) != Some(PeerState::Connected),
+                        "{e}: rank {peer} still connected"
+                    ),
+                    Blame::Writers { ring } => {
+                        for p in (0..NPROCS).filter(|&p| p != who as u32) {
+                            if fifo_map(p, engines[who].num_fifos()) == ring {
+                                assert!(
+                                    engines[who].peer_state(p) != Some(PeerState::Connected),
+                                    "{e}: writer {p} still connected"
+                                );
+                            }
+                        }
+                    }
+                }
             }
             rec.errors.clear();
             assert!(engines[who].outstanding() as usize <= descs);
@@ -284,6 +327,8 @@ fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: 
                 capacity,
                 tag,
                 len,
+                seq,
+                consistent,
                 kind,
                 error,
                 theirs,
@@ -294,11 +339,18 @@ fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: 
                 let Ok(at) = layout.eager_frag_offset(owner_rank, i) else {
                     continue;
                 };
-                let mut h = [0u8; 16];
-                h[0..4].copy_from_slice(&owner.to_le_bytes());
-                h[4..8].copy_from_slice(&capacity.to_le_bytes());
-                h[8..12].copy_from_slice(&tag.to_le_bytes());
-                h[12..16].copy_from_slice(&len.to_le_bytes());
+                let check = if *consistent {
+                    header_check(*owner, *capacity, *tag, *len, *seq, 0)
+                } else {
+                    seq.rotate_left(7) ^ 0x5a5a_5a5a
+                };
+                let mut h = [0u8; 28];
+                for (k, v) in [*owner, *capacity, *tag, *len, *seq, 0, check]
+                    .into_iter()
+                    .enumerate()
+                {
+                    h[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
+                }
                 if !*theirs {
                     region.write_bytes(at as u64, &h).unwrap();
                 }
@@ -308,10 +360,16 @@ fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: 
                 } else {
                     FragType::Ack
                 };
-                let frag = ShmOffset::new(owner_rank as u16, rel as u64).unwrap();
+                // A SEND names the fragment's owner; an ACK its sender.
+                let slot_owner = if kind == FragType::Ack { HOSTILE } else { owner_rank };
+                let frag = ShmOffset::new(slot_owner as u16, rel as u64).unwrap();
                 let value = Slot::new(kind, frag, *error).unwrap().encode();
                 let _ = hostile_producers[victim as usize].push(value);
                 tainted = true;
+            }
+            Op::Audit { who, stall } => {
+                let w = usize::from(*who);
+                engines[w].audit_rings(u32::from(*stall % 4), &mut recs[w]);
             }
             Op::FailPeer { who, peer } => {
                 let w = usize::from(*who);

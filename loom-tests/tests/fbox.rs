@@ -64,7 +64,10 @@ fn take_checked(reader: &mut FboxReader<'_>, sizes: &[usize], next: &mut usize) 
 /// in order, intact; nothing else arrives.
 fn wrap_model(sizes: &'static [usize]) {
     let mem = Arc::new(RingMemory::with_bytes(Fbox::memory_size(BOX).unwrap()));
-    let region = mem.region();
+    // SAFETY: `mem` outlives the region (the model joins its threads
+    // first); the region stays in this thread, and the box's handles,
+    // which cross threads, copy through atomics only.
+    let region = unsafe { mem.region() };
     let (mut reader, mut w) = open(&region);
     let writer = {
         let mem = mem.clone();
@@ -108,7 +111,10 @@ fn full_box_writes_nothing_while_reader_releases() {
         // start of the next lap) once message 1 is.
         const SIZES: &[usize] = &[8, 8, 8, 8, 0];
         let mem = Arc::new(RingMemory::with_bytes(Fbox::memory_size(BOX).unwrap()));
-        let region = mem.region();
+        // SAFETY: `mem` outlives the region (the model joins its threads
+        // first); the region stays in this thread, and the box's handles,
+        // which cross threads, copy through atomics only.
+        let region = unsafe { mem.region() };
         let (mut reader, mut w) = open(&region);
         for id in 0..3 {
             w.try_send(id as u8, &content(id, 8), 0).unwrap();
@@ -209,7 +215,10 @@ fn handoff_model(sizes: &'static [usize]) {
     let f = Fifo::memory_size(2).unwrap() as u64;
     let a = Fifo::memory_size(4).unwrap() as u64;
     let mem = Arc::new(RingMemory::with_bytes((b + f + a) as usize));
-    let region = mem.region();
+    // SAFETY: `mem` outlives the region (the model joins its threads
+    // first); the region stays in this thread, and the box's handles,
+    // which cross threads, copy through atomics only.
+    let region = unsafe { mem.region() };
     let (reader, writer) = open(&region);
     // SAFETY: as in `open`; the three structures are disjoint.
     let (ring, acks) = unsafe {

@@ -122,7 +122,8 @@ fn two_writers_one_reader_ring_of_4() {
 
 #[test]
 fn two_writers_full_ring_of_2() {
-    // 4 messages through 2 slots: both writers meet a full ring.     loom::model(|| mpsc_model(2, 1, 2, 2));
+    // 4 messages through 2 slots: both writers meet a full ring.
+    loom::model(|| mpsc_model(2, 1, 2, 2));
 }
 
 #[test]

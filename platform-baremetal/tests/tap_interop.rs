@@ -17,6 +17,9 @@
 
 #[path = "../examples/hosted/mod.rs"]
 mod hosted;
+// The tests' one helper for missing prerequisites.
+#[path = "../../platform-linux/tests/common/prereq.rs"]
+mod prereq;
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -65,12 +68,14 @@ impl Drop for Netns {
 fn parent(bench: bool) {
     let ns = format!("btlbm{}", std::process::id());
     if !ip(&["netns", "add", &ns]) {
-        println!("SKIPPED tap_interop: cannot create a network namespace here (`ip netns add` failed: needs root / CAP_SYS_ADMIN and iproute2)");
+        prereq::missing("tap_interop: cannot create a network namespace here (`ip netns add` failed: needs root / CAP_SYS_ADMIN and iproute2)");
         return;
     }
     let guard = Netns(ns.clone());
     if !ip(&["-n", &ns, "tuntap", "add", "dev", TAP, "mode", "tap"]) {
-        println!("SKIPPED tap_interop: cannot create a TAP device (`ip tuntap add` failed: needs /dev/net/tun)");
+        prereq::missing(
+            "tap_interop: cannot create a TAP device (`ip tuntap add` failed: needs /dev/net/tun)",
+        );
         return;
     }
     for args in [

@@ -28,9 +28,17 @@
 //! address space, which the kernel validates (an invalid range is `EFAULT`,
 //! never undefined behaviour in this process).
 //!
-//! Writing into *this* process with [`write_remote`] and our own pid is, like
-//! writing `/proc/self/mem`, outside what Rust's type system can check: the
-//! caller names the destination, as with any peer.
+//! [`read_remote`] and [`write_remote`] themselves are `unsafe fn`: the
+//! kernel copies behind the compiler's back, and with *our own* pid (or a
+//! process sharing our memory) the "remote" range is memory of ours that a
+//! Rust reference may be using — a peer that could make us name our own pid
+//! and an address of its choosing could make us copy (or overwrite) any of
+//! our memory. Their contract: the pid is another process, or the range is
+//! memory nothing else uses during the call. The shared-memory transport
+//! calls them only with pids that start-up identified as other processes
+//! (the wire-up's pid, cross-checked with the control record and the
+//! kernel; our own refused) and with local buffers of its own (a receive
+//! buffer, or our registered region lent for the operation).
 #![allow(unsafe_code)]
 
 use std::fmt;
@@ -241,12 +249,20 @@ fn transfer(
 /// An empty `dst` is `Ok` without a system call. On error, `dst` may be
 /// partly written.
 ///
-/// The kernel only checks that the range is mapped in the peer: the caller
-/// checks it against the regions the peer registered.
+/// The kernel only checks that the range is mapped in the peer: the peer
+/// checks it against the regions it registered.
+///
+/// # Safety
+///
+/// `pid` must be another process, not sharing our memory — or else
+/// `remote_addr..remote_addr + dst.len()` must be memory of ours that does
+/// not overlap `dst` and that nothing writes during the call (the kernel
+/// reads it outside Rust's knowledge). A process's own pid together with an
+/// address a peer chose never satisfies this.
 ///
 /// # References
 ///  - [process_vm_readv(2)](https://man7.org/linux/man-pages/man2/process_vm_readv.2.html)
-pub fn read_remote(pid: u32, remote_addr: usize, dst: &mut [u8]) -> Result<(), CmaError> {
+pub unsafe fn read_remote(pid: u32, remote_addr: usize, dst: &mut [u8]) -> Result<(), CmaError> {
     if dst.is_empty() {
         return Ok(());
     }
@@ -264,9 +280,18 @@ pub fn read_remote(pid: u32, remote_addr: usize, dst: &mut [u8]) -> Result<(), C
 /// Same looping, splitting and error rules as [`read_remote`]; on error the
 /// remote range may be partly written.
 ///
+/// # Safety
+///
+/// `pid` must be another process, not sharing our memory, that expects
+/// this write into its range — or else `remote_addr..remote_addr +
+/// src.len()` must be memory of ours, valid for writes, that does not
+/// overlap `src`, that no Rust reference points into and that nothing else
+/// reads or writes during the call (the kernel writes it outside Rust's
+/// knowledge).
+///
 /// # References
 ///  - [process_vm_writev(2)](https://man7.org/linux/man-pages/man2/process_vm_writev.2.html)
-pub fn write_remote(pid: u32, remote_addr: usize, src: &[u8]) -> Result<(), CmaError> {
+pub unsafe fn write_remote(pid: u32, remote_addr: usize, src: &[u8]) -> Result<(), CmaError> {
     if src.is_empty() {
         return Ok(());
     }
@@ -365,7 +390,9 @@ pub fn probe_self() -> Result<(), CmaError> {
     let pid = std::process::id();
     let src = std::hint::black_box(0x6274_6c2d_636d_6121_u64.to_ne_bytes());
     let mut dst = [0u8; 8];
-    read_remote(pid, src.as_ptr() as usize, &mut dst)?;
+    // SAFETY: our own pid, but the remote range is `src`, a local of ours
+    // that nothing writes during the call and that does not overlap `dst`.
+    unsafe { read_remote(pid, src.as_ptr() as usize, &mut dst) }?;
     if dst != src {
         // A filter faking success without copying: as unusable as a refusal.
         return Err(CmaError::Other {

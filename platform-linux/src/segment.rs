@@ -1,77 +1,104 @@
-//! Backing files of shared-memory segments.
+//! Shared-memory segments: sealed, anonymous memory files.
 //!
-//! A segment is a file in `/dev/shm` (or, when `/dev/shm` is unusable, the
-//! job's session directory) named `btl-<uid>-<job>-<node>`, mode `0600`,
-//! created by one process ([`Segment::create`]) and mapped shared by its
-//! peers ([`Segment::open`]). Its pages are reserved with `fallocate` when it
-//! is created: on tmpfs a file sized only with `ftruncate` is sparse, and a
-//! process touching a page the file system can no longer provide is killed
-//! by `SIGBUS` long after the creation "succeeded".
+//! A segment is a `memfd` (`memfd_create`, named `btl-<uid>-<job>-<node>`
+//! for diagnostics only: it has no path), created by one process
+//! ([`Segment::create`]) and handed to its peers as a file descriptor
+//! ([`Offer`] / [`fetch`]). Why not a file in `/dev/shm`, as before: any
+//! process of the user could `ftruncate` such a file while it is mapped,
+//! and every rank touching a page past the new end would die of `SIGBUS`.
+//! A memfd is sealed with `F_SEAL_SHRINK` (it can never get smaller, so no
+//! mapped page can vanish) and `F_SEAL_SEAL` (nobody can add seals, such
+//! as `F_SEAL_WRITE`, later). It is deliberately *not* sealed against
+//! growing: a segment that grows as it is used (fragment pools sized by
+//! use, fast boxes per peer) extends the file and reserves the new range
+//! with `fallocate`, and growing never hurts an existing mapping.
 //!
-//! Nothing here unlinks a segment behind the protocol's back: dropping a
-//! [`Segment`] unmaps it, and [`Segment::unlink`] removes its name when the
-//! protocol says every peer has attached. Segments of crashed jobs are found
-//! and removed by [`remove_stale`], which reads the creator's identity from
-//! the segment header (bytes 8..16: pid, bytes 16..24: start time in clock
-//! ticks since boot, both little-endian `u64`; see [`HEADER_LEN`]).
+//! The guarantees of the old files, kept:
+//!
+//! - **never SIGBUS**: every page is reserved with `fallocate` when the
+//!   segment is created (a sparse memfd would kill a rank later, when the
+//!   memory it needs is no longer there), and the memory available to us —
+//!   `MemAvailable`, and the cgroup v2 limit when there is one — is checked
+//!   first ([`SegmentError::NoSpace`] says how much is needed and
+//!   available). A memfd lives in the kernel's internal tmpfs, so the size
+//!   of `/dev/shm` (a container's 64 MiB, for instance) does not limit it;
+//!   the memory cgroup does;
+//! - **nothing left behind after `kill -9`**: a memfd has no name in any
+//!   file system; the kernel frees it when the last process holding it (an
+//!   fd or a mapping) is gone. Nothing is ever stale, so nothing needs
+//!   cleaning, not even after a crash during start-up;
+//! - **only our user**: the rendezvous checks the peer's credentials on
+//!   both ends (uid; and the creator's pid, when the wire-up told it).
+//!
+//! # The rendezvous
+//!
+//! The creator listens on an abstract Unix socket named after the segment
+//! ([`Offer::new`]; abstract: no file, gone with its process) and, while
+//! its peers attach, hands the memfd to each process of its uid that
+//! connects ([`Offer::serve`], `SCM_RIGHTS`). A peer connects
+//! ([`fetch`]), retrying until the creator listens, checks who answers
+//! (`SO_PEERCRED`), receives the descriptor and maps it
+//! ([`Segment::from_fd`], which checks the seals). Ranks sharing a segment
+//! must therefore share a network namespace (abstract sockets live there)
+//! and a pid namespace (for liveness and single copy anyway).
+//!
+//! Liveness helpers live here too: [`process_start_time`],
+//! [`process_alive`].
 //!
 //! # Safety
 //!
 //! The only `unsafe` code is the hand-over of a live mapping to btl-core:
 //! [`Segment::region`] builds a [`Region`] with [`Region::from_raw_parts`],
-//! and `Segment` is declared `Send`/`Sync`. The invariants:
+//! and `Segment` is declared `Send` (not `Sync`: the regions it makes copy
+//! bytes, which must stay in one thread). The invariants:
 //! - the mapping is created once, is never remapped or resized by this
 //!   process, and is unmapped only when the [`Segment`] is dropped, so a
 //!   `Region<'_>` borrowed from `&self` never outlives it;
 //! - this module never creates Rust references into the mapping; all access
 //!   goes through btl-core's [`Region`] (atomics of `ShmSafe` types and byte
 //!   copies) or the raw pointer of [`Segment::as_ptr`];
-//! - the file's pages are reserved before it is mapped, and peers are
-//!   processes of the same user that never truncate a segment.
+//! - every page is reserved before it is mapped, and the file cannot shrink
+//!   (`F_SEAL_SHRINK`, checked by [`Segment::from_fd`] on segments it did not
+//!   create), so every access inside the mapping finds its page.
 #![allow(unsafe_code)]
 
 use std::fmt;
-use std::fs::{self, File};
-use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::io;
+use std::mem::ManuallyDrop;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::Once;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use btl_core::shm::Region;
 use log::{debug, warn};
 use memmap2::{MmapOptions, MmapRaw};
-use rustix::fs::{Access, FallocateFlags, Mode, OFlags};
+use rustix::fs::{FallocateFlags, MemfdFlags, SealFlags};
 use rustix::io::Errno;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
 
-/// Directory preferred for segments (a tmpfs on every Linux distribution).
-pub const SHM_DIR: &str = "/dev/shm";
-
-/// Longest segment file name accepted by [`segment_file_name`], in bytes.
+/// Longest segment name accepted by [`segment_name`], in bytes (the
+/// kernel keeps 249 bytes of a memfd's name).
 pub const MAX_NAME_LEN: usize = 200;
 
-/// Length of the creator-identity part of the segment header read by
-/// [`remove_stale`]: magic (bytes 0..8), creator pid (8..16), creator start
-/// time (16..24).
-pub const HEADER_LEN: usize = 24;
-
-/// Age after which a segment whose creator is unknown (no header yet, or a
-/// header naming pid 0) is considered abandoned by [`remove_stale`].
-pub const STALE_AGE: Duration = Duration::from_secs(60);
+/// The seals every segment carries: it never shrinks, and nobody adds seals.
+pub const SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::SEAL);
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Errors of segment naming, creation, attachment and cleanup.
+/// "BTLSEGFD": the rendezvous message, then the segment's length.
+const OFFER_MAGIC: [u8; 8] = *b"BTLSEGFD";
+const OFFER_LEN: usize = 16;
+
+/// Errors of segment naming, creation, attachment.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum SegmentError {
-    /// Neither `/dev/shm` nor the session directory is a writable directory.
-    NoDirectory {
-        /// The session directory that was offered, if any.
-        session_dir: Option<PathBuf>,
-    },
-    /// A job or node identifier cannot be part of a file name.
+    /// A job or node identifier cannot be part of a segment name.
     InvalidName {
         /// Which identifier (`"job"` or `"node"`).
         field: &'static str,
@@ -80,7 +107,7 @@ pub enum SegmentError {
         /// Why it was rejected.
         reason: &'static str,
     },
-    /// The file name would be longer than [`MAX_NAME_LEN`] bytes.
+    /// The name would be longer than [`MAX_NAME_LEN`] bytes.
     NameTooLong {
         /// Length of the name that would have been built, in bytes.
         len: usize,
@@ -89,61 +116,64 @@ pub enum SegmentError {
     },
     /// A segment of zero bytes was requested.
     ZeroLength {
-        /// The segment's file.
-        path: PathBuf,
+        /// The segment's name.
+        name: String,
     },
-    /// [`Segment::create`] found the file already there.
-    Exists {
-        /// The segment's file.
-        path: PathBuf,
-    },
-    /// The file system holding the segment has less free space than needed.
+    /// Less memory is available than the segment needs.
     NoSpace {
-        /// The segment's file.
-        path: PathBuf,
+        /// The segment's name.
+        name: String,
         /// Bytes the segment needs.
         needed: u64,
-        /// Bytes available on the file system (as `statvfs` reports them).
-        free: u64,
+        /// Bytes available (`MemAvailable`, or the cgroup's limit minus its
+        /// use, whichever is less; what `fallocate` found, if it failed).
+        available: u64,
     },
-    /// [`Segment::open`] gave up waiting for the creator.
+    /// Another process already offers a segment of this name (another job
+    /// with the same job and node names, on this machine).
+    Exists {
+        /// The segment's name.
+        name: String,
+    },
+    /// [`fetch`] gave up waiting for the creator's offer.
     Timeout {
-        /// The segment's file.
-        path: PathBuf,
+        /// The segment's name.
+        name: String,
         /// How long it waited.
         waited: Duration,
-        /// The size it waited for, in bytes.
-        min_len: usize,
-        /// The file's size at the last look; `None` if it never appeared.
-        found_len: Option<u64>,
     },
-    /// The file is not a regular file owned by this user.
+    /// The descriptor or its offer does not come from this user (or from the
+    /// process expected).
     NotOurs {
-        /// The segment's file.
-        path: PathBuf,
-        /// Its owner's uid.
-        owner: u32,
-        /// Our effective uid.
-        uid: u32,
-        /// True if it is a regular file.
-        regular: bool,
+        /// The segment's name.
+        name: String,
+        /// What does not match.
+        what: String,
     },
-    /// A system call on the file or its directory failed.
+    /// A segment received from a peer is not sealed against shrinking, or
+    /// smaller than needed.
+    Unsafe {
+        /// The segment's name.
+        name: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// A system call failed.
     Io {
-        /// What was being done (`"create"`, `"fallocate"`, `"mmap"`, ...).
+        /// What was being done (`"memfd_create"`, `"fallocate"`, `"mmap"`, ...).
         op: &'static str,
-        /// The file or directory it was done to.
-        path: PathBuf,
+        /// The segment's name.
+        name: String,
         /// The error (with its errno).
         source: io::Error,
     },
 }
 
 impl SegmentError {
-    fn io(op: &'static str, path: &Path, source: impl Into<io::Error>) -> Self {
+    fn io(op: &'static str, name: &str, source: impl Into<io::Error>) -> Self {
         Self::Io {
             op,
-            path: path.to_owned(),
+            name: name.to_owned(),
             source: source.into(),
         }
     }
@@ -152,96 +182,52 @@ impl SegmentError {
 impl fmt::Display for SegmentError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NoDirectory { session_dir: None } => write!(
-                f,
-                "no directory for shared-memory segments: {SHM_DIR} is not a writable \
-                 directory and no session directory was given"
-            ),
-            Self::NoDirectory {
-                session_dir: Some(dir),
-            } => write!(
-                f,
-                "no directory for shared-memory segments: neither {SHM_DIR} nor the session \
-                 directory {} is a writable directory",
-                dir.display()
-            ),
             Self::InvalidName {
                 field,
                 value,
                 reason,
             } => write!(
                 f,
-                "invalid {field} identifier {value:?} for a segment file name: {reason} \
+                "invalid {field} identifier {value:?} for a segment name: {reason} \
                  (allowed: 1 or more of A-Z a-z 0-9 . _ -)"
             ),
             Self::NameTooLong { len, max } => write!(
                 f,
-                "segment file name would be {len} bytes long, more than the {max} allowed"
+                "segment name would be {len} bytes long, more than the {max} allowed"
             ),
-            Self::ZeroLength { path } => {
-                write!(
-                    f,
-                    "shared segment {} of zero bytes requested",
-                    path.display()
-                )
+            Self::ZeroLength { name } => {
+                write!(f, "shared segment {name} of zero bytes requested")
             }
-            Self::Exists { path } => write!(
+            Self::NoSpace {
+                name,
+                needed,
+                available,
+            } => write!(
                 f,
-                "shared segment {} already exists (another job with the same name, or a \
-                 leftover of a crashed one)",
-                path.display()
-            ),
-            Self::NoSpace { path, needed, free } => write!(
-                f,
-                "not enough space for shared segment {}: it needs {needed} bytes ({:.1} MiB) \
-                 but its file system has {free} bytes ({:.1} MiB) free; free some space or \
-                 shrink the segment (fewer processes or smaller FIFOs/fragments)",
-                path.display(),
+                "not enough memory for shared segment {name}: it needs {needed} bytes ({:.1} MiB) \
+                 but only {available} bytes ({:.1} MiB) are free (MemAvailable, or the memory \
+                 cgroup's limit); free some memory or shrink the segment (fewer processes or \
+                 smaller FIFOs/fragments)",
                 *needed as f64 / MIB,
-                *free as f64 / MIB,
+                *available as f64 / MIB,
             ),
-            Self::Timeout {
-                path,
-                waited,
-                min_len,
-                found_len: None,
-            } => write!(
+            Self::Exists { name } => write!(
                 f,
-                "timed out after {waited:?} waiting for shared segment {} ({min_len} bytes) \
-                 to be created: the file never appeared (did its creator start and use the \
-                 same job and node names?)",
-                path.display()
+                "shared segment {name} is already offered by another process (another job with \
+                 the same job and node names on this machine)"
             ),
-            Self::Timeout {
-                path,
-                waited,
-                min_len,
-                found_len: Some(len),
-            } => write!(
+            Self::Timeout { name, waited } => write!(
                 f,
-                "timed out after {waited:?} waiting for shared segment {} to reach {min_len} \
-                 bytes: it has {len} (its creator did not finish sizing it)",
-                path.display()
+                "timed out after {:.1} s waiting for local rank 0 to offer shared segment {name} \
+                 (did it start, with the same job and node names, in the same network \
+                 namespace?)",
+                waited.as_secs_f64()
             ),
-            Self::NotOurs {
-                path,
-                owner,
-                uid,
-                regular,
-            } => {
-                if *regular {
-                    write!(
-                        f,
-                        "shared segment {} is owned by uid {owner}, not by us (uid {uid})",
-                        path.display()
-                    )
-                } else {
-                    write!(f, "shared segment {} is not a regular file", path.display())
-                }
+            Self::NotOurs { name, what } => write!(f, "shared segment {name}: {what}"),
+            Self::Unsafe { name, what } => {
+                write!(f, "shared segment {name} is unsafe to map: {what}")
             }
-            Self::Io { op, path, source } => {
-                write!(f, "{op} {}: {source}", path.display())
-            }
+            Self::Io { op, name, source } => write!(f, "{op} of shared segment {name}: {source}"),
         }
     }
 }
@@ -253,39 +239,6 @@ impl std::error::Error for SegmentError {
             _ => None,
         }
     }
-}
-
-/// True if `dir` is a directory in which we may create files.
-fn usable_dir(dir: &Path) -> bool {
-    dir.is_dir() && rustix::fs::access(dir, Access::WRITE_OK | Access::EXEC_OK).is_ok()
-}
-
-fn choose_dir(shm: &Path, session_dir: Option<&Path>) -> Result<PathBuf, SegmentError> {
-    if usable_dir(shm) {
-        return Ok(shm.to_owned());
-    }
-    match session_dir {
-        Some(dir) if usable_dir(dir) => {
-            debug!(
-                "{} is not a writable directory; shared segments go to {}",
-                shm.display(),
-                dir.display()
-            );
-            Ok(dir.to_owned())
-        }
-        _ => Err(SegmentError::NoDirectory {
-            session_dir: session_dir.map(Path::to_owned),
-        }),
-    }
-}
-
-/// `segment_dir(session_dir)` — the directory where segments are created.
-///
-/// [`SHM_DIR`] (`/dev/shm`) if it exists, is a directory and we may create
-/// files in it (`access(W_OK | X_OK)`); otherwise `session_dir` under the
-/// same conditions; otherwise [`SegmentError::NoDirectory`].
-pub fn segment_dir(session_dir: Option<&Path>) -> Result<PathBuf, SegmentError> {
-    choose_dir(Path::new(SHM_DIR), session_dir)
 }
 
 fn check_component(field: &'static str, value: &str) -> Result<(), SegmentError> {
@@ -313,23 +266,18 @@ fn check_component(field: &'static str, value: &str) -> Result<(), SegmentError>
     }
 }
 
-/// `segment_file_prefix(uid, job)` — `btl-<uid>-<job>-`, the common prefix
-/// of every segment file of `job` (the launcher removes leftovers of its job
-/// by this prefix). `job` is not validated here; see [`segment_file_name`].
-pub fn segment_file_prefix(uid: u32, job: &str) -> String {
-    format!("btl-{uid}-{job}-")
-}
-
-/// `segment_file_name(uid, job, node)` — `btl-<uid>-<job>-<node>`.
+/// `segment_name(uid, job, node)` — `btl-<uid>-<job>-<node>`, the name of
+/// the job's segment on a node (of the memfd, as `/proc/<pid>/fd` shows
+/// it, and of its rendezvous socket).
 ///
 /// `job` and `node` come from the environment, so they are checked: each
 /// must be non-empty and made only of `A-Z a-z 0-9 . _ -` (which excludes
 /// `/`, NUL and spaces), and the whole name must be at most
 /// [`MAX_NAME_LEN`] bytes.
-pub fn segment_file_name(uid: u32, job: &str, node: &str) -> Result<String, SegmentError> {
+pub fn segment_name(uid: u32, job: &str, node: &str) -> Result<String, SegmentError> {
     check_component("job", job)?;
     check_component("node", node)?;
-    let name = format!("{}{node}", segment_file_prefix(uid, job));
+    let name = format!("btl-{uid}-{job}-{node}");
     if name.len() > MAX_NAME_LEN {
         return Err(SegmentError::NameTooLong {
             len: name.len(),
@@ -339,243 +287,169 @@ pub fn segment_file_name(uid: u32, job: &str, node: &str) -> Result<String, Segm
     Ok(name)
 }
 
-/// `free_space(dir)` — bytes available to us on the file system holding
-/// `dir` (`statvfs`: `f_bavail * f_frsize`).
-pub fn free_space(dir: &Path) -> Result<u64, SegmentError> {
-    let st = rustix::fs::statvfs(dir).map_err(|e| SegmentError::io("statvfs", dir, e))?;
-    Ok(st.f_bavail.saturating_mul(st.f_frsize))
-}
-
-fn parent_dir(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
+/// Bytes of memory a new segment may take: `MemAvailable` of
+/// `/proc/meminfo`, or, when this process is in a cgroup v2 with a memory
+/// limit, that limit minus the cgroup's current use if less. `None` if
+/// neither can be read.
+pub fn available_memory() -> Option<u64> {
+    let meminfo = fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_ascii_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    });
+    let cgroup = fs::read_to_string("/proc/self/cgroup").ok().and_then(|c| {
+        let path = c.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let dir = format!("/sys/fs/cgroup{}", path.trim_end());
+        let max: u64 = fs::read_to_string(format!("{dir}/memory.max"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?; // "max": no limit
+        let current: u64 = fs::read_to_string(format!("{dir}/memory.current"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(max.saturating_sub(current))
+    });
+    match (meminfo, cgroup) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
-static FALLOCATE_UNSUPPORTED: Once = Once::new();
-
-/// Gives `file` its size and reserves its pages.
-fn reserve(file: &File, path: &Path, dir: &Path, len: u64) -> Result<(), SegmentError> {
-    loop {
-        // Mode 0 (no KEEP_SIZE): allocates the range and sets the size, so
-        // peers polling the size see it only once every page is reserved.
-        match rustix::fs::fallocate(file, FallocateFlags::empty(), 0, len) {
-            Ok(()) => return Ok(()),
-            Err(Errno::INTR) => continue,
-            Err(Errno::NOSPC) => {
-                return Err(SegmentError::NoSpace {
-                    path: path.to_owned(),
-                    needed: len,
-                    free: free_space(dir).unwrap_or(0),
-                })
-            }
-            Err(Errno::OPNOTSUPP) | Err(Errno::NOSYS) => {
-                FALLOCATE_UNSUPPORTED.call_once(|| {
-                    warn!(
-                        "the file system of {} cannot reserve space (fallocate unsupported): \
-                         segments are sized with ftruncate only, and running out of space \
-                         later kills the process with SIGBUS",
-                        dir.display()
-                    )
-                });
-                return loop {
-                    match rustix::fs::ftruncate(file, len) {
-                        Ok(()) => break Ok(()),
-                        Err(Errno::INTR) => continue,
-                        Err(e) => break Err(SegmentError::io("ftruncate", path, e)),
-                    }
-                };
-            }
-            Err(e) => return Err(SegmentError::io("fallocate", path, e)),
-        }
-    }
-}
-
-fn check_ours(file: &File, path: &Path) -> Result<(u64, u64, u64), SegmentError> {
-    let meta = file
-        .metadata()
-        .map_err(|e| SegmentError::io("fstat", path, e))?;
-    let uid = rustix::process::geteuid().as_raw();
-    if !meta.is_file() || meta.uid() != uid {
-        return Err(SegmentError::NotOurs {
-            path: path.to_owned(),
-            owner: meta.uid(),
-            uid,
-            regular: meta.is_file(),
-        });
-    }
-    Ok((meta.dev(), meta.ino(), meta.len()))
-}
-
-/// A shared, read-write mapping of a segment's backing file.
+/// A shared, read-write mapping of a segment, and its descriptor.
 ///
-/// Dropping it unmaps the segment; it never unlinks the file (see
-/// [`Segment::unlink`]).
+/// Dropping it unmaps the segment and closes the descriptor; the memory is
+/// freed when no process holds either any more.
 #[derive(Debug)]
 pub struct Segment {
     map: MmapRaw,
     base: NonNull<u8>,
     len: usize,
-    path: PathBuf,
-    /// (device, inode) of the file we mapped, so that [`Segment::unlink`]
-    /// never removes a different file that took the name since.
-    id: (u64, u64),
-    unlinked: bool,
+    fd: OwnedFd,
+    name: String,
 }
 
 // SAFETY: `base` is the start of the mapping owned by `map` (MmapRaw is Send
-// and Sync); Segment hands out only raw pointers and `Region`s, whose
-// accesses are atomics and byte copies valid from any thread.
+// and Sync), which moves with the value. Not Sync: `region(&self)` makes
+// regions, whose byte copies must stay in one thread (btl_core::shm's
+// concurrency model), so `&Segment` must not be shared between threads.
 unsafe impl Send for Segment {}
-// SAFETY: as above; `&Segment` exposes no interior mutability of its own.
-unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// `Segment::create(path, len)` — creates the backing file and maps it.
+    /// `Segment::create(name, len)` — creates a segment of `len` bytes and
+    /// maps it.
     ///
-    /// Opens `path` with `O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC`, mode
-    /// `0600` (set again with `fchmod`, whatever the umask), after checking
-    /// with `statvfs` that the directory's file system has `len` bytes
-    /// available. The file is then sized and its pages reserved with
-    /// `fallocate` (ENOSPC is [`SegmentError::NoSpace`]; on file systems
-    /// without `fallocate`, `ftruncate` only, with a warning logged once),
-    /// and mapped shared.
-    ///
-    /// An existing file is [`SegmentError::Exists`]. If anything fails after
-    /// the file was created, it is unlinked before the error is returned.
-    pub fn create(path: &Path, len: usize) -> Result<Segment, SegmentError> {
+    /// Checks that `len` bytes of memory are available
+    /// ([`available_memory`]), creates the memfd
+    /// (`MFD_CLOEXEC | MFD_ALLOW_SEALING`), reserves every page with
+    /// `fallocate` (which also sets the size; `ENOSPC`/`ENOMEM` are
+    /// [`SegmentError::NoSpace`]), seals it ([`SEALS`]) and maps it shared.
+    pub fn create(name: &str, len: usize) -> Result<Segment, SegmentError> {
         if len == 0 {
             return Err(SegmentError::ZeroLength {
-                path: path.to_owned(),
+                name: name.to_owned(),
             });
         }
-        let dir = parent_dir(path);
         let needed = len as u64;
-        let free = free_space(dir)?;
-        if needed > free {
+        if let Some(available) = available_memory().filter(|&a| a < needed) {
             return Err(SegmentError::NoSpace {
-                path: path.to_owned(),
+                name: name.to_owned(),
                 needed,
-                free,
+                available,
             });
         }
-        let flags = OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC;
-        let fd = loop {
-            match rustix::fs::open(path, flags, Mode::RUSR | Mode::WUSR) {
-                Ok(fd) => break fd,
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(|e| SegmentError::io("memfd_create", name, e))?;
+        loop {
+            match rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, needed) {
+                Ok(()) => break,
                 Err(Errno::INTR) => continue,
-                Err(Errno::EXIST) => {
-                    return Err(SegmentError::Exists {
-                        path: path.to_owned(),
+                Err(Errno::NOSPC) | Err(Errno::NOMEM) => {
+                    return Err(SegmentError::NoSpace {
+                        name: name.to_owned(),
+                        needed,
+                        available: available_memory().unwrap_or(0),
                     })
                 }
-                Err(e) => return Err(SegmentError::io("create", path, e)),
-            }
-        };
-        let file = File::from(fd);
-        match Self::finish_create(&file, path, dir, len) {
-            Ok(segment) => {
-                debug!("created shared segment {} ({len} bytes)", path.display());
-                Ok(segment)
-            }
-            Err(err) => {
-                match rustix::fs::unlink(path) {
-                    Ok(()) | Err(Errno::NOENT) => {}
-                    Err(e) => warn!(
-                        "could not remove {} after a failed creation: {e}",
-                        path.display()
-                    ),
-                }
-                Err(err)
+                Err(e) => return Err(SegmentError::io("fallocate", name, e)),
             }
         }
+        rustix::fs::fcntl_add_seals(&fd, SEALS)
+            .map_err(|e| SegmentError::io("F_ADD_SEALS", name, e))?;
+        let segment = Self::map(fd, name, len)?;
+        debug!("created shared segment {name} ({len} bytes, sealed against shrinking)");
+        Ok(segment)
     }
 
-    fn finish_create(
-        file: &File,
-        path: &Path,
-        dir: &Path,
-        len: usize,
-    ) -> Result<Segment, SegmentError> {
-        rustix::fs::fchmod(file, Mode::RUSR | Mode::WUSR)
-            .map_err(|e| SegmentError::io("fchmod", path, e))?;
-        reserve(file, path, dir, len as u64)?;
-        let (dev, ino, _) = check_ours(file, path)?;
-        Self::map(file, path, len, (dev, ino))
+    /// `Segment::from_fd(fd, name, min_len)` — maps a segment another
+    /// process created and handed over (see [`fetch`]), whole.
+    ///
+    /// The descriptor must be a regular file of our effective uid, sealed
+    /// at least with `F_SEAL_SHRINK` (a file that can shrink could kill us
+    /// with `SIGBUS`), of at least `min_len` bytes (and one).
+    pub fn from_fd(fd: OwnedFd, name: &str, min_len: usize) -> Result<Segment, SegmentError> {
+        let st = rustix::fs::fstat(&fd).map_err(|e| SegmentError::io("fstat", name, e))?;
+        let uid = rustix::process::geteuid().as_raw();
+        let regular =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+        if !regular || st.st_uid != uid {
+            return Err(SegmentError::NotOurs {
+                name: name.to_owned(),
+                what: format!(
+                    "the descriptor received is {} owned by uid {}, not a file of ours (uid {uid})",
+                    if regular {
+                        "a file"
+                    } else {
+                        "not a regular file,"
+                    },
+                    st.st_uid
+                ),
+            });
+        }
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| SegmentError::Unsafe {
+            name: name.to_owned(),
+            what: format!("its seals cannot be read ({e}): not a sealable memory file"),
+        })?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(SegmentError::Unsafe {
+                name: name.to_owned(),
+                what: format!("it is not sealed against shrinking (seals {seals:?})"),
+            });
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        let want = min_len.max(1) as u64;
+        if size < want {
+            return Err(SegmentError::Unsafe {
+                name: name.to_owned(),
+                what: format!("it has {size} bytes, fewer than the {want} needed"),
+            });
+        }
+        let len = usize::try_from(size).map_err(|_| SegmentError::Unsafe {
+            name: name.to_owned(),
+            what: "it is larger than the address space".into(),
+        })?;
+        let segment = Self::map(fd, name, len)?;
+        debug!("attached shared segment {name} ({len} bytes)");
+        Ok(segment)
     }
 
-    fn map(file: &File, path: &Path, len: usize, id: (u64, u64)) -> Result<Segment, SegmentError> {
+    fn map(fd: OwnedFd, name: &str, len: usize) -> Result<Segment, SegmentError> {
         let map = MmapOptions::new()
             .len(len)
-            .map_raw(file)
-            .map_err(|e| SegmentError::io("mmap", path, e))?;
+            .map_raw(&fd)
+            .map_err(|e| SegmentError::io("mmap", name, e))?;
         let base = NonNull::new(map.as_mut_ptr()).ok_or_else(|| {
-            SegmentError::io("mmap", path, io::Error::other("mapping at address 0"))
+            SegmentError::io("mmap", name, io::Error::other("mapping at address 0"))
         })?;
         Ok(Segment {
             map,
             base,
             len,
-            path: path.to_owned(),
-            id,
-            unlinked: false,
+            fd,
+            name: name.to_owned(),
         })
-    }
-
-    /// `Segment::open(path, min_len, timeout)` — maps a segment another
-    /// process creates.
-    ///
-    /// Polls (sleeps of 1 ms growing to 10 ms, bounded by `timeout`) until
-    /// `path` exists with at least `min_len` bytes (and at least one), then
-    /// maps the whole file, whatever its size. The file must be a regular
-    /// file owned by our effective uid ([`SegmentError::NotOurs`]).
-    /// [`SegmentError::Timeout`] names the file and what was missing.
-    pub fn open(path: &Path, min_len: usize, timeout: Duration) -> Result<Segment, SegmentError> {
-        let start = Instant::now();
-        let want = min_len.max(1) as u64;
-        let mut found_len = None;
-        let mut pause = Duration::from_millis(1);
-        let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-        loop {
-            // Reopened on every poll: if the creator failed and a new one
-            // re-created the file, we must not wait on the old inode.
-            match rustix::fs::open(path, flags, Mode::empty()) {
-                Ok(fd) => {
-                    let file = File::from(fd);
-                    let (dev, ino, size) = check_ours(&file, path)?;
-                    found_len = Some(size);
-                    if size >= want {
-                        let len = usize::try_from(size).map_err(|_| {
-                            SegmentError::io(
-                                "map",
-                                path,
-                                io::Error::new(
-                                    io::ErrorKind::InvalidData,
-                                    "file larger than the address space",
-                                ),
-                            )
-                        })?;
-                        let segment = Self::map(&file, path, len, (dev, ino))?;
-                        debug!("attached shared segment {} ({len} bytes)", path.display());
-                        return Ok(segment);
-                    }
-                }
-                Err(Errno::NOENT) | Err(Errno::INTR) => {}
-                Err(e) => return Err(SegmentError::io("open", path, e)),
-            }
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Err(SegmentError::Timeout {
-                    path: path.to_owned(),
-                    waited,
-                    min_len,
-                    found_len,
-                });
-            }
-            std::thread::sleep(pause.min(timeout - waited));
-            pause = (pause * 2).min(Duration::from_millis(10));
-        }
     }
 
     /// Length of the mapping in bytes.
@@ -588,24 +462,28 @@ impl Segment {
         self.len == 0
     }
 
-    /// The backing file's path (it may have been unlinked since).
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The segment's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
-    /// True once [`Segment::unlink`] succeeded on this handle.
-    pub fn is_unlinked(&self) -> bool {
-        self.unlinked
+    /// The segment's descriptor (to offer it to peers).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// The mapping as a btl-core [`Region`], valid while `self` is borrowed.
     pub fn region(&self) -> Region<'_> {
         // SAFETY: `base..base + len` is our live shared read-write mapping
-        // (created in `map`, unmapped only by dropping `self`), and the
+        // (created in `map`, unmapped only by dropping `self`), every page
+        // of it reserved and the file sealed against shrinking, and the
         // returned Region borrows `self`, so it cannot outlive it. `len` was
         // accepted by mmap, so it is at most isize::MAX. This module creates
         // no Rust references into the mapping; every access goes through the
-        // Region (ShmSafe atomics and byte copies) or raw pointers.
+        // Region (ShmSafe atomics and byte copies) or raw pointers. The
+        // Region stays in this thread (it is not Send) and `Segment` is not
+        // Sync, so no other thread copies bytes through another region of
+        // ours.
         unsafe { Region::from_raw_parts(self.base, self.len) }
     }
 
@@ -615,42 +493,389 @@ impl Segment {
     pub fn as_ptr(&self) -> *mut u8 {
         self.map.as_mut_ptr()
     }
+}
 
-    /// `unlink()` — removes the segment's name; the mapping (ours and the
-    /// peers') stays valid until dropped.
-    ///
-    /// Idempotent: a second call does nothing, and a file already removed by
-    /// someone else (ENOENT) is fine. If the name now refers to a different
-    /// file (ours was removed and the name reused), that file is left alone.
-    pub fn unlink(&mut self) -> Result<(), SegmentError> {
-        if self.unlinked {
-            return Ok(());
+/// A family of types built over a mapped segment: `Of<'r>` is what is
+/// built from the segment's `Region<'r>` (an engine, the control area).
+///
+/// # Safety
+///
+/// `Of<'r>` holds no borrow but of the region it was built from (and
+/// `'static` data), and no method of it taking `&mut self` stores a value
+/// of lifetime `'r` that it did not get from that region. Then
+/// [`Attached::get`], which hands out `&'s mut Of<'s>` for a borrow `'s`
+/// of the owner, lets nothing outlive the mapping.
+pub unsafe trait View {
+    /// The type, for a region of lifetime `'r`.
+    type Of<'r>;
+}
+
+/// A mapped segment and what is built over it, owned together: the views
+/// are dropped before the mapping whatever the order of any fields, and
+/// they are handed out only for a borrow of the owner — the mapping's
+/// lifetime is this value's, in the types.
+///
+/// ```
+/// use btl_core::shm::Region;
+/// use btl_linux::segment::{Attached, Segment, View};
+///
+/// /// A view that is just the region.
+/// struct Whole;
+/// // SAFETY: a `Region` holds nothing but the borrow of the mapping, and
+/// // has no `&mut self` methods.
+/// unsafe impl View for Whole {
+///     type Of<'r> = Region<'r>;
+/// }
+///
+/// let seg = Segment::create("btl-doc-attached", 4096)?;
+/// let mut a = Attached::<Whole>::new(seg, |region, _| Ok::<_, std::io::Error>(region))?;
+/// a.get().write_bytes(0, b"views")?;
+/// let mut back = [0u8; 5];
+/// a.view().read_bytes(0, &mut back)?;
+/// assert_eq!(&back, b"views");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A view cannot outlive its owner (the region is the borrow of `a`):
+///
+/// ```compile_fail
+/// # use btl_core::shm::Region;
+/// # use btl_linux::segment::{Attached, Segment, View};
+/// # struct Whole;
+/// # unsafe impl View for Whole { type Of<'r> = Region<'r>; }
+/// let seg = Segment::create("btl-doc-attached", 4096).unwrap();
+/// let a = Attached::<Whole>::new(seg, |region, _| Ok::<_, ()>(region)).unwrap();
+/// let region: Region<'_> = *a.view();
+/// drop(a); // unmaps the segment
+/// region.write_bytes(0, b"dangling").unwrap();
+/// ```
+///
+/// nor can the builder keep the region for itself:
+///
+/// ```compile_fail
+/// # use btl_core::shm::Region;
+/// # use btl_linux::segment::{Attached, Segment, View};
+/// # struct Whole;
+/// # unsafe impl View for Whole { type Of<'r> = Region<'r>; }
+/// let seg = Segment::create("btl-doc-attached", 4096).unwrap();
+/// let mut kept: Option<Region<'static>> = None;
+/// let a = Attached::<Whole>::new(seg, |region, _| {
+///     kept = Some(region);
+///     Ok::<_, ()>(region)
+/// });
+/// ```
+pub struct Attached<V: View> {
+    // Dropped by hand in `drop`, before `segment` (dropped after it, as
+    // every field is).
+    view: ManuallyDrop<V::Of<'static>>,
+    segment: Segment,
+}
+
+impl<V: View> fmt::Debug for Attached<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Attached")
+            .field("segment", &self.segment)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V: View> Attached<V> {
+    /// Builds the views over `segment` with `build`, which gets the
+    /// segment's region (for a lifetime it cannot name, so it can only
+    /// return what it builds from it) and the segment itself (for its
+    /// descriptor, its length); then owns both. On error, the segment is
+    /// dropped (unmapped).
+    pub fn new<E>(
+        segment: Segment,
+        build: impl for<'r, 's> FnOnce(Region<'r>, &'s Segment) -> Result<V::Of<'r>, E>,
+    ) -> Result<Self, E> {
+        // SAFETY: the mapping of `segment` lives as long as `segment`, which
+        // this value owns and drops only after the view (`drop`); `build` is
+        // generic over the region's lifetime, so what it returns borrows
+        // nothing but the region (and its own `'static` data), and `V`'s
+        // contract keeps it so; the region stays in this thread (not Send).
+        let region: Region<'static> = unsafe { Region::from_raw_parts(segment.base, segment.len) };
+        let view = build(region, &segment)?;
+        Ok(Self {
+            view: ManuallyDrop::new(view),
+            segment,
+        })
+    }
+
+    /// The views, for as long as `self` is borrowed.
+    pub fn get(&mut self) -> &mut V::Of<'_> {
+        let p: *mut V::Of<'static> = &mut *self.view;
+        // SAFETY: `Of<'static>` and `Of<'_>` are the same type but for the
+        // lifetime; the views are valid while the mapping is, which outlives
+        // this borrow of `self`; and `V`'s contract guarantees that nothing
+        // stored through the `&mut` can outlive the mapping.
+        unsafe { &mut *p.cast::<V::Of<'_>>() }
+    }
+
+    /// The views, shared, for as long as `self` is borrowed.
+    pub fn view(&self) -> &V::Of<'_> {
+        let p: *const V::Of<'static> = &*self.view;
+        // SAFETY: as in `get`, shared.
+        unsafe { &*p.cast::<V::Of<'_>>() }
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &Segment {
+        &self.segment
+    }
+}
+
+impl<V: View> Drop for Attached<V> {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here; `segment` (the mapping) is dropped
+        // after this returns, so the views never see it unmapped.
+        unsafe { ManuallyDrop::drop(&mut self.view) }
+    }
+}
+
+/// The abstract socket address of segment `name`'s rendezvous (a name in
+/// the network namespace's abstract socket space: no file).
+fn rendezvous_addr(name: &str) -> Result<SocketAddrUnix, SegmentError> {
+    // Abstract names hold at most 107 bytes: long names keep a prefix and a
+    // hash of the whole.
+    let id = if name.len() <= 100 {
+        name.to_owned()
+    } else {
+        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("{}-{hash:016x}", &name[..80])
+    };
+    SocketAddrUnix::new_abstract_name(id.as_bytes())
+        .map_err(|e| SegmentError::io("name the rendezvous socket", name, e))
+}
+
+/// The creator's side of the rendezvous: a listening abstract socket that
+/// hands the segment's descriptor to every process of our uid that
+/// connects. Dropping it closes the socket (and frees its name).
+#[derive(Debug)]
+pub struct Offer {
+    listener: OwnedFd,
+    name: String,
+    uid: u32,
+}
+
+impl Offer {
+    /// Listens for the peers of segment `name` (non-blocking).
+    /// [`SegmentError::Exists`] if another process listens under that name.
+    pub fn new(name: &str) -> Result<Offer, SegmentError> {
+        let addr = rendezvous_addr(name)?;
+        let listener = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(|e| SegmentError::io("socket", name, e))?;
+        match rustix::net::bind(&listener, &addr) {
+            Ok(()) => {}
+            Err(Errno::ADDRINUSE) => {
+                return Err(SegmentError::Exists {
+                    name: name.to_owned(),
+                })
+            }
+            Err(e) => return Err(SegmentError::io("bind the rendezvous socket", name, e)),
         }
-        match fs::symlink_metadata(&self.path) {
-            Ok(meta) if (meta.dev(), meta.ino()) != self.id => {
-                debug!(
-                    "{} now names another file; ours was already unlinked",
-                    self.path.display()
-                );
-                self.unlinked = true;
-                return Ok(());
+        rustix::net::listen(&listener, 64).map_err(|e| SegmentError::io("listen", name, e))?;
+        Ok(Offer {
+            listener,
+            name: name.to_owned(),
+            uid: rustix::process::geteuid().as_raw(),
+        })
+    }
+
+    /// Hands `segment`'s descriptor to every process waiting to connect;
+    /// never blocks. Connections of another uid are refused (logged).
+    /// Returns how many got it.
+    pub fn serve(&self, segment: &Segment) -> usize {
+        let mut served = 0;
+        loop {
+            let conn = match rustix::net::accept_with(
+                &self.listener,
+                SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            ) {
+                Ok(c) => c,
+                Err(Errno::INTR) | Err(Errno::CONNABORTED) => continue,
+                Err(Errno::AGAIN) => return served,
+                Err(e) => {
+                    debug!("rendezvous of {}: accept: {e}", self.name);
+                    return served;
+                }
+            };
+            match rustix::net::sockopt::socket_peercred(&conn) {
+                Ok(cred) if cred.uid.as_raw() == self.uid => {}
+                Ok(cred) => {
+                    warn!(
+                        "shared segment {}: refused to hand it to pid {} of uid {}",
+                        self.name,
+                        cred.pid.as_raw_nonzero(),
+                        cred.uid.as_raw()
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    debug!("rendezvous of {}: SO_PEERCRED: {e}", self.name);
+                    continue;
+                }
             }
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.unlinked = true;
-                return Ok(());
+            let mut msg = [0u8; OFFER_LEN];
+            msg[..8].copy_from_slice(&OFFER_MAGIC);
+            msg[8..].copy_from_slice(&(segment.len() as u64).to_le_bytes());
+            let fds = [segment.fd()];
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+            match rustix::net::sendmsg(
+                &conn,
+                &[io::IoSlice::new(&msg)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            ) {
+                Ok(_) => served += 1,
+                Err(e) => debug!("rendezvous of {}: sendmsg: {e}", self.name),
             }
-            Err(e) => return Err(SegmentError::io("stat", &self.path, e)),
-        }
-        match rustix::fs::unlink(&self.path) {
-            Ok(()) | Err(Errno::NOENT) => {
-                debug!("unlinked shared segment {}", self.path.display());
-                self.unlinked = true;
-                Ok(())
-            }
-            Err(e) => Err(SegmentError::io("unlink", &self.path, e)),
         }
     }
+}
+
+/// `fetch(name, creator, timeout)` — a peer's side of the rendezvous:
+/// connects to segment `name`'s creator (retrying, sleeping 1 ms growing to
+/// 10 ms, until `timeout`), checks that it is a process of our uid — and,
+/// if `creator` is given (its pid, from the wire-up), that process — and
+/// receives the descriptor (then [`Segment::from_fd`]).
+pub fn fetch(name: &str, creator: Option<u32>, timeout: Duration) -> Result<OwnedFd, SegmentError> {
+    let addr = rendezvous_addr(name)?;
+    let uid = rustix::process::geteuid().as_raw();
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let sock = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(|e| SegmentError::io("socket", name, e))?;
+        match rustix::net::connect(&sock, &addr) {
+            Ok(()) => return receive(&sock, name, uid, creator, start, timeout),
+            // Nobody listens yet (or the backlog is full): try again.
+            Err(Errno::CONNREFUSED) | Err(Errno::NOENT) | Err(Errno::AGAIN) | Err(Errno::INTR) => {}
+            Err(e) => {
+                return Err(SegmentError::io(
+                    "connect to the rendezvous socket",
+                    name,
+                    e,
+                ))
+            }
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Err(SegmentError::Timeout {
+                name: name.to_owned(),
+                waited,
+            });
+        }
+        std::thread::sleep(pause.min(timeout - waited));
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
+fn receive(
+    sock: &OwnedFd,
+    name: &str,
+    uid: u32,
+    creator: Option<u32>,
+    start: Instant,
+    timeout: Duration,
+) -> Result<OwnedFd, SegmentError> {
+    let cred = rustix::net::sockopt::socket_peercred(sock)
+        .map_err(|e| SegmentError::io("SO_PEERCRED", name, e))?;
+    let (pid, peer_uid) = (cred.pid.as_raw_nonzero().get() as u32, cred.uid.as_raw());
+    if peer_uid != uid {
+        return Err(SegmentError::NotOurs {
+            name: name.to_owned(),
+            what: format!(
+                "its rendezvous socket is held by pid {pid} of uid {peer_uid}, not ours ({uid})"
+            ),
+        });
+    }
+    if let Some(want) = creator.filter(|&c| c != pid) {
+        return Err(SegmentError::NotOurs {
+            name: name.to_owned(),
+            what: format!(
+                "its rendezvous socket is held by pid {pid}, not by local rank 0 (pid {want}, as \
+                 the wire-up says)"
+            ),
+        });
+    }
+    let left = timeout
+        .saturating_sub(start.elapsed())
+        .max(Duration::from_millis(10));
+    rustix::net::sockopt::set_socket_timeout(sock, rustix::net::sockopt::Timeout::Recv, Some(left))
+        .map_err(|e| SegmentError::io("SO_RCVTIMEO", name, e))?;
+    let mut msg = [0u8; OFFER_LEN];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = loop {
+        match rustix::net::recvmsg(
+            sock,
+            &mut [io::IoSliceMut::new(&mut msg)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => break r,
+            Err(Errno::INTR) => continue,
+            Err(Errno::AGAIN) => {
+                return Err(SegmentError::Timeout {
+                    name: name.to_owned(),
+                    waited: start.elapsed(),
+                })
+            }
+            Err(e) => {
+                return Err(SegmentError::io(
+                    "recvmsg from the rendezvous socket",
+                    name,
+                    e,
+                ))
+            }
+        }
+    };
+    let mut fd = None;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for f in fds {
+                fd.get_or_insert(f);
+            }
+        }
+    }
+    if got.bytes == 0 && fd.is_none() {
+        return Err(SegmentError::io(
+            "receive the segment from local rank 0",
+            name,
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "it closed the connection without answering (did it fail during start-up?)",
+            ),
+        ));
+    }
+    if got.bytes != OFFER_LEN || msg[..8] != OFFER_MAGIC {
+        return Err(SegmentError::NotOurs {
+            name: name.to_owned(),
+            what: format!(
+                "its rendezvous answered {} bytes that are not an offer",
+                got.bytes
+            ),
+        });
+    }
+    fd.ok_or_else(|| SegmentError::NotOurs {
+        name: name.to_owned(),
+        what: "its rendezvous answered without a descriptor".into(),
+    })
 }
 
 /// Field 22 (`starttime`) of a `/proc/<pid>/stat` line.
@@ -722,153 +947,6 @@ pub fn current_process_identity() -> (u32, u64) {
     (pid, process_start_time(pid).unwrap_or(0))
 }
 
-/// Why a segment file is stale.
-enum Staleness {
-    /// Shorter than the header and older than [`STALE_AGE`].
-    NoHeader,
-    /// Header names pid 0 and the file is older than [`STALE_AGE`].
-    UnknownCreator,
-    /// The creator named by the header is gone.
-    DeadCreator(u64),
-}
-
-fn age(meta: &fs::Metadata, now: SystemTime) -> Duration {
-    meta.modified()
-        .ok()
-        .and_then(|m| now.duration_since(m).ok())
-        .unwrap_or(Duration::ZERO)
-}
-
-/// Inspects one candidate; `Ok(None)` if it must be kept.
-fn staleness(
-    path: &Path,
-    uid: u32,
-    now: SystemTime,
-) -> io::Result<Option<(Staleness, (u64, u64))>> {
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let mut file = File::from(rustix::fs::open(path, flags, Mode::empty())?);
-    let meta = file.metadata()?;
-    if !meta.is_file() || meta.uid() != uid {
-        return Ok(None);
-    }
-    let id = (meta.dev(), meta.ino());
-    let old = age(&meta, now) > STALE_AGE;
-    let mut header = [0u8; HEADER_LEN];
-    let mut got = 0;
-    while got < HEADER_LEN {
-        match file.read(&mut header[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    if got < HEADER_LEN {
-        return Ok(old.then_some((Staleness::NoHeader, id)));
-    }
-    let word = |at: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&header[at..at + 8]);
-        u64::from_le_bytes(b)
-    };
-    let (pid, start) = (word(8), word(16));
-    if pid == 0 {
-        return Ok(old.then_some((Staleness::UnknownCreator, id)));
-    }
-    let alive = match u32::try_from(pid) {
-        Err(_) => false,
-        // Start time 0: the creator could not read it, or has written its
-        // pid but not yet its start time. Only the pid can be checked.
-        Ok(pid32) if start == 0 => pid_exists(pid32),
-        Ok(pid32) => process_alive(pid32, start),
-    };
-    Ok((!alive).then_some((Staleness::DeadCreator(pid), id)))
-}
-
-/// `remove_stale(dir, uid)` — removes the segment files in `dir` left by
-/// crashed processes, and returns their paths.
-///
-/// Candidates are the regular files named `btl-<uid>-*` owned by our
-/// effective uid; nothing else (other uids, other names, symlinks) is
-/// touched. The first [`HEADER_LEN`] bytes are read (a plain read) and a
-/// file is stale if:
-/// - it is shorter than the header and older than [`STALE_AGE`] (its
-///   creator died before writing the header);
-/// - its header names pid 0 (unknown) and it is older than [`STALE_AGE`];
-/// - its header names a process that is not alive with the recorded start
-///   time ([`process_alive`]; a start time of 0 means only the pid is
-///   checked).
-///
-/// Each removal is logged with `warn!`. A candidate that cannot be read is
-/// skipped (logged with `debug!`); only a failure to list `dir` is an error.
-/// Pids are those of our pid namespace: processes sharing the directory
-/// from another pid namespace must not share the uid and prefix.
-pub fn remove_stale(dir: &Path, uid: u32) -> Result<Vec<PathBuf>, SegmentError> {
-    let prefix = format!("btl-{uid}-");
-    let me = rustix::process::geteuid().as_raw();
-    let now = SystemTime::now();
-    let mut removed = Vec::new();
-    let entries = fs::read_dir(dir).map_err(|e| SegmentError::io("read directory", dir, e))?;
-    for entry in entries {
-        let entry = match entry {
-            Ok(entry) => entry,
-            Err(e) => {
-                debug!("listing {}: {e}", dir.display());
-                continue;
-            }
-        };
-        let name = entry.file_name();
-        if !name.to_str().is_some_and(|n| n.starts_with(&prefix)) {
-            continue;
-        }
-        let path = entry.path();
-        let (why, id) = match staleness(&path, me, now) {
-            Ok(Some(found)) => found,
-            Ok(None) => continue,
-            Err(e) => {
-                debug!(
-                    "skipping {} while looking for stale segments: {e}",
-                    path.display()
-                );
-                continue;
-            }
-        };
-        // The name must still refer to the file we inspected.
-        match fs::symlink_metadata(&path) {
-            Ok(meta) if (meta.dev(), meta.ino()) == id => {}
-            _ => continue,
-        }
-        match rustix::fs::unlink(&path) {
-            Ok(()) => {}
-            Err(Errno::NOENT) => continue,
-            Err(e) => {
-                debug!("could not remove stale segment {}: {e}", path.display());
-                continue;
-            }
-        }
-        match why {
-            Staleness::DeadCreator(pid) => warn!(
-                "removed stale shared segment {}: its creator (pid {pid}) is gone",
-                path.display()
-            ),
-            Staleness::UnknownCreator => warn!(
-                "removed stale shared segment {}: creator pid unknown (0) and the file is \
-                 older than {}s",
-                path.display(),
-                STALE_AGE.as_secs()
-            ),
-            Staleness::NoHeader => warn!(
-                "removed stale shared segment {}: creator pid unknown (no header) and the \
-                 file is older than {}s",
-                path.display(),
-                STALE_AGE.as_secs()
-            ),
-        }
-        removed.push(path);
-    }
-    Ok(removed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::exited;
@@ -893,21 +971,6 @@ mod tests {
         );
         assert_eq!(parse_start_time("42 (x) 1 2 3"), None);
         assert_eq!(parse_start_time("no paren"), None);
-    }
-
-    #[test]
-    fn dir_choice_falls_back_to_the_session_dir() {
-        let tmp = std::env::temp_dir();
-        let missing = Path::new("/nonexistent-btl-dir");
-        assert_eq!(choose_dir(&tmp, None).unwrap(), tmp);
-        assert_eq!(choose_dir(missing, Some(&tmp)).unwrap(), tmp);
-        let err = choose_dir(missing, Some(missing)).unwrap_err();
-        assert!(matches!(err, SegmentError::NoDirectory { .. }));
-        assert!(err.to_string().contains("/nonexistent-btl-dir"));
-        assert!(matches!(
-            choose_dir(missing, None),
-            Err(SegmentError::NoDirectory { session_dir: None })
-        ));
     }
 
     #[test]

@@ -40,28 +40,37 @@ fn reads_and_writes_own_memory() {
 
     let src = pattern(3 * 1024 * 1024 + 7, 5);
     let mut dst = vec![0u8; src.len()];
-    read_remote(me(), src.as_ptr() as usize, &mut dst).unwrap();
+    // SAFETY: (as in every call of this test) our own pid, but the remote
+    // ranges are our own buffers that nothing else touches during the calls
+    // and that do not overlap the local ones.
+    unsafe { read_remote(me(), src.as_ptr() as usize, &mut dst) }.unwrap();
     assert!(dst == src, "read_remote copied wrong bytes");
 
     let src2 = pattern(src.len(), 99);
     let mut target = vec![0u8; src2.len()];
     let addr = target.as_mut_ptr() as usize;
-    write_remote(me(), addr, &src2).unwrap();
+    // SAFETY: see above; no reference into `target` is used during the call.
+    unsafe { write_remote(me(), addr, &src2) }.unwrap();
     assert!(target == src2, "write_remote copied wrong bytes");
 
     // Small and unaligned ranges, and an empty buffer without a syscall.
     let mut small = [0u8; 5];
-    read_remote(me(), src.as_ptr() as usize + 1001, &mut small).unwrap();
+    // SAFETY: see above.
+    unsafe { read_remote(me(), src.as_ptr() as usize + 1001, &mut small) }.unwrap();
     assert_eq!(small, src[1001..1006]);
-    read_remote(me(), 8, &mut []).unwrap();
-    write_remote(me(), 8, &[]).unwrap();
+    // SAFETY: empty ranges: nothing is copied.
+    unsafe { read_remote(me(), 8, &mut []) }.unwrap();
+    // SAFETY: as above.
+    unsafe { write_remote(me(), 8, &[]) }.unwrap();
 }
 
 #[test]
 fn bad_address_is_typed() {
     let mut buf = [0u8; 16];
     assert_eq!(
-        read_remote(me(), 8, &mut buf),
+        // SAFETY: (as in every call of this test) address 8 is never
+        // mapped: the kernel refuses (EFAULT) before copying anything.
+        unsafe { read_remote(me(), 8, &mut buf) },
         Err(CmaError::BadAddress {
             pid: me(),
             addr: 8,
@@ -69,10 +78,12 @@ fn bad_address_is_typed() {
         })
     );
     assert!(matches!(
-        write_remote(me(), 8, &buf),
+        // SAFETY: see above.
+        unsafe { write_remote(me(), 8, &buf) },
         Err(CmaError::BadAddress { addr: 8, .. })
     ));
-    let err = read_remote(me(), 8, &mut buf).unwrap_err();
+    // SAFETY: see above.
+    let err = unsafe { read_remote(me(), 8, &mut buf) }.unwrap_err();
     assert!(err.to_string().contains("0x8"), "{err}");
 }
 
@@ -84,11 +95,13 @@ fn exited_peer_is_gone() {
     let mut buf = [0u8; 8];
     let src = [1u8; 8];
     assert_eq!(
-        read_remote(pid, src.as_ptr() as usize, &mut buf),
+        // SAFETY: another process (gone: the kernel finds no such pid).
+        unsafe { read_remote(pid, src.as_ptr() as usize, &mut buf) },
         Err(CmaError::PeerGone { pid })
     );
     assert_eq!(
-        write_remote(pid, buf.as_mut_ptr() as usize, &src),
+        // SAFETY: as above.
+        unsafe { write_remote(pid, buf.as_mut_ptr() as usize, &src) },
         Err(CmaError::PeerGone { pid })
     );
 }
@@ -149,7 +162,8 @@ fn reader() {
     let len = var("BTL_CMA_TEST_LEN");
     drop_ptrace_capability().expect("drop CAP_SYS_PTRACE in the reader");
     let mut buf = vec![0u8; len];
-    let outcome = match read_remote(tid, addr, &mut buf) {
+    // SAFETY: `tid` is a thread of another process (the target child).
+    let outcome = match unsafe { read_remote(tid, addr, &mut buf) } {
         Ok(()) if buf == pattern(len, 42) => "ok".to_owned(),
         Ok(()) => "mismatch".to_owned(),
         Err(CmaError::Refused { errno, .. }) => format!("refused errno={errno}"),

@@ -1,25 +1,33 @@
-//! A hostile local process corrupts a running job's shared memory.
+//! A hostile local process attacks a running job's shared memory.
 //!
-//! How it gets in, as any process of the same user could: the segment file
-//! (`/dev/shm/btl-<uid>-<job>-<node>`, mode 0600) exists from the moment
-//! local rank 0 creates it until the last rank attaches and unlinks it. The
-//! attacker (this test process) watches for it, opens and maps it while
-//! rank 1 has not started yet, and keeps the mapping after the unlink. It
-//! reads the layout from the control header, as a rank does, waits until
-//! both ranks are exchanging messages (`btl stress`, endless), then for a
-//! while writes random values into the ranks' rings (slot values, including
-//! plausible SEND/ACK slots naming real fragments, or the ring counters) or
-//! into their fragment headers.
+//! How it gets in, as any process of the same user could: the segment is a
+//! memfd that the ranks hold open, so `/proc/<rank>/fd/<n>` (readable by any
+//! process that may ptrace-read the rank: same uid, dumpable) reopens it.
+//! The attacker (this test process) finds it there, maps it, reads the
+//! layout from the control header as a rank does, waits until both ranks
+//! (`btl stress`, started through a rendezvous with default timeouts) are
+//! exchanging messages, then for a while
 //!
-//! Each victim must end on its own — reporting the corruption or the
-//! messages it lost with a clear error and a non-zero status — well within
-//! the test's deadline: never killed by a signal, never a panic, never a
-//! hang.
+//! - writes random values into the ranks' ring slots (random words, and
+//!   plausible SEND/ACK slots naming real fragments), ring headers (the
+//!   head / freed / tail counters and the geometry), fragment headers, or
+//!   control records (pid, start time, state, probe, verdict); or
+//! - tries to truncate the segment (shrinking is refused by the seal) and
+//!   grows it (allowed, harmless).
+//!
+//! Each rank must end on its own within [`DEADLINE`] — never killed by a
+//! signal, never a panic — either with exit status 0 and every message
+//! intact (`all intact`), or with an error line that names the other rank
+//! and the shared-memory structure found corrupted (`local peer 1 (pid N)
+//! failed: corrupted shared memory: ring slot: ...`, or, for the rank that
+//! was declared failed, `... failed: it declared us failed: corrupted shared
+//! memory: ring slot ...`). Truncation must change nothing: both ranks end
+//! intact.
 #![allow(unsafe_code)]
 
 use std::io::Read;
+use std::net::TcpListener;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
@@ -27,31 +35,73 @@ use std::time::{Duration, Instant};
 use btl_core::shm::{Region, ShmOffset};
 use btl_core::sm::control::{Control, RANK_READY};
 use btl_core::sm::frag::{FragType, Slot, FRAG_HEADER_SIZE};
-use btl_core::sm::layout::{segment_layout, SegmentLayout};
+use btl_core::sm::layout::{segment_layout, SegmentLayout, CONTROL_HEADER, CONTROL_RECORD};
 use btl_core::sm::params::SmParams;
 use btl_core::sync::CACHE_LINE;
-use btl_linux::segment::{segment_dir, segment_file_name};
+
+mod common;
 
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
-/// `BTL_TIMEOUT` of the victims: how long a blocking call may wait.
-const VICTIM_TIMEOUT_S: u64 = 5;
 /// Messages each victim sends: enough to be still at it when the attack
-/// starts and ends (about 5 s undisturbed, in a debug build), bounded so
-/// that a victim that keeps serving ends on its own.
+/// starts and ends, bounded so that a victim that keeps serving ends on its
+/// own.
 const MESSAGES: &str = "12000";
 /// How long the attack lasts.
 const ATTACK: Duration = Duration::from_millis(1500);
-/// Deadline for the victims to end after the attack.
-const DEADLINE: Duration = Duration::from_secs(45);
+/// Bound for every rank to end after the attack: a hang-catching bound (a
+/// rank that caught the corruption ends within a second; one that was not
+/// touched finishes its messages).
+const DEADLINE: Duration = Duration::from_secs(30);
 
-#[derive(Clone, Copy, Debug)]
+/// Every structure a victim may name (`btl_core::sm::control::Structure`).
+const STRUCTURES: [&str; 7] = [
+    "ring slot",
+    "ring header",
+    "fragment header",
+    "fragment sequence",
+    "acknowledgement",
+    "control record",
+    "message protocol",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Attack {
     /// Random and plausible values in the ring slots.
     RingSlots,
-    /// Random head / freed / tail counters of the rings.
-    RingCounters,
+    /// Random counters and geometry words of the rings' headers.
+    RingHeaders,
     /// Random fields in the fragment headers.
     FragHeaders,
+    /// Random fields in the ranks' control records.
+    ControlRecords,
+    /// Shrinking the segment (refused), then growing it.
+    Truncate,
+}
+
+impl Attack {
+    /// The structures a victim may report for this attack: what the attack
+    /// writes, and what a lost or misdirected value there shows up as.
+    fn expected(self) -> &'static [&'static str] {
+        match self {
+            Attack::RingSlots => &[
+                "ring slot",
+                "fragment sequence",
+                "acknowledgement",
+                "fragment header",
+                "message protocol",
+            ],
+            Attack::RingHeaders => &[
+                "ring header",
+                "ring slot",
+                "fragment sequence",
+                "acknowledgement",
+                "message protocol",
+            ],
+            Attack::FragHeaders => &["fragment header"],
+            Attack::ControlRecords => &["control record"],
+            Attack::Truncate => &[],
+        }
+    }
 }
 
 /// xorshift64*: reproducible from the seed printed by the test.
@@ -69,26 +119,26 @@ impl Rng {
     }
 }
 
-fn spawn_rank(job: &str, dir: &Path, rank: u32) -> Child {
+fn spawn_rank(job: &str, port: u16, rank: u32) -> Child {
     Command::new(BTL)
         .args(["stress", "--messages", MESSAGES, "--max-size", "100000"])
+        .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
         .env("BTL_JOB", job)
         .env("BTL_RANK", rank.to_string())
         .env("BTL_SIZE", "2")
-        .env("BTL_LOCAL_RANK", rank.to_string())
-        .env("BTL_LOCAL_SIZE", "2")
-        .env("BTL_SESSION_DIR", dir)
         .env("BTL_NODE", "node")
-        .env("BTL_TIMEOUT", VICTIM_TIMEOUT_S.to_string())
-        .env("BTL_ATTACH_TIMEOUT", "30")
-        .stdout(Stdio::null())
+        .env_remove("BTL_SESSION_DIR")
+        .env_remove("BTL_TIMEOUT")
+        .env_remove("BTL_ATTACH_TIMEOUT")
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
 }
 
-/// The segment, mapped by the attacker.
+/// The segment, reopened through a rank's `/proc/<pid>/fd` and mapped.
 struct Mapping {
+    file: std::fs::File,
     map: memmap2::MmapRaw,
 }
 
@@ -97,35 +147,52 @@ impl Mapping {
         let base = NonNull::new(self.map.as_mut_ptr()).unwrap();
         // SAFETY: the mapping is live while `self` is borrowed, and this
         // process accesses it only through the Region (atomics and byte
-        // copies).
+        // copies), from this thread.
         unsafe { Region::from_raw_parts(base, self.map.len()) }
     }
 }
 
-/// Waits for the segment file of `job` and maps it.
-fn open_segment(path: &Path) -> Mapping {
+/// Waits for `pid` to hold the memfd of `job` and reopens it.
+fn steal_segment(pid: u32, job: &str) -> Mapping {
+    steal_segment_of(pid, job, "node")
+}
+
+/// Waits for `pid` to hold the memfd of `job` on `node` and reopens it.
+fn steal_segment_of(pid: u32, job: &str, node: &str) -> Mapping {
+    let uid = rustix::process::geteuid().as_raw();
+    let want = format!("/memfd:btl-{uid}-{job}-{node}");
     let t0 = Instant::now();
     loop {
-        if let Ok(f) = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-        {
-            if f.metadata().unwrap().len() > 0 {
-                let map = memmap2::MmapOptions::new().map_raw(&f).unwrap();
-                return Mapping { map };
+        if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            for fd in fds.flatten() {
+                let Ok(target) = std::fs::read_link(fd.path()) else {
+                    continue;
+                };
+                if !target.to_string_lossy().starts_with(&want) {
+                    continue;
+                }
+                let Ok(file) = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(fd.path())
+                else {
+                    continue;
+                };
+                if file.metadata().unwrap().len() > 0 {
+                    let map = memmap2::MmapOptions::new().map_raw(&file).unwrap();
+                    return Mapping { file, map };
+                }
             }
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "segment {} never appeared",
-            path.display()
+            t0.elapsed() < Duration::from_secs(60),
+            "rank 0 (pid {pid}) never held a segment named {want}"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
 
-/// Writes `value` at byte `at` of the segment (8 bytes).
+/// Writes `value` at byte `at` of the segment.
 fn poke(region: &Region<'_>, at: usize, value: &[u8]) {
     let _ = region.write_bytes(at as u64, value);
 }
@@ -137,7 +204,7 @@ fn attack(region: &Region<'_>, layout: &SegmentLayout, how: Attack, rng: &mut Rn
     let slots_at = ring_at + 3 * CACHE_LINE;
     let n_slots = (layout.ring_bytes - 3 * CACHE_LINE) / 8;
     let other = 1 - rank;
-    // A real fragment of the other rank (part-relative offset).
+    // A real fragment of `owner` (part-relative offset).
     let frag_rel = |rng: &mut Rng, owner: u32| -> u64 {
         let abs = if rng.below(2) == 0 {
             layout.eager_frag_offset(owner, rng.below(u64::from(layout.eager_frags)) as u32)
@@ -152,94 +219,101 @@ fn attack(region: &Region<'_>, layout: &SegmentLayout, how: Attack, rng: &mut Rn
             let slot = slots_at + 8 * rng.below(n_slots as u64) as usize;
             let value = match rng.below(3) {
                 0 => rng.next(),
-                // A plausible SEND or ACK naming a real fragment.
+                // A plausible SEND of the writer's fragment, or an ACK by the
+                // writer of the owner's fragment.
                 _ => {
-                    let owner = if rng.below(2) == 0 { other } else { rank };
-                    let kind = if rng.below(2) == 0 {
-                        FragType::Send
+                    let (kind, owner, frag_of) = if rng.below(2) == 0 {
+                        (FragType::Send, other, other)
                     } else {
-                        FragType::Ack
+                        (FragType::Ack, other, rank)
                     };
-                    let frag = ShmOffset::new(owner as u16, frag_rel(rng, owner)).unwrap();
+                    let frag = ShmOffset::new(owner as u16, frag_rel(rng, frag_of)).unwrap();
                     Slot::new(kind, frag, rng.below(4) == 0).unwrap().encode()
                 }
             };
             poke(region, slot, &value.to_le_bytes());
         }
-        Attack::RingCounters => {
-            // head (writers' line), freed or tail (reader's line).
-            let at = match rng.below(3) {
-                0 => ring_at,
-                1 => ring_at + CACHE_LINE,
-                _ => ring_at + CACHE_LINE + 8,
+        Attack::RingHeaders => {
+            // head (writers' line), freed or tail (reader's line), or a
+            // geometry word (magic, version, size, lazy_free).
+            let (at, len) = match rng.below(4) {
+                0 => (ring_at, 8),
+                1 => (ring_at + CACHE_LINE, 8),
+                2 => (ring_at + CACHE_LINE + 8, 8),
+                _ => (ring_at + 2 * CACHE_LINE + 4 * rng.below(4) as usize, 4),
             };
             let value = match rng.below(3) {
                 0 => rng.next(),
                 _ => rng.below(1 << 20),
             };
-            poke(region, at, &value.to_le_bytes());
+            poke(region, at, &value.to_le_bytes()[..len]);
         }
         Attack::FragHeaders => {
             let frag = layout.part_offset(rank).unwrap() + frag_rel(rng, rank) as usize;
-            // owner, capacity, tag, len (u32 each), cookie (u64), flags.
-            let field = rng.below(6) as usize;
-            let at = frag + [0, 4, 8, 12, 16, 24][field];
+            // owner, capacity, tag, len, seq, flags, check (u32 each).
+            let at = frag + 4 * rng.below(7) as usize;
             let value = match rng.below(3) {
                 0 => rng.next(),
                 1 => rng.below(70_000),
                 _ => rng.below(256),
             };
-            let bytes = value.to_le_bytes();
-            let len = if field == 4 { 8 } else { 4 };
-            debug_assert!(at + len <= frag + FRAG_HEADER_SIZE);
-            poke(region, at, &bytes[..len]);
+            debug_assert!(at + 4 <= frag + FRAG_HEADER_SIZE);
+            poke(region, at, &value.to_le_bytes()[..4]);
         }
+        Attack::ControlRecords => {
+            // pid, start, state (u32) + flags, probe address, probe value,
+            // verdict.
+            let rec = CONTROL_HEADER + rank as usize * CONTROL_RECORD;
+            let field = [0, 8, 16, 24, 32, 40][rng.below(6) as usize];
+            let value = match rng.below(3) {
+                0 => rng.next(),
+                1 => rng.below(1 << 22),
+                _ => u64::from(RANK_READY) + rng.below(2),
+            };
+            poke(region, rec + field, &value.to_le_bytes());
+        }
+        Attack::Truncate => {}
     }
 }
+
+/// Each rank: its status, stdout and stderr.
+type Outcome = (std::process::ExitStatus, String, String);
 
 fn hostile(how: Attack) {
     let seed = std::process::id() as u64 * 0x9e37_79b9 + how as u64 + 1;
     eprintln!("{how:?}: seed {seed}");
     let mut rng = Rng(seed);
     let job = format!("hostile{}{how:?}", std::process::id());
-    let dir = std::env::temp_dir().join(&job);
-    std::fs::create_dir_all(&dir).unwrap();
-    let uid = rustix::process::getuid().as_raw();
-    let path = segment_dir(Some(&dir))
+    let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
-        .join(segment_file_name(uid, &job, "node").unwrap());
-
-    // Rank 0 creates the segment once the job's wire-up fence has passed;
-    // rank 1, the last to attach, unlinks it. To get in between, the
-    // attacker — any process of the user can — writes rank 1's wire-up
-    // records (its node name and its arrival at the first fence) into the
-    // session directory itself, so rank 0 goes ahead before rank 1 exists.
-    let records = dir.join("wireup");
-    std::fs::create_dir_all(&records).unwrap();
-    std::fs::write(records.join("node.1"), "node").unwrap();
-    std::fs::write(records.join("fence-1.1"), "").unwrap();
-    let mut victims = vec![spawn_rank(&job, &dir, 0)];
-    // In before rank 1 attaches.
-    let mapping = open_segment(&path);
-    victims.push(spawn_rank(&job, &dir, 1));
-    // Drain the victims' stderr as they write (a full pipe would block them).
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut victims: Vec<Child> = (0..2).map(|r| spawn_rank(&job, port, r)).collect();
+    // Drain the victims' output as they write (a full pipe would block them).
     let readers: Vec<_> = victims
         .iter_mut()
         .map(|v| {
-            let mut pipe = v.stderr.take().unwrap();
+            let (mut out, mut err) = (v.stdout.take().unwrap(), v.stderr.take().unwrap());
             std::thread::spawn(move || {
-                let mut err = String::new();
-                let _ = pipe.read_to_string(&mut err);
-                err
+                let out = std::thread::spawn(move || {
+                    let mut s = String::new();
+                    let _ = out.read_to_string(&mut s);
+                    s
+                });
+                let mut e = String::new();
+                let _ = err.read_to_string(&mut e);
+                (out.join().unwrap(), e)
             })
         })
         .collect();
+    let mapping = steal_segment(victims[0].id(), &job);
     let region = mapping.region();
     let control = Control::new(region).unwrap();
     let t0 = Instant::now();
     while !control.is_ready() {
         assert!(
-            t0.elapsed() < Duration::from_secs(20),
+            t0.elapsed() < Duration::from_secs(60),
             "segment never ready"
         );
         std::thread::sleep(Duration::from_millis(1));
@@ -248,11 +322,11 @@ fn hostile(how: Attack) {
     let layout = segment_layout(&params, max_procs).unwrap();
     // Both ranks ready, then let them exchange a little.
     while (0..2).any(|r| {
-        control.record(r).map_or(true, |rec| {
-            rec.state.load(btl_core::sync::Ordering::Acquire) != RANK_READY
-        })
+        control
+            .record(r)
+            .map_or(true, |rec| rec.state() != RANK_READY)
     }) {
-        assert!(t0.elapsed() < Duration::from_secs(30), "ranks never ready");
+        assert!(t0.elapsed() < Duration::from_secs(60), "ranks never ready");
         std::thread::sleep(Duration::from_millis(1));
     }
     std::thread::sleep(Duration::from_millis(300));
@@ -263,22 +337,42 @@ fn hostile(how: Attack) {
         );
     }
 
-    let start = Instant::now();
     let mut writes = 0u64;
-    while start.elapsed() < ATTACK {
-        for _ in 0..64 {
-            attack(&region, &layout, how, &mut rng);
+    if how == Attack::Truncate {
+        let len = mapping.map.len() as u64;
+        for smaller in [0, len / 2, len - 4096] {
+            let r = rustix::fs::ftruncate(&mapping.file, smaller);
+            assert_eq!(
+                r,
+                Err(rustix::io::Errno::PERM),
+                "shrinking the segment to {smaller} bytes was not refused"
+            );
             writes += 1;
         }
-        std::thread::sleep(Duration::from_micros(200));
-        if victims.iter_mut().all(|v| v.try_wait().unwrap().is_some()) {
-            break;
+        rustix::fs::ftruncate(&mapping.file, len + (1 << 20)).expect("growing is allowed");
+    } else {
+        let start = Instant::now();
+        while start.elapsed() < ATTACK {
+            for _ in 0..64 {
+                attack(&region, &layout, how, &mut rng);
+                writes += 1;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            if victims.iter_mut().all(|v| v.try_wait().unwrap().is_some()) {
+                break;
+            }
         }
     }
     eprintln!("{how:?}: {writes} hostile writes");
 
+    // Ranks that were not disturbed run all their messages: a looser bound.
+    let deadline = if how == Attack::Truncate {
+        Duration::from_secs(120)
+    } else {
+        DEADLINE
+    };
     let ended = Instant::now();
-    let mut statuses = Vec::new();
+    let mut outcomes: Vec<Outcome> = Vec::new();
     let mut readers = readers.into_iter();
     for r in 0..victims.len() {
         let status = loop {
@@ -286,42 +380,66 @@ fn hostile(how: Attack) {
             if let Some(s) = v.try_wait().unwrap() {
                 break s;
             }
-            if ended.elapsed() > DEADLINE {
+            if ended.elapsed() > deadline {
                 let stacks = stacks(v.id());
                 for v in victims.iter_mut() {
                     let _ = v.kill();
                 }
-                let err: String = readers.next().unwrap().join().unwrap();
-                panic!("{how:?}: rank {r} hung after the attack\n{err}\n{stacks}");
+                let (_, err) = readers.next().unwrap().join().unwrap();
+                panic!("{how:?}: rank {r} still running {deadline:?} after the attack\n{err}\n{stacks}");
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let err = readers.next().unwrap().join().unwrap();
-        statuses.push((r, status, err));
+        let (out, err) = readers.next().unwrap().join().unwrap();
+        outcomes.push((status, out, err));
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    for (r, status, err) in statuses {
-        let tail: String = err.lines().rev().take(15).collect::<Vec<_>>().join("\n");
+    for (r, (status, out, err)) in outcomes.iter().enumerate() {
+        let tail: String = err.lines().rev().take(12).collect::<Vec<_>>().join("\n");
         eprintln!("{how:?}: rank {r} {status}; stderr ends with:\n{tail}");
-        assert_eq!(
-            status.signal(),
-            None,
-            "{how:?}: rank {r} was killed by a signal\n{err}"
-        );
+        check_outcome(how, r as u32, status, out, err);
+    }
+}
+
+/// Exit 0 with every message intact, or an error line naming the other
+/// rank and a structure this attack can corrupt.
+fn check_outcome(how: Attack, r: u32, status: &std::process::ExitStatus, out: &str, err: &str) {
+    assert_eq!(
+        status.signal(),
+        None,
+        "{how:?}: rank {r} was killed by a signal\n{err}"
+    );
+    assert!(
+        !err.contains("panicked"),
+        "{how:?}: rank {r} panicked\n{err}"
+    );
+    if status.success() {
         assert!(
-            !err.contains("panicked"),
-            "{how:?}: rank {r} panicked\n{err}"
+            out.lines().any(|l| l.ends_with("all intact")),
+            "{how:?}: rank {r} exited 0 without `all intact`\n{out}\n{err}"
         );
-        // Either it kept serving (exit 0: `btl stress` checked every
-        // message intact) or it stopped with an error saying why.
-        if !status.success() {
-            assert!(
-                err.lines().any(|l| ["error", "timed out", "failed"]
-                    .iter()
-                    .any(|w| l.contains(w))),
-                "{how:?}: rank {r} failed without an error message\n{err}"
-            );
-        }
+        return;
+    }
+    assert_ne!(
+        how,
+        Attack::Truncate,
+        "rank {r} failed although the truncation was refused\n{err}"
+    );
+    let peer = format!("local peer {} (pid ", 1 - r);
+    let named = err.lines().find_map(|l| {
+        let rest = &l[l.find(&peer)?..];
+        let cause = &rest[rest.find("corrupted shared memory: ")? + 25..];
+        STRUCTURES.iter().find(|s| cause.starts_with(*s)).copied()
+    });
+    match named {
+        Some(s) => assert!(
+            how.expected().contains(&s),
+            "{how:?}: rank {r} named the {s}, which this attack does not corrupt\n{err}"
+        ),
+        None => panic!(
+            "{how:?}: rank {r} failed without an error naming rank {} and the corrupted \
+             structure\n{err}",
+            1 - r
+        ),
     }
 }
 
@@ -341,16 +459,114 @@ fn stacks(pid: u32) -> String {
 }
 
 #[test]
-fn victims_survive_random_ring_slots() {
+fn random_ring_slots_end_the_conversation() {
     hostile(Attack::RingSlots);
 }
 
 #[test]
-fn victims_survive_random_ring_counters() {
-    hostile(Attack::RingCounters);
+fn random_ring_headers_end_the_conversation() {
+    hostile(Attack::RingHeaders);
 }
 
 #[test]
-fn victims_survive_random_fragment_headers() {
+fn random_fragment_headers_end_the_conversation() {
     hostile(Attack::FragHeaders);
+}
+
+#[test]
+fn random_control_records_end_the_conversation() {
+    hostile(Attack::ControlRecords);
+}
+
+#[test]
+fn the_segment_cannot_be_truncated_under_the_ranks() {
+    hostile(Attack::Truncate);
+}
+
+/// The same attack on a job under `btl run`: the rank that catches the
+/// corruption stops with an error naming it, and the launcher ends the job
+/// at once (as when a rank dies), naming that rank.
+#[test]
+fn the_launcher_ends_a_corrupted_job_naming_the_rank() {
+    let mut launcher = Command::new(BTL)
+        .args(["run", "-n", "2", "--", BTL, "stress"])
+        .args(["--messages", "100000000", "--max-size", "100000"])
+        .env_remove("BTL_RANK")
+        .env_remove("BTL_TIMEOUT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = launcher.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = pipe.read_to_string(&mut s);
+        s
+    });
+    let t0 = Instant::now();
+    let (rank0, job) = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "ranks did not start"
+        );
+        let found = common::children(launcher.id())
+            .into_iter()
+            .find(|&p| common::environ_var(p, "BTL_RANK").as_deref() == Some("0"));
+        if let Some(p) = found {
+            if let Some(job) = common::environ_var(p, "BTL_JOB") {
+                break (p, job);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let node = common::environ_var(rank0, "BTL_NODE").unwrap();
+    let mapping = steal_segment_of(rank0, &job, &node);
+    let region = mapping.region();
+    let control = Control::new(region).unwrap();
+    while !control.is_ready()
+        || (0..2).any(|r| {
+            control
+                .record(r)
+                .map_or(true, |rec| rec.state() != RANK_READY)
+        })
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "ranks never ready");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (params, _, max_procs) = control.read_params(&SmParams::default()).unwrap();
+    let layout = segment_layout(&params, max_procs).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut rng = Rng(std::process::id() as u64 | 1);
+    let start = Instant::now();
+    while start.elapsed() < ATTACK && launcher.try_wait().unwrap().is_none() {
+        for _ in 0..64 {
+            attack(&region, &layout, Attack::RingSlots, &mut rng);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let ended = Instant::now();
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        if ended.elapsed() > DEADLINE {
+            let _ = launcher.kill();
+            panic!(
+                "the launcher did not end the corrupted job\n{}",
+                stderr.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = stderr.join().unwrap();
+    eprintln!("{err}");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("corrupted shared memory: "), "{err}");
+    // Either one rank caught it first and the launcher stopped the other
+    // ("...; stopping the other rank"), or both caught it in the same
+    // moment and both exited 1: the first failure is named either way.
+    assert!(
+        err.contains("btl run: rank ") && err.contains(") exited with status 1"),
+        "{err}"
+    );
 }

@@ -54,7 +54,9 @@ fn stress_across_hosts_under_btl_run() {
 #[test]
 fn stress_across_three_hosts_under_mpirun() {
     if Command::new("mpirun").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: mpirun not found (scripts/setup.sh installs Debian's openmpi-bin)");
+        common::prereq::missing(
+            "mpirun not found (scripts/setup.sh installs Debian's openmpi-bin)",
+        );
         return;
     }
     let Some(c) = Cluster::new(2, 3) else { return };

@@ -53,7 +53,8 @@ fn survivor_reports_death(transport: &str) {
         if let Some(s) = r0.try_wait().unwrap() {
             break s;
         }
-        if killed.elapsed() > Duration::from_secs(20) {
+        // A hang-catching bound only.
+        if killed.elapsed() > Duration::from_secs(60) {
             let _ = r0.kill();
             panic!("{transport}: the survivor hung after its peer died");
         }

@@ -246,13 +246,22 @@ fn hostile_clients_are_dropped_and_the_job_completes() {
     let mut slow = TcpStream::connect(&addr).unwrap();
     slow.write_all(&handshake(b"BTLT", 1, job_hash(&job), 1)[..10])
         .unwrap();
-    slow.set_read_timeout(Some(Duration::from_secs(10)))
+    // Our read's own timeout (60 s, far beyond the handshake timeout) only
+    // catches a hang: the outcome is who ended the wait — the server's
+    // close (EOF or reset), not our timeout.
+    slow.set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
-    let t0 = Instant::now();
     let r = slow.read(&mut [0u8; 8]);
     assert!(
-        matches!(r, Ok(0) | Err(_)) && t0.elapsed() < Duration::from_secs(8),
-        "{r:?}"
+        match &r {
+            Ok(0) => true,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            Ok(_) => false,
+        },
+        "the unfinished handshake was not dropped: {r:?}"
     );
     let o = launcher.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -279,7 +288,7 @@ fn stress_over_ipv6_loopback_when_ipv4_is_disabled() {
         })
         .unwrap_or(false);
     if !has_v6 {
-        eprintln!("SKIPPED: this machine has no ::1 (IPv6 disabled)");
+        common::prereq::missing("this machine has no ::1 (IPv6 disabled)");
         return;
     }
     let o = run_env(

@@ -6,6 +6,8 @@
 
 use std::process::Command;
 
+mod common;
+
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
 /// Runs `ip ARGS`, returning whether it succeeded.
@@ -40,7 +42,7 @@ fn stress_over_tcp_between_two_namespaces_selected_by_cidr() {
         format!("bvb{}", id % 100_000),
     );
     if !ip(&["netns", "add", &names[0]]) {
-        eprintln!("SKIPPED: cannot create network namespaces here (`ip netns add` failed: needs root / CAP_SYS_ADMIN and iproute2)");
+        common::prereq::missing("cannot create network namespaces here (`ip netns add` failed: needs root / CAP_SYS_ADMIN and iproute2)");
         return;
     }
     let hosts = Hosts {

@@ -6,6 +6,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
 fn free_port() -> u16 {
@@ -129,7 +131,11 @@ fn pmix_unavailable_is_explained() {
         "{err}"
     );
     // The real library outside a PMIx launcher: PMIx_Init fails, clearly.
-    if std::path::Path::new("/usr/lib/x86_64-linux-gnu/libpmix.so.2").exists() {
+    if !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libpmix.so.2").exists() {
+        common::prereq::missing(
+            "libpmix.so.2 (scripts/setup.sh installs Debian's openmpi-bin, which brings it)",
+        );
+    } else {
         let o = rank(
             &[("BTL_WIREUP", "pmix".into())],
             &["stress", "--messages", "1"],

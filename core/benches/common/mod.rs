@@ -30,8 +30,36 @@ impl Memory {
     }
     pub fn region(&self) -> Region<'_> {
         // SAFETY: the allocation lives as long as `self`, and is only
-        // accessed through btl-core's atomics.
+        // accessed through btl-core's atomics (and, in the engine
+        // benchmark, through engines whose protocol orders their copies).
         unsafe { Region::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+    /// The memory as an address another thread may make its own region of
+    /// (`Region` is not `Send`).
+    pub fn shared(&self) -> Shared {
+        Shared(self.ptr, self.layout.size())
+    }
+}
+
+/// [`Memory`] for another thread: see [`Shared::region`].
+#[derive(Clone, Copy)]
+pub struct Shared(NonNull<u8>, usize);
+
+// SAFETY: only an address and a length; each thread makes its own region
+// under `Region::from_raw_parts`' contract.
+unsafe impl Send for Shared {}
+
+impl Shared {
+    /// A region over the memory, for the calling thread.
+    ///
+    /// # Safety
+    ///
+    /// `Region::from_raw_parts`' contract: the [`Memory`] outlives the
+    /// region, and byte copies through regions of different threads are
+    /// ordered (one engine per thread, whose protocol orders them).
+    pub unsafe fn region<'a>(self) -> Region<'a> {
+        // SAFETY: the caller's.
+        unsafe { Region::from_raw_parts(self.0, self.1) }
     }
 }
 

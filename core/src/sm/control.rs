@@ -3,10 +3,22 @@
 //! local rank (pid, start time, state). Everything here is read by other
 //! processes and validated by them; see [`crate::sm::layout`] for where it sits.
 //!
-//! Byte offsets of the first three fields are fixed (the Linux adapter
-//! reads them with plain file reads to recognise stale segments): bytes
+//! Byte offsets of the first three fields are fixed, so that a tool can
+//! tell whose a segment is without knowing the rest of the layout: bytes
 //! 0..8 magic, 8..16 creator pid, 16..24 creator start time, in native
 //! byte order (little endian on every Linux target btl supports).
+//!
+//! A rank publishes its record once ([`RankRecord::publish`]: identity
+//! fields, then the state with a release store) and peers read it with
+//! [`RankRecord::read`] (acquire, then the fields): a record seen ready is
+//! seen whole. Afterwards the only changes are the state turning to
+//! [`RANK_DONE`] when the rank leaves, and verdicts: a rank that declares a
+//! peer failed for corrupting shared memory says so in the peer's record
+//! ([`RankRecord::accuse`]), so that the peer ends the conversation too
+//! rather than wait for answers that will never come. Every value here may
+//! have been written by anyone who maps the segment: states are magic
+//! words (a scribbled state is not mistaken for a valid one), and a verdict
+//! is validated before it is believed.
 //!
 //! `unsafe` here: only the `ShmSafe` impls of the two `repr(C)` atomics
 //! structs.
@@ -32,10 +44,104 @@ pub const SEG_READY: u32 = 1;
 /// Rank state: not yet attached.
 pub const RANK_ABSENT: u32 = 0;
 /// Rank state: the rank's part (rings, fragments) is initialised; peers may
-/// write to it.
-pub const RANK_READY: u32 = 1;
-/// Rank state: the rank finished and detached cleanly.
-pub const RANK_DONE: u32 = 2;
+/// write to it ("REDY").
+pub const RANK_READY: u32 = u32::from_le_bytes(*b"REDY");
+/// Rank state: the rank finished and detached cleanly ("DONE").
+pub const RANK_DONE: u32 = u32::from_le_bytes(*b"DONE");
+
+/// The shared-memory structure a corruption was found in (what a verdict
+/// names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[repr(u16)]
+pub enum Structure {
+    /// A slot value of a ring.
+    RingSlot = 1,
+    /// A ring's header or counters.
+    RingHeader = 2,
+    /// A fragment header.
+    FragmentHeader = 3,
+    /// The sequence of a sender's fragments (replayed, duplicated, lost).
+    FragmentSequence = 4,
+    /// Acknowledgements (forged, out of turn, for nothing in flight).
+    Acknowledgement = 5,
+    /// A rank's control record.
+    ControlRecord = 6,
+    /// A transport message inside a valid fragment (malformed header of a
+    /// large message, a one-sided request, a barrier).
+    MessageProtocol = 7,
+}
+
+impl Structure {
+    /// Its name in reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::RingSlot => "ring slot",
+            Self::RingHeader => "ring header",
+            Self::FragmentHeader => "fragment header",
+            Self::FragmentSequence => "fragment sequence",
+            Self::Acknowledgement => "acknowledgement",
+            Self::ControlRecord => "control record",
+            Self::MessageProtocol => "message protocol",
+        }
+    }
+
+    /// From its code in a verdict.
+    pub const fn from_code(code: u16) -> Option<Self> {
+        Some(match code {
+            1 => Self::RingSlot,
+            2 => Self::RingHeader,
+            3 => Self::FragmentHeader,
+            4 => Self::FragmentSequence,
+            5 => Self::Acknowledgement,
+            6 => Self::ControlRecord,
+            7 => Self::MessageProtocol,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Structure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Top 16 bits of a verdict word.
+const VERDICT_MAGIC: u64 = 0xacc5;
+
+/// What a rank published in its record ([`RankRecord::publish`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct RankInfo {
+    /// Its pid.
+    pub pid: u64,
+    /// Its start time (clock ticks since boot).
+    pub start: u64,
+    /// Address (in its own address space) of its single-copy probe word.
+    pub probe_addr: u64,
+    /// The value at `probe_addr`.
+    pub probe_value: u64,
+}
+
+/// A verdict found in our record ([`RankRecord::take_verdict`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Verdict {
+    /// Rank `accuser` declared us failed: it found `structure` corrupted.
+    Accused {
+        /// The rank that wrote it.
+        accuser: u32,
+        /// What it found corrupted.
+        structure: Structure,
+    },
+    /// The verdict word holds something no rank writes (it was scribbled
+    /// on); it has been cleared.
+    Garbage {
+        /// The value found.
+        raw: u64,
+    },
+}
 
 /// The segment's header, at offset 0.
 #[repr(C)]
@@ -54,7 +160,8 @@ pub struct ControlHeader {
     pub state: AtomicU32,
     /// Number of local ranks.
     pub nprocs: AtomicU32,
-    /// Ranks that finished attaching (the last one unlinks the file).
+    /// Reserved (counted the ranks that had attached when segments were
+    /// files, unlinked by the last one; memfds need no unlinking).
     pub attached: AtomicU32,
     /// `fifo_size` the layout was computed with.
     pub fifo_size: AtomicU32,
@@ -93,6 +200,84 @@ pub struct RankRecord {
     pub probe_addr: AtomicU64,
     /// The value at `probe_addr`.
     pub probe_value: AtomicU64,
+    /// 0, or a verdict against this rank written by a peer that declared it
+    /// failed ([`Self::accuse`]).
+    pub verdict: AtomicU64,
+}
+
+impl RankRecord {
+    /// Publishes this rank's identity, then marks it ready (owner side,
+    /// once its part is initialised). Release: pairs with the acquire in
+    /// [`Self::read`], so a reader that sees the rank ready sees every
+    /// field.
+    pub fn publish(&self, info: &RankInfo) {
+        let r = Ordering::Relaxed;
+        self.pid.store(info.pid, r);
+        self.start.store(info.start, r);
+        self.probe_addr.store(info.probe_addr, r);
+        self.probe_value.store(info.probe_value, r);
+        self.verdict.store(0, r);
+        self.state.store(RANK_READY, Ordering::Release);
+    }
+
+    /// The rank's state (acquire: pairs with the release of
+    /// [`Self::publish`] and of the state's later change to [`RANK_DONE`]).
+    pub fn state(&self) -> u32 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    /// What the rank published, once it is ready (or done): `None` before.
+    pub fn read(&self) -> Option<RankInfo> {
+        if !matches!(self.state(), RANK_READY | RANK_DONE) {
+            return None;
+        }
+        let r = Ordering::Relaxed;
+        Some(RankInfo {
+            pid: self.pid.load(r),
+            start: self.start.load(r),
+            probe_addr: self.probe_addr.load(r),
+            probe_value: self.probe_value.load(r),
+        })
+    }
+
+    /// Marks the rank as having left cleanly (owner side, last).
+    pub fn leave(&self) {
+        // Release: pairs with the acquire of `state`.
+        self.state.store(RANK_DONE, Ordering::Release);
+    }
+
+    /// Tells the rank of this record that `accuser` declared it failed for
+    /// corrupting `structure`. Only one verdict waits at a time: returns
+    /// false if another is there (the accuser tries again later; the rank
+    /// clears each verdict it takes).
+    pub fn accuse(&self, accuser: u32, structure: Structure) -> bool {
+        let word = (VERDICT_MAGIC << 48) | ((structure as u64) << 32) | u64::from(accuser);
+        self.verdict
+            .compare_exchange(0, word, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Takes the verdict waiting in this (our own) record, if any, and
+    /// clears it. `me` and `nprocs` validate it: a word naming no peer of
+    /// ours, or no known structure, is [`Verdict::Garbage`].
+    pub fn take_verdict(&self, me: u32, nprocs: u32) -> Option<Verdict> {
+        let raw = self.verdict.load(Ordering::Relaxed);
+        if raw == 0 {
+            return None;
+        }
+        // Only clear what we read: a new verdict written meanwhile stays.
+        let _ = self
+            .verdict
+            .compare_exchange(raw, 0, Ordering::Relaxed, Ordering::Relaxed);
+        let accuser = raw as u32;
+        let structure = Structure::from_code((raw >> 32) as u16);
+        match structure {
+            Some(structure) if raw >> 48 == VERDICT_MAGIC && accuser < nprocs && accuser != me => {
+                Some(Verdict::Accused { accuser, structure })
+            }
+            _ => Some(Verdict::Garbage { raw }),
+        }
+    }
 }
 
 // SAFETY: repr(C) integer atomics: no pointers, no Drop, any bit pattern
@@ -109,6 +294,10 @@ const _: () = assert!(core::mem::size_of::<RankRecord>() <= CONTROL_RECORD);
 pub struct Control<'a> {
     region: Region<'a>,
     header: &'a ControlHeader,
+    /// Records reachable with [`Self::record`]: the header's `nprocs` until
+    /// [`Self::fix_nprocs`] snapshots the value validated at start-up (so a
+    /// scribbled header cannot hide or invent records afterwards).
+    nprocs: Option<u32>,
 }
 
 /// The control area is missing or inconsistent.
@@ -171,7 +360,14 @@ impl<'a> Control<'a> {
         Ok(Self {
             region: segment,
             header,
+            nprocs: None,
         })
+    }
+
+    /// From now on, [`Self::record`] serves exactly `nprocs` records,
+    /// whatever the header says (call once the header is validated).
+    pub fn fix_nprocs(&mut self, nprocs: u32) {
+        self.nprocs = Some(nprocs);
     }
 
     /// The header.
@@ -257,7 +453,9 @@ impl<'a> Control<'a> {
 
     /// Rank `rank`'s record.
     pub fn record(&self, rank: u32) -> Result<&'a RankRecord, ControlError> {
-        let nprocs = self.header.nprocs.load(Ordering::Relaxed);
+        let nprocs = self
+            .nprocs
+            .unwrap_or_else(|| self.header.nprocs.load(Ordering::Relaxed));
         if rank >= nprocs {
             return Err(ControlError::NoSuchRank { rank, nprocs });
         }
@@ -273,19 +471,29 @@ mod tests {
     use super::*;
     use std::vec;
 
-    #[test]
-    fn publish_then_read_back() {
+    /// Runs `f` on a control area over 4 KiB of zeroes (and the bytes).
+    fn with_control(f: impl FnOnce(Control<'_>, &dyn Fn() -> std::vec::Vec<u8>)) {
         let mut buf = vec![0u64; 4096 / 8];
         let len = buf.len() * 8;
+        let ptr = core::ptr::NonNull::new(buf.as_mut_ptr().cast()).unwrap();
         // SAFETY: the buffer outlives the region and is only accessed
-        // through it.
-        let region = unsafe {
-            Region::from_raw_parts(
-                core::ptr::NonNull::new(buf.as_mut_ptr().cast()).unwrap(),
-                len,
-            )
+        // through it (and, between its calls, the snapshot below).
+        let region = unsafe { Region::from_raw_parts(ptr, len) };
+        let bytes = || {
+            let mut b = vec![0u8; len];
+            region.read_bytes(0, &mut b).unwrap();
+            b
         };
-        let c = Control::new(region).unwrap();
+        f(Control::new(region).unwrap(), &bytes);
+        drop(buf);
+    }
+
+    #[test]
+    fn publish_then_read_back() {
+        with_control(|c, bytes| publish_then_read_back_on(c, bytes));
+    }
+
+    fn publish_then_read_back_on(c: Control<'_>, bytes: &dyn Fn() -> std::vec::Vec<u8>) {
         assert_eq!(
             c.read_params(&SmParams::default()).unwrap_err(),
             ControlError::NotReady
@@ -301,8 +509,8 @@ mod tests {
             c.record(3),
             Err(ControlError::NoSuchRank { rank: 3, nprocs: 3 })
         ));
-        // Fixed byte offsets read by the stale-file check.
-        let bytes: &[u8] = bytemuck_bytes(&buf);
+        // Fixed byte offsets.
+        let bytes = bytes();
         assert_eq!(&bytes[0..8], b"BTLSEG01");
         assert_eq!(u64::from_le_bytes(bytes[8..16].try_into().unwrap()), 42);
         assert_eq!(u64::from_le_bytes(bytes[16..24].try_into().unwrap()), 7);
@@ -314,11 +522,74 @@ mod tests {
             c.read_params(&SmParams::default()),
             Err(ControlError::BadVersion { found: 9 })
         ));
+        // Once fixed, the record count no longer follows the header.
+        let mut c = c;
+        c.fix_nprocs(3);
+        assert!(c.record(2).is_ok());
+        assert!(c.record(3).is_err());
     }
 
-    fn bytemuck_bytes(words: &[u64]) -> &[u8] {
-        // SAFETY: u64 has no padding; any u64 is 8 valid u8s; the borrow
-        // covers exactly the words.
-        unsafe { core::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8) }
+    #[test]
+    fn records_publish_read_and_take_verdicts() {
+        with_control(|c, _| records_on(c));
+    }
+
+    fn records_on(mut c: Control<'_>) {
+        c.fix_nprocs(3);
+        let rec = c.record(1).unwrap();
+        assert_eq!(rec.read(), None);
+        let info = RankInfo {
+            pid: 42,
+            start: 7,
+            probe_addr: 0x1000,
+            probe_value: 9,
+        };
+        rec.publish(&info);
+        assert_eq!(rec.read(), Some(info));
+        // A scribbled state is neither ready nor done.
+        rec.state.store(3, Ordering::Relaxed);
+        assert_eq!(rec.read(), None);
+        rec.leave();
+        assert_eq!(rec.read(), Some(info));
+
+        // Verdicts: one at a time, validated, cleared when taken.
+        assert_eq!(rec.take_verdict(1, 3), None);
+        assert!(rec.accuse(0, Structure::RingSlot));
+        assert!(!rec.accuse(2, Structure::FragmentHeader), "one waits");
+        assert_eq!(
+            rec.take_verdict(1, 3),
+            Some(Verdict::Accused {
+                accuser: 0,
+                structure: Structure::RingSlot
+            })
+        );
+        assert_eq!(rec.take_verdict(1, 3), None);
+        assert!(rec.accuse(2, Structure::FragmentHeader));
+        assert_eq!(
+            rec.take_verdict(1, 3),
+            Some(Verdict::Accused {
+                accuser: 2,
+                structure: Structure::FragmentHeader
+            })
+        );
+        for raw in [
+            1u64,
+            0xacc5_0001_0000_0001,
+            0xacc5_0009_0000_0000,
+            0xacc5_0001_0000_0005,
+        ] {
+            rec.verdict.store(raw, Ordering::Relaxed);
+            assert_eq!(
+                rec.take_verdict(1, 3),
+                Some(Verdict::Garbage { raw }),
+                "{raw:#x}"
+            );
+            assert_eq!(rec.take_verdict(1, 3), None, "cleared");
+        }
+        for code in 1..=7 {
+            assert_eq!(Structure::from_code(code).map(|s| s as u16), Some(code));
+        }
+        assert_eq!(Structure::from_code(0), None);
+        assert_eq!(Structure::from_code(8), None);
     }
 }

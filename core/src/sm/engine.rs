@@ -14,21 +14,53 @@
 //!
 //! # Protocol
 //!
-//! [`SmEngine::send`] copies the payload into a free fragment, fills its
-//! header and pushes a SEND slot into the peer's ring, or appends it to the
+//! [`SmEngine::send`] copies the payload into a free fragment, stamps its
+//! header (with the next sequence number towards that peer and the check
+//! word) and pushes a SEND slot into the peer's ring, or appends it to the
 //! peer's pending queue if the ring is full or the queue is not empty (so
 //! per-peer order is kept). [`SmEngine::progress`] first retries pending
 //! sends, then polls each receive ring and dispatches:
 //!
-//! - SEND: the fragment is validated ([`crate::sm::frag::read_frag`]) and handed
-//!   to [`Dispatch::recv`]; then the same fragment goes back to its owner as
-//!   an ACK, with the status bit set if the handler or the validation failed;
-//! - ACK: the descriptor is found from the offset (it must be one of ours,
-//!   and in flight), [`Dispatch::complete`] runs, the fragment is recycled
-//!   and that peer's pending queue is retried;
-//! - anything else: [`Dispatch::error`], and the engine goes on.
+//! - SEND: the fragment is validated ([`crate::sm::frag::read_frag`]: bounds,
+//!   check word, lengths), its sequence number must be the next one from
+//!   that sender, and it is handed to [`Dispatch::recv`]; then the same
+//!   fragment goes back to its owner as an ACK naming us, with the status
+//!   bit set if the handler refused it;
+//! - ACK: it must name a rank that writes into this ring, and the
+//!   fragment must be the oldest of ours in flight to that rank (ACKs come
+//!   back in the order of the SENDs: each receiver handles one sender's
+//!   SENDs in order and acknowledges each at once); then
+//!   [`Dispatch::complete`] runs, the fragment is recycled and that peer's
+//!   pending queue is retried.
 //!
 //! It returns the number of events, never blocks and never allocates.
+//!
+//! # Corruption ends the conversation
+//!
+//! Anything else — a slot that does not decode, a SEND or ACK naming a
+//! rank that cannot write into the ring it was read from, a fragment that
+//! fails validation, a sequence number out of turn (a replayed, duplicated
+//! or lost SEND), an ACK for a fragment not in flight to its sender or out
+//! of turn (forged, duplicated or lost), a pending queue overflowing, or
+//! ring counters that no honest writer leaves ([`SmEngine::audit_rings`]) —
+//! can lose or misdirect messages, so the engine reports it
+//! ([`Dispatch::error`]) and declares failed the peers it blames
+//! ([`Dispatch::failed`]), exactly as the adapter fails a dead peer
+//! ([`SmEngine::fail_peer`]). Shared memory cannot say who wrote a value,
+//! so blame follows ownership ([`PeerError::blamed`]):
+//!
+//! - what is read from one of our rings is the ring's writers' (the peers
+//!   `p` with `fifo_map(p) == ring`: exactly one when `num_fifos` is at
+//!   least the number of local ranks, every peer with the seed's default
+//!   of 1). A value that names a writer of that ring (a SEND's owner, an
+//!   ACK's sender) is that writer's; one that names nobody, or inconsistent
+//!   counters or a stalled slot, is every writer's (each may have lost a
+//!   message there);
+//! - a fragment, its header and its sequence number are its owner's.
+//!
+//! A process that scribbles on the segment therefore gets innocent peers
+//! declared failed: the conversation ends either way, but never silently
+//! and never after a timeout.
 //!
 //! # Bounds
 //!
@@ -36,15 +68,14 @@
 //! involved with that peer: ours (all could be queued to one peer) and the
 //! peer's (each may need an ACK), so its capacity is
 //! [`SmEngine::pending_capacity`] = 2 × fragments per rank. Only a peer that
-//! sends the same fragment twice can overflow it; that is reported as an
-//! error of that peer and the extra ACK is dropped.
+//! sends the same fragment twice can overflow it (a peer error).
 //!
 //! # Failure
 //!
 //! [`SmEngine::fail_peer`] (called by the adapter when its liveness check
-//! finds a peer dead) completes every fragment in flight to that peer with an
-//! error, recycles them, drops its pending queue and ignores its slots from
-//! then on.
+//! finds a peer dead, and by the engine itself on corruption) completes
+//! every fragment in flight to that peer with an error, recycles them, drops
+//! its pending queue and ignores its slots from then on.
 //!
 //! `unsafe` here: only [`init_part`], the in-place initialisation of this
 //! rank's part before it is published.
@@ -53,8 +84,11 @@
 use core::fmt;
 
 use crate::shm::{Region, ResolveError, SegmentTable, ShmOffset};
-use crate::sm::fifo::{fifo_map, Consumer, Fifo, FifoError, Producer};
-use crate::sm::frag::{read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError};
+use crate::sm::control::Structure;
+use crate::sm::fifo::{fifo_map, Consumer, Fifo, FifoError, Producer, RingFault};
+use crate::sm::frag::{
+    read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError, STATUS_BIT,
+};
 use crate::sm::layout::{SegmentLayout, SizeError};
 use crate::sm::params::SmParams;
 
@@ -85,6 +119,14 @@ pub struct PeerSlot<'a> {
     pending_head: u32,
     pending_len: u32,
     in_flight: u32,
+    /// Our fragments in flight to this peer, oldest first (linked through
+    /// `FragDesc::next`): the order its ACKs must come back in.
+    oldest: u32,
+    newest: u32,
+    /// Sequence number of our next SEND to this peer.
+    send_seq: u32,
+    /// Sequence number expected on this peer's next SEND.
+    recv_seq: u32,
     state: PeerState,
 }
 
@@ -96,6 +138,10 @@ impl PeerSlot<'_> {
             pending_head: 0,
             pending_len: 0,
             in_flight: 0,
+            oldest: NONE,
+            newest: NONE,
+            send_seq: 0,
+            recv_seq: 0,
             state: PeerState::Failed,
         }
     }
@@ -121,8 +167,11 @@ enum DescState {
 pub struct FragDesc {
     offset: u64,
     capacity: u32,
+    /// The next fragment in the free list (free) or in the peer's in-flight
+    /// list (in flight).
     next: u32,
     state: DescState,
+    /// The peer it is (or was last) in flight to.
     peer: u32,
     cookie: u64,
 }
@@ -156,49 +205,145 @@ pub trait Dispatch {
     /// A fragment we sent to `peer` with `cookie` came back; `ok` is false if
     /// the receiver reported an error or the peer failed.
     fn complete(&mut self, peer: u32, cookie: u64, ok: bool);
-    /// A peer wrote something invalid; the engine ignored it and goes on.
+    /// A peer wrote something invalid (for counting and logging); the
+    /// engine declares the peers it blames failed ([`Self::failed`]) and
+    /// goes on with the others.
     fn error(&mut self, error: PeerError);
+    /// The engine declares `peer` failed because of `why`, a corruption it
+    /// blames on that peer (see the module docs): right after this call the
+    /// fragments in flight to it complete with an error ([`Self::complete`]);
+    /// nothing more is sent to it or accepted from it.
+    fn failed(&mut self, peer: u32, why: PeerError);
 }
 
 /// Something a peer wrote into our rings or its fragments was invalid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PeerError {
-    /// A slot value could not be decoded.
+    /// A slot value read from our ring could not be decoded.
     BadSlot {
         /// Our ring it was read from.
         ring: u32,
         /// Why.
         error: SlotError,
     },
-    /// A SEND named an owner that cannot write to this ring.
+    /// A SEND (its owner) or an ACK (its sender) named a rank that cannot
+    /// write into the ring it was read from.
     BadSender {
         /// Our ring.
         ring: u32,
-        /// The owner the slot named.
+        /// The rank the slot named.
         owner: u32,
     },
-    /// A SEND's fragment failed validation (an error ACK went back).
+    /// A SEND's fragment failed validation.
     BadFragment {
         /// The sender.
         peer: u32,
         /// Why.
         error: FragError,
     },
+    /// A SEND's sequence number was not the next one from its sender: a
+    /// replayed, duplicated or lost SEND.
+    BadSequence {
+        /// The sender.
+        peer: u32,
+        /// The number expected.
+        expected: u32,
+        /// The number found.
+        found: u32,
+    },
     /// An ACK named a fragment that is not ours or not a fragment start.
     UnknownAck {
-        /// The offset it named.
-        frag: ShmOffset,
+        /// The rank that sent it.
+        peer: u32,
+        /// The offset (in our part) it named.
+        offset: u64,
     },
     /// An ACK for a fragment that was not in flight (duplicate or forged).
     UnexpectedAck {
-        /// The offset it named.
-        frag: ShmOffset,
+        /// The rank that sent it.
+        peer: u32,
+        /// The offset (in our part) it named.
+        offset: u64,
+    },
+    /// An ACK from one rank for a fragment in flight to another (forged).
+    ForgedAck {
+        /// The rank the ACK names as its sender.
+        peer: u32,
+        /// The offset (in our part) it named.
+        offset: u64,
+        /// The rank the fragment was sent to.
+        sent_to: u32,
+    },
+    /// An ACK out of turn: an older fragment in flight to the same rank was
+    /// not acknowledged yet (an ACK was lost, or this one forged).
+    AckOutOfOrder {
+        /// The rank that sent it.
+        peer: u32,
+        /// The offset (in our part) it named.
+        offset: u64,
     },
     /// A peer's pending queue overflowed: it sent a fragment twice.
     PendingOverflow {
         /// The peer.
         peer: u32,
+    },
+    /// One of our rings' shared state is inconsistent
+    /// ([`SmEngine::audit_rings`]).
+    Ring {
+        /// Our ring.
+        ring: u32,
+        /// What is wrong with it.
+        fault: RingFault,
+    },
+}
+
+impl PeerError {
+    /// The structure of the segment the problem was found in.
+    pub fn structure(&self) -> Structure {
+        match self {
+            Self::BadSlot { .. } | Self::BadSender { .. } => Structure::RingSlot,
+            Self::BadFragment { .. } => Structure::FragmentHeader,
+            Self::BadSequence { .. } | Self::PendingOverflow { .. } => Structure::FragmentSequence,
+            Self::UnknownAck { .. }
+            | Self::UnexpectedAck { .. }
+            | Self::ForgedAck { .. }
+            | Self::AckOutOfOrder { .. } => Structure::Acknowledgement,
+            Self::Ring { .. } => Structure::RingHeader,
+        }
+    }
+
+    /// Whom the problem is blamed on (see the module docs): one peer, or
+    /// every writer of one of our rings.
+    pub fn blamed(&self) -> Blame {
+        match *self {
+            Self::BadSlot { ring, .. } | Self::BadSender { ring, .. } | Self::Ring { ring, .. } => {
+                Blame::Writers { ring }
+            }
+            Self::BadFragment { peer, .. }
+            | Self::BadSequence { peer, .. }
+            | Self::UnknownAck { peer, .. }
+            | Self::UnexpectedAck { peer, .. }
+            | Self::ForgedAck { peer, .. }
+            | Self::AckOutOfOrder { peer, .. }
+            | Self::PendingOverflow { peer } => Blame::Peer { peer },
+        }
+    }
+}
+
+/// Whom a [`PeerError`] is blamed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Blame {
+    /// This peer.
+    Peer {
+        /// The peer.
+        peer: u32,
+    },
+    /// Every peer that writes into this ring of ours.
+    Writers {
+        /// Our ring.
+        ring: u32,
     },
 }
 
@@ -209,20 +354,50 @@ impl fmt::Display for PeerError {
             Self::BadSender { ring, owner } => {
                 write!(
                     f,
-                    "ring {ring}: SEND names owner {owner}, who cannot write here"
+                    "ring {ring}: a slot names rank {owner}, who cannot write here"
                 )
             }
             Self::BadFragment { peer, error } => write!(f, "fragment from rank {peer}: {error}"),
-            Self::UnknownAck { frag } => write!(f, "ACK for {frag:?}, which is not our fragment"),
-            Self::UnexpectedAck { frag } => {
-                write!(f, "ACK for {frag:?}, which was not in flight")
+            Self::BadSequence {
+                peer,
+                expected,
+                found,
+            } => write!(
+                f,
+                "fragment from rank {peer} has sequence number {found}, expected {expected} \
+                 (a SEND replayed, duplicated or lost)"
+            ),
+            Self::UnknownAck { peer, offset } => write!(
+                f,
+                "ACK from rank {peer} for offset {offset:#x}, which is not one of our fragments"
+            ),
+            Self::UnexpectedAck { peer, offset } => {
+                write!(
+                    f,
+                    "ACK from rank {peer} for our fragment at {offset:#x}, which was not in flight"
+                )
             }
+            Self::ForgedAck {
+                peer,
+                offset,
+                sent_to,
+            } => write!(
+                f,
+                "ACK from rank {peer} for our fragment at {offset:#x}, which was sent to rank \
+                 {sent_to}"
+            ),
+            Self::AckOutOfOrder { peer, offset } => write!(
+                f,
+                "ACK from rank {peer} for our fragment at {offset:#x} out of turn (an older \
+                 one was not acknowledged)"
+            ),
             Self::PendingOverflow { peer } => {
                 write!(
                     f,
                     "pending queue to rank {peer} overflowed (duplicate fragments)"
                 )
             }
+            Self::Ring { ring, fault } => write!(f, "ring {ring}: {fault}"),
         }
     }
 }
@@ -417,6 +592,9 @@ where
     nprocs: u32,
     num_fifos: u32,
     fifo_size: u32,
+    /// Our rank in the owner field, and the ACK type: an ACK's slot value
+    /// but for the offset and the status bit.
+    ack_bits: u64,
     table: SegmentTable<'a, MAX_LOCAL_RANKS>,
     my_part: Region<'a>,
     geometry: PartGeometry,
@@ -610,11 +788,16 @@ where
             };
             *head = i;
         }
+        let ack_bits = ShmOffset::new(me as u16, 0)
+            .map_err(|_| SetupError::Mismatch { what: "rank" })?
+            .raw()
+            | FragType::Ack as u64;
         Ok(Self {
             me,
             nprocs,
             num_fifos,
             fifo_size: params.fifo_size,
+            ack_bits,
             table,
             my_part,
             geometry,
@@ -641,6 +824,12 @@ where
     /// Number of local ranks.
     pub fn nprocs(&self) -> u32 {
         self.nprocs
+    }
+
+    /// `num_fifos`: sender `s` writes into ring `fifo_map(s, num_fifos)` of
+    /// each receiver.
+    pub fn num_fifos(&self) -> u32 {
+        self.num_fifos
     }
 
     /// Largest payload of an eager fragment.
@@ -709,25 +898,28 @@ where
         cookie: u64,
     ) -> Result<(), SendError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let state = self
-            .peer_state(peer)
+        let (max_capacity, pending_cap) = (self.max_capacity, self.pending_cap);
+        let pslot = self
+            .peers
+            .as_mut()
+            .get(peer as usize)
             .ok_or(SendError::InvalidPeer { peer })?;
-        match state {
+        match pslot.state {
             PeerState::Me => return Err(SendError::InvalidPeer { peer }),
             PeerState::Failed => return Err(SendError::PeerFailed { peer }),
             PeerState::Connected => {}
         }
-        if len > self.max_capacity as usize {
+        if len > max_capacity as usize {
             return Err(SendError::TooLarge {
                 len,
-                max: self.max_capacity,
+                max: max_capacity,
             });
         }
         // Our own queue to this peer must have room for the SEND.
-        let pslot = &self.peers.as_mut()[peer as usize];
-        if pslot.pending_len >= self.pending_cap {
+        if pslot.pending_len >= pending_cap {
             return Err(SendError::Backlog { peer });
         }
+        let seq = pslot.send_seq;
         let idx = self.alloc(len).ok_or(SendError::NoFragment)?;
         let desc = self.descs.as_mut()[idx as usize];
         let payload_at = desc.offset + crate::sm::frag::FRAG_HEADER_SIZE as u64;
@@ -745,10 +937,9 @@ where
             self.free(idx);
             return Err(SendError::NoFragment);
         };
-        // Owner and capacity too: a header scribbled on by another process
-        // would otherwise fail validation at every receiver forever.
-        header.restamp(self.me as u16, desc.capacity);
-        header.set_message(tag, len as u32, u64::from(idx), 0);
+        // Every field, owner and capacity too: a header scribbled on by
+        // another process is whole again from its next send on.
+        header.stamp(self.me as u16, desc.capacity, tag, len as u32, seq);
         // `me < MAX_LOCAL_RANKS` and offsets inside a part: always encodable.
         let Ok(frag) = ShmOffset::new(self.me as u16, desc.offset) else {
             self.free(idx);
@@ -760,20 +951,26 @@ where
             frag,
         }
         .encode();
+        // The queue had room (checked above), so this cannot fail; were it
+        // to, give the fragment back rather than leak it.
+        if self.push_or_queue(peer, value).is_err() {
+            self.free(idx);
+            return Err(SendError::Backlog { peer });
+        }
         let d = &mut self.descs.as_mut()[idx as usize];
         d.state = DescState::InFlight;
         d.peer = peer;
         d.cookie = cookie;
+        d.next = NONE;
         self.outstanding += 1;
-        self.peers.as_mut()[peer as usize].in_flight += 1;
-        // The queue had room (checked above), so this cannot fail; were it
-        // to, undo rather than leak the fragment.
-        if self.push_or_queue(peer, value).is_err() {
-            self.free(idx);
-            self.outstanding -= 1;
-            let p = &mut self.peers.as_mut()[peer as usize];
-            p.in_flight = p.in_flight.saturating_sub(1);
-            return Err(SendError::Backlog { peer });
+        let p = &mut self.peers.as_mut()[peer as usize];
+        p.send_seq = seq.wrapping_add(1);
+        p.in_flight += 1;
+        let newest = core::mem::replace(&mut p.newest, idx);
+        if newest == NONE {
+            p.oldest = idx;
+        } else {
+            self.descs.as_mut()[newest as usize].next = idx;
         }
         Ok(())
     }
@@ -899,62 +1096,147 @@ where
     fn dispatch<H: Dispatch>(&mut self, ring: u32, value: u64, d: &mut H) {
         let slot = match Slot::decode(value) {
             Ok(s) => s,
-            Err(error) => return d.error(PeerError::BadSlot { ring, error }),
+            Err(error) => return self.corrupted(PeerError::BadSlot { ring, error }, d),
         };
-        match slot.kind {
-            FragType::Send => self.on_send(ring, slot, d),
-            FragType::Ack => self.on_ack(slot, d),
-            // decode() refuses PUT/GET.
-            FragType::Put | FragType::Get => d.error(PeerError::BadSlot {
-                ring,
-                error: SlotError::UnsupportedType {
-                    kind: slot.kind,
-                    raw: value,
-                },
-            }),
+        // The rank the slot names (a SEND's owner, an ACK's sender) must be
+        // one that writes into this ring.
+        let from = u32::from(slot.frag.owner());
+        if from >= self.nprocs || from == self.me || fifo_map(from, self.num_fifos) != ring {
+            return self.corrupted(PeerError::BadSender { ring, owner: from }, d);
         }
-    }
-
-    fn on_send<H: Dispatch>(&mut self, ring: u32, slot: Slot, d: &mut H) {
-        let owner = u32::from(slot.frag.owner());
-        if owner >= self.nprocs || owner == self.me || fifo_map(owner, self.num_fifos) != ring {
-            return d.error(PeerError::BadSender { ring, owner });
-        }
-        if self.peers.as_mut()[owner as usize].state == PeerState::Failed {
+        if self.peers.as_mut()[from as usize].state != PeerState::Connected {
+            // Late slots of a peer declared failed (or gone): ignored.
             return;
         }
-        let ok = match read_frag(&self.table, slot.frag, self.max_capacity) {
-            Ok(view) => d.recv(owner, view.info.tag, &view),
-            Err(error) => {
-                d.error(PeerError::BadFragment { peer: owner, error });
-                false
-            }
-        };
-        if let Err(e) = self.push_or_queue(owner, slot.into_ack(!ok).encode()) {
-            d.error(e);
+        match slot.kind {
+            FragType::Send => self.on_send(from, slot, d),
+            FragType::Ack => self.on_ack(from, slot, d),
+            // decode() refuses PUT/GET.
+            FragType::Put | FragType::Get => self.corrupted(
+                PeerError::BadSlot {
+                    ring,
+                    error: SlotError::UnsupportedType {
+                        kind: slot.kind,
+                        raw: value,
+                    },
+                },
+                d,
+            ),
         }
     }
 
-    fn on_ack<H: Dispatch>(&mut self, slot: Slot, d: &mut H) {
-        let frag = slot.frag;
-        if u32::from(frag.owner()) != self.me {
-            return d.error(PeerError::UnknownAck { frag });
+    fn on_send<H: Dispatch>(&mut self, owner: u32, slot: Slot, d: &mut H) {
+        let view = match read_frag(&self.table, slot.frag, self.max_capacity) {
+            Ok(view) => view,
+            Err(error) => {
+                return self.corrupted(PeerError::BadFragment { peer: owner, error }, d);
+            }
+        };
+        let p = &mut self.peers.as_mut()[owner as usize];
+        if view.info.seq != p.recv_seq {
+            let expected = p.recv_seq;
+            return self.corrupted(
+                PeerError::BadSequence {
+                    peer: owner,
+                    expected,
+                    found: view.info.seq,
+                },
+                d,
+            );
         }
-        let Some(idx) = self.geometry.index_of(frag.offset()) else {
-            return d.error(PeerError::UnknownAck { frag });
+        p.recv_seq = p.recv_seq.wrapping_add(1);
+        let ok = d.recv(owner, view.info.tag, &view);
+        // The same fragment back, naming us: `Slot::into_ack`, with the
+        // owner bits computed once.
+        let ack = slot.frag.offset() | self.ack_bits | if ok { 0 } else { STATUS_BIT };
+        if let Err(e) = self.push_or_queue(owner, ack) {
+            self.corrupted(e, d);
+        }
+    }
+
+    fn on_ack<H: Dispatch>(&mut self, peer: u32, slot: Slot, d: &mut H) {
+        let offset = slot.frag.offset();
+        let Some(idx) = self.geometry.index_of(offset) else {
+            return self.corrupted(PeerError::UnknownAck { peer, offset }, d);
         };
         let desc = self.descs.as_mut()[idx as usize];
         if desc.state != DescState::InFlight {
-            return d.error(PeerError::UnexpectedAck { frag });
+            return self.corrupted(PeerError::UnexpectedAck { peer, offset }, d);
         }
+        if desc.peer != peer {
+            let sent_to = desc.peer;
+            return self.corrupted(
+                PeerError::ForgedAck {
+                    peer,
+                    offset,
+                    sent_to,
+                },
+                d,
+            );
+        }
+        let p = &mut self.peers.as_mut()[peer as usize];
+        if p.oldest != idx {
+            return self.corrupted(PeerError::AckOutOfOrder { peer, offset }, d);
+        }
+        p.oldest = desc.next;
+        if p.oldest == NONE {
+            p.newest = NONE;
+        }
+        p.in_flight = p.in_flight.saturating_sub(1);
+        // The callbacks cannot reach the engine: this stays true meanwhile.
+        let pending = p.pending_len > 0;
         self.free(idx);
         self.outstanding -= 1;
-        let peer = desc.peer;
-        let p = &mut self.peers.as_mut()[peer as usize];
-        p.in_flight = p.in_flight.saturating_sub(1);
         d.complete(peer, desc.cookie, !slot.error);
-        if self.peers.as_mut()[peer as usize].pending_len > 0 {
+        if pending {
             self.flush_pending(peer);
+        }
+    }
+
+    /// Reports `error` and declares failed the peers it is blamed on.
+    fn corrupted<H: Dispatch>(&mut self, error: PeerError, d: &mut H) {
+        d.error(error);
+        match error.blamed() {
+            Blame::Peer { peer } => self.fail_blamed(peer, error, d),
+            Blame::Writers { ring } => {
+                for peer in 0..self.nprocs {
+                    if peer != self.me && fifo_map(peer, self.num_fifos) == ring {
+                        self.fail_blamed(peer, error, d);
+                    }
+                }
+            }
+        }
+    }
+
+    fn fail_blamed<H: Dispatch>(&mut self, peer: u32, why: PeerError, d: &mut H) {
+        if self.peer_state(peer) == Some(PeerState::Connected) {
+            d.failed(peer, why);
+            self.fail_peer(peer, d);
+        }
+    }
+
+    /// Checks the shared state of our rings ([`Consumer::audit`]) and
+    /// declares the writers of a faulty one failed (see the module docs).
+    /// Call it now and then, off the fast path (the Linux adapter does with
+    /// its liveness checks); `stall_audits`: audits in a row a reserved
+    /// slot may stay unwritten before it is a fault (0: never).
+    pub fn audit_rings<H: Dispatch>(&mut self, stall_audits: u32, d: &mut H) {
+        for ring in 0..self.consumers.as_mut().len() {
+            let fault = self.consumers.as_mut()[ring]
+                .as_mut()
+                .map(|c| c.audit(stall_audits));
+            if let Some(Err(fault)) = fault {
+                let ring = ring as u32;
+                let writers_left = (0..self.nprocs).any(|p| {
+                    p != self.me
+                        && fifo_map(p, self.num_fifos) == ring
+                        && self.peers.as_mut()[p as usize].state == PeerState::Connected
+                });
+                // A ring nobody may write to any more is nobody's concern.
+                if writers_left {
+                    self.corrupted(PeerError::Ring { ring, fault }, d);
+                }
+            }
         }
     }
 
@@ -974,15 +1256,16 @@ where
         p.pending_len = 0;
         p.pending_head = 0;
         p.in_flight = 0;
+        let mut idx = core::mem::replace(&mut p.oldest, NONE);
+        p.newest = NONE;
         let mut completed = 0;
-        for idx in 0..self.descs.as_mut().len() as u32 {
+        while idx != NONE {
             let desc = self.descs.as_mut()[idx as usize];
-            if desc.state == DescState::InFlight && desc.peer == peer {
-                self.free(idx);
-                self.outstanding -= 1;
-                d.complete(peer, desc.cookie, false);
-                completed += 1;
-            }
+            self.free(idx);
+            self.outstanding -= 1;
+            d.complete(peer, desc.cookie, false);
+            completed += 1;
+            idx = desc.next;
         }
         completed
     }

@@ -52,6 +52,14 @@
 //! value of the shared state causes a panic or an out-of-bounds access; the
 //! worst outcome is a lost or spurious value, which the fragment layer
 //! ([`crate::sm::frag`]) then rejects when it decodes and resolves it.
+//!
+//! The reader can also tell that the shared state is wrong
+//! ([`Consumer::audit`], off the fast path: the owner calls it with its
+//! liveness checks): it alone writes `freed`, so a different value there
+//! was written by someone else; honest writers never reserve beyond
+//! `freed + size` nor leave `head` below what was read; the header's
+//! geometry never changes; and a reserved slot left unwritten for many
+//! audits is a writer that died inside its push (or a scribbled `head`).
 #![allow(unsafe_code)]
 
 use core::fmt;
@@ -190,6 +198,63 @@ impl fmt::Display for FifoError {
 }
 
 impl core::error::Error for FifoError {}
+
+/// What [`Consumer::audit`] found wrong with the ring's shared state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum RingFault {
+    /// The header's magic, version, size or lazy-free count changed since
+    /// the ring was attached.
+    Header,
+    /// `freed`, which only the reader writes, holds another value than the
+    /// reader published.
+    Freed {
+        /// The value found.
+        found: u64,
+        /// The value the reader published.
+        published: u64,
+    },
+    /// `head` is below what the reader has read, or more than a ring ahead
+    /// of what it freed: no honest writer leaves it there.
+    Head {
+        /// The value found.
+        head: u64,
+        /// The reader's position.
+        tail: u64,
+        /// What the reader freed.
+        freed: u64,
+    },
+    /// The slot at the reader's position was reserved but stayed unwritten
+    /// for the given number of audits in a row.
+    Stalled {
+        /// The index of the slot.
+        index: u64,
+        /// Audits it has been seen stalled.
+        audits: u32,
+    },
+}
+
+impl fmt::Display for RingFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Header => write!(f, "ring header (geometry) changed after attach"),
+            Self::Freed { found, published } => write!(
+                f,
+                "ring counter `freed` is {found}, but its reader published {published}"
+            ),
+            Self::Head { head, tail, freed } => write!(
+                f,
+                "ring counter `head` is {head}, impossible with the reader at {tail} having \
+                 freed {freed}"
+            ),
+            Self::Stalled { index, audits } => write!(
+                f,
+                "ring slot {index} reserved but never written ({audits} checks in a row): a \
+                 writer died inside its push, or `head` was changed"
+            ),
+        }
+    }
+}
 
 /// A value could not be pushed; it is handed back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -390,6 +455,7 @@ impl<'a> Fifo<'a> {
             fifo: *self,
             tail,
             freed,
+            stalled: (0, 0),
         })
     }
 
@@ -475,6 +541,9 @@ pub struct Consumer<'a> {
     fifo: Fifo<'a>,
     tail: u64,
     freed: u64,
+    /// The reader position at which the last audits found a stalled
+    /// reservation, and how many audits in a row.
+    stalled: (u64, u32),
 }
 
 impl Consumer<'_> {
@@ -523,6 +592,60 @@ impl Consumer<'_> {
     pub fn reservation_pending(&self) -> bool {
         let head = self.fifo.header.writer.head.load(Ordering::Relaxed);
         head != self.tail && self.fifo.slot(self.tail).load(Ordering::Relaxed) == FREE
+    }
+
+    /// Checks the ring's shared state against what this reader knows (see
+    /// the module docs; not on the fast path: call it now and then, e.g.
+    /// with liveness checks). A reservation stalled at the same slot for
+    /// `stall_audits` calls in a row is a fault (0: never).
+    pub fn audit(&mut self, stall_audits: u32) -> Result<(), RingFault> {
+        let h = self.fifo.header;
+        let r = Ordering::Relaxed;
+        let size = self.fifo.mask + 1;
+        if h.meta.magic.load(r) != MAGIC
+            || h.meta.version.load(r) != VERSION
+            || u64::from(h.meta.size.load(r)) != size
+            || u64::from(h.meta.lazy_free.load(r)) != self.fifo.lazy_free
+        {
+            return Err(RingFault::Header);
+        }
+        let found = h.reader.freed.load(r);
+        if found != self.freed {
+            return Err(RingFault::Freed {
+                found,
+                published: self.freed,
+            });
+        }
+        // Every value read was published after its writer reserved it, and
+        // the reader's acquire of it orders this load after that
+        // reservation: `head >= tail`. Writers reserve only below
+        // `freed + size`, with `freed` at most what this reader published.
+        let head = h.writer.head.load(r);
+        if head.wrapping_sub(self.tail) > size || head.wrapping_sub(self.freed) > size {
+            return Err(RingFault::Head {
+                head,
+                tail: self.tail,
+                freed: self.freed,
+            });
+        }
+        if head != self.tail && self.fifo.slot(self.tail).load(r) == FREE {
+            let (at, n) = self.stalled;
+            let n = if at == self.tail {
+                n.saturating_add(1)
+            } else {
+                1
+            };
+            self.stalled = (self.tail, n);
+            if stall_audits > 0 && n >= stall_audits {
+                return Err(RingFault::Stalled {
+                    index: self.tail,
+                    audits: n,
+                });
+            }
+        } else {
+            self.stalled = (0, 0);
+        }
+        Ok(())
     }
 
     /// Number of values read so far over the ring's life.

@@ -13,21 +13,30 @@
 //!
 //! type: `0` SEND, `1` ACK, `2` PUT and `3` GET (reserved, refused for now);
 //! error: set on an ACK whose handler failed. A SEND carries the fragment to
-//! the receiver; the receiver runs the handler, then pushes the same
-//! fragment back to its owner as an ACK; the owner completes and recycles
-//! it.
+//! the receiver (the owner field is the fragment's owner, the sender); the
+//! receiver runs the handler, then pushes the same fragment back to its
+//! owner as an ACK, whose owner field names the *acknowledging* rank instead
+//! (the fragment is always the ACK receiver's own, at that offset of its
+//! part), so the owner can check that the ACK came from the rank the
+//! fragment was sent to; the owner completes and recycles it.
+//!
+//! Each header carries a sequence number (per sender and receiver, counted
+//! by the sender) and a check word over every other field
+//! ([`header_check`]), written by the owner before each send: a receiver
+//! detects a header changed while in flight (the check), and a replayed,
+//! duplicated or lost SEND (the sequence).
 //!
 //! Everything decoded here comes from another process: [`Slot::decode`] and
 //! [`read_frag`] check every field (reserved bit, type, owner, bounds,
-//! length against capacity, capacity against the receiver's limit) and
-//! return a typed [`FragError`].
+//! the check word, length against capacity, capacity against the
+//! receiver's limit) and return a typed [`FragError`].
 #![allow(unsafe_code)]
 
 use core::fmt;
 use core::mem::size_of;
 
-use crate::shm::{Region, ResolveError, SegmentTable, ShmOffset, ShmSafe};
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::shm::{OffsetError, Region, ResolveError, SegmentTable, ShmOffset, ShmSafe};
+use crate::sync::{AtomicU32, Ordering};
 
 /// Alignment of every fragment (and so of the offsets that slots carry).
 pub const FRAG_ALIGN: u64 = 8;
@@ -38,8 +47,6 @@ pub const STATUS_BIT: u64 = 0b100;
 /// Largest active-message tag (tags are 8-bit, as the seed's
 /// `mca_btl_base_tag_t`).
 pub const MAX_TAG: u32 = u8::MAX as u32;
-/// Flag in [`FragHeader`]: the owner wants a completion callback.
-pub const FLAG_COMPLETION: u32 = 1;
 
 /// What a slot asks the receiver to do with the fragment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -150,12 +157,18 @@ impl Slot {
         })
     }
 
-    /// The same fragment as an ACK back to its owner, with `error` status.
-    pub const fn into_ack(self, error: bool) -> Self {
-        Self {
-            kind: FragType::Ack,
-            error,
-            frag: self.frag,
+    /// The same fragment as an ACK back to its owner, with `error` status,
+    /// sent by `acker`: the owner field of an ACK names the acknowledging
+    /// rank (see the module docs). Fails only if `acker` does not fit the
+    /// owner field.
+    pub const fn into_ack(self, error: bool, acker: u16) -> Result<Self, OffsetError> {
+        match ShmOffset::new(acker, self.frag.offset()) {
+            Ok(frag) => Ok(Self {
+                kind: FragType::Ack,
+                error,
+                frag,
+            }),
+            Err(e) => Err(e),
         }
     }
 }
@@ -163,10 +176,11 @@ impl Slot {
 /// The header at the start of every fragment, in shared memory. The
 /// payload follows it immediately.
 ///
-/// `owner` and `capacity` are written once when the owner carves its
-/// fragments; `tag`, `len`, `cookie` and `flags` before each send. All are
-/// atomics (relaxed; the FIFO's release/acquire publishes them), so a peer
-/// scribbling on a header causes wrong values, never undefined behaviour.
+/// The owner writes every field before each send ([`FragHeader::stamp`]),
+/// `check` last; all are atomics (relaxed; the FIFO's release/acquire
+/// publishes them), so a peer scribbling on a header causes wrong values,
+/// never undefined behaviour, and the check word makes such a change
+/// visible to the receiver.
 #[repr(C, align(8))]
 #[derive(Debug)]
 pub struct FragHeader {
@@ -174,8 +188,9 @@ pub struct FragHeader {
     capacity: AtomicU32,
     tag: AtomicU32,
     len: AtomicU32,
-    cookie: AtomicU64,
+    seq: AtomicU32,
     flags: AtomicU32,
+    check: AtomicU32,
     _reserved: AtomicU32,
 }
 
@@ -186,6 +201,51 @@ unsafe impl ShmSafe for FragHeader {}
 /// Size of [`FragHeader`]: the payload of a fragment at offset `o` starts
 /// at `o + FRAG_HEADER_SIZE`.
 pub const FRAG_HEADER_SIZE: usize = size_of::<FragHeader>();
+
+/// Byte offsets of the header's fields (little endian `u32`s), for tools
+/// and tests that write headers as a stranger would.
+pub mod field {
+    /// Owning local rank.
+    pub const OWNER: usize = 0;
+    /// Payload capacity.
+    pub const CAPACITY: usize = 4;
+    /// Tag.
+    pub const TAG: usize = 8;
+    /// Payload length.
+    pub const LEN: usize = 12;
+    /// Sequence number.
+    pub const SEQ: usize = 16;
+    /// Flags.
+    pub const FLAGS: usize = 20;
+    /// Check word.
+    pub const CHECK: usize = 24;
+}
+
+/// The check word of a header with these fields: the fields paired into
+/// three 64-bit words, each multiplied by its own odd constant (three
+/// independent multiplies: a few cycles on the path of every message), the
+/// products xored and folded to 32 bits. Not a defence against a forger
+/// (who can compute it too), but any other change of a field while a
+/// fragment is in flight — a stray write, a scribbling process — is caught
+/// with probability about `1 - 2^-32`.
+#[inline]
+pub const fn header_check(
+    owner: u32,
+    capacity: u32,
+    tag: u32,
+    len: u32,
+    seq: u32,
+    flags: u32,
+) -> u32 {
+    let w0 = (owner as u64) | ((capacity as u64) << 32);
+    let w1 = (tag as u64) | ((len as u64) << 32);
+    let w2 = (seq as u64) | ((flags as u64) << 32);
+    let h = w0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ w1.wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
+        ^ w2.wrapping_mul(0x1656_67b1_9e37_79f9)
+        ^ 0x5bd1_e995_7f4a_7c15;
+    (h ^ (h >> 32)) as u32
+}
 
 /// A consistent snapshot of a fragment header (each field read once).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,9 +259,9 @@ pub struct FragInfo {
     pub tag: u8,
     /// Payload length in bytes.
     pub len: u32,
-    /// The owner's private token, echoed back in the ACK.
-    pub cookie: u64,
-    /// [`FLAG_COMPLETION`] and future flags.
+    /// Sequence number of the message from its owner to its receiver.
+    pub seq: u32,
+    /// Reserved for future flags (0).
     pub flags: u32,
 }
 
@@ -218,13 +278,15 @@ impl FragHeader {
         owner: u16,
         capacity: u32,
     ) -> Result<&'a FragHeader, ResolveError> {
+        let owner = u32::from(owner);
         let header = FragHeader {
-            owner: AtomicU32::new(u32::from(owner)),
+            owner: AtomicU32::new(owner),
             capacity: AtomicU32::new(capacity),
             tag: AtomicU32::new(0),
             len: AtomicU32::new(0),
-            cookie: AtomicU64::new(0),
+            seq: AtomicU32::new(0),
             flags: AtomicU32::new(0),
+            check: AtomicU32::new(header_check(owner, capacity, 0, 0, 0, 0)),
             _reserved: AtomicU32::new(0),
         };
         // The payload must fit in the region too.
@@ -233,34 +295,39 @@ impl FragHeader {
         unsafe { region.write_in_place(offset, header) }
     }
 
-    /// Fills in a message before it is pushed (owner side). Published to
-    /// the receiver by the FIFO push's release.
-    pub fn set_message(&self, tag: u8, len: u32, cookie: u64, flags: u32) {
-        self.tag.store(u32::from(tag), Ordering::Relaxed);
-        self.len.store(len, Ordering::Relaxed);
-        self.cookie.store(cookie, Ordering::Relaxed);
-        self.flags.store(flags, Ordering::Relaxed);
+    /// Fills in every field for a send (owner side), the check word last.
+    /// Published to the receiver by the FIFO push's release. Owner and
+    /// capacity never change, but are written again: that undoes any
+    /// corruption of the header by another process since the last send, so
+    /// the fragment is usable again.
+    #[inline]
+    pub fn stamp(&self, owner: u16, capacity: u32, tag: u8, len: u32, seq: u32) {
+        let r = Ordering::Relaxed;
+        let owner = u32::from(owner);
+        let tag = u32::from(tag);
+        self.owner.store(owner, r);
+        self.capacity.store(capacity, r);
+        self.tag.store(tag, r);
+        self.len.store(len, r);
+        self.seq.store(seq, r);
+        self.flags.store(0, r);
+        self.check
+            .store(header_check(owner, capacity, tag, len, seq, 0), r);
     }
 
-    /// Writes the owner and capacity again (owner side, before each send):
-    /// they are set when the fragment is carved and never change, so
-    /// rewriting them undoes any corruption of the header by another
-    /// process, and the fragment is usable again from its next send on.
-    pub fn restamp(&self, owner: u16, capacity: u32) {
-        self.owner.store(u32::from(owner), Ordering::Relaxed);
-        self.capacity.store(capacity, Ordering::Relaxed);
-    }
-
-    /// Reads each field once.
-    pub fn snapshot(&self) -> (u32, u32, u32, u32, u64, u32) {
-        (
-            self.owner.load(Ordering::Relaxed),
-            self.capacity.load(Ordering::Relaxed),
-            self.tag.load(Ordering::Relaxed),
-            self.len.load(Ordering::Relaxed),
-            self.cookie.load(Ordering::Relaxed),
-            self.flags.load(Ordering::Relaxed),
-        )
+    /// Reads each field once: owner, capacity, tag, len, seq, flags, check.
+    #[inline]
+    pub fn snapshot(&self) -> [u32; 7] {
+        let r = Ordering::Relaxed;
+        [
+            self.owner.load(r),
+            self.capacity.load(r),
+            self.tag.load(r),
+            self.len.load(r),
+            self.seq.load(r),
+            self.flags.load(r),
+            self.check.load(r),
+        ]
     }
 }
 
@@ -298,6 +365,14 @@ pub enum FragError {
         /// Tag in the header.
         tag: u32,
     },
+    /// The check word does not match the other fields: the header was
+    /// changed after its owner wrote it.
+    BadCheck {
+        /// The check word in the header.
+        stored: u32,
+        /// The check of the fields found.
+        computed: u32,
+    },
 }
 
 impl From<SlotError> for FragError {
@@ -331,6 +406,11 @@ impl fmt::Display for FragError {
                 write!(f, "fragment length {len} exceeds its capacity {capacity}")
             }
             Self::BadTag { tag } => write!(f, "fragment tag {tag} exceeds {MAX_TAG}"),
+            Self::BadCheck { stored, computed } => write!(
+                f,
+                "fragment header changed after its owner wrote it (check word {stored:#010x}, \
+                 fields give {computed:#010x})"
+            ),
         }
     }
 }
@@ -366,8 +446,10 @@ impl FragView<'_> {
 }
 
 /// Resolves and validates the fragment a slot names: known owner, header
-/// in bounds and aligned, header owner equal to the slot's, capacity at most
-/// `max_capacity`, length at most capacity, tag 8-bit, payload in bounds.
+/// in bounds and aligned, check word matching, header owner equal to the
+/// slot's, capacity at most `max_capacity`, length at most capacity, tag
+/// 8-bit, payload in bounds. (The sequence number is the engine's to
+/// check.)
 pub fn read_frag<'a, const N: usize>(
     table: &SegmentTable<'a, N>,
     frag: ShmOffset,
@@ -375,7 +457,14 @@ pub fn read_frag<'a, const N: usize>(
 ) -> Result<FragView<'a>, FragError> {
     let region = table.region(frag.owner())?;
     let header: &'a FragHeader = region.resolve(frag.offset())?;
-    let (owner, capacity, tag, len, cookie, flags) = header.snapshot();
+    let [owner, capacity, tag, len, seq, flags, check] = header.snapshot();
+    let computed = header_check(owner, capacity, tag, len, seq, flags);
+    if check != computed {
+        return Err(FragError::BadCheck {
+            stored: check,
+            computed,
+        });
+    }
     if owner != u32::from(frag.owner()) {
         return Err(FragError::OwnerMismatch {
             slot_owner: frag.owner(),
@@ -408,7 +497,7 @@ pub fn read_frag<'a, const N: usize>(
             capacity,
             tag,
             len,
-            cookie,
+            seq,
             flags,
         },
         payload,
@@ -434,7 +523,13 @@ mod tests {
             }
         }
         let s = Slot::new(FragType::Send, frag, false).unwrap();
-        assert_eq!(s.into_ack(true).encode(), frag.raw() | 1 | STATUS_BIT);
+        // The ACK names the acknowledging rank (5) with the same offset.
+        let ack = s.into_ack(true, 5).unwrap();
+        assert_eq!(
+            ack.encode(),
+            ShmOffset::new(5, 0x40).unwrap().raw() | 1 | STATUS_BIT
+        );
+        assert!(s.into_ack(false, crate::shm::MAX_OWNER + 1).is_err());
     }
 
     #[test]
@@ -484,6 +579,20 @@ mod tests {
         drop(buf);
     }
 
+    /// Writes the fields as a buggy but consistent owner would: with a
+    /// matching check word.
+    fn write_consistent(h: &FragHeader, owner: u32, capacity: u32, tag: u32, len: u32) {
+        let r = Ordering::Relaxed;
+        h.owner.store(owner, r);
+        h.capacity.store(capacity, r);
+        h.tag.store(tag, r);
+        h.len.store(len, r);
+        h.seq.store(0, r);
+        h.flags.store(0, r);
+        h.check
+            .store(header_check(owner, capacity, tag, len, 0, 0), r);
+    }
+
     #[test]
     fn read_frag_validates_and_copies() {
         with_table(|t, r| {
@@ -491,7 +600,7 @@ mod tests {
             let h = unsafe { FragHeader::init(r, 64, 1, 100) }.unwrap();
             r.write_bytes(64 + FRAG_HEADER_SIZE as u64, b"payload!")
                 .unwrap();
-            h.set_message(7, 8, 0xabc, FLAG_COMPLETION);
+            h.stamp(1, 100, 7, 8, 41);
             let at = ShmOffset::new(1, 64).unwrap();
             let v = read_frag(t, at, 4096).unwrap();
             assert_eq!(
@@ -501,8 +610,8 @@ mod tests {
                     capacity: 100,
                     tag: 7,
                     len: 8,
-                    cookie: 0xabc,
-                    flags: FLAG_COMPLETION
+                    seq: 41,
+                    flags: 0
                 }
             );
             let mut out = [0u8; 8];
@@ -510,31 +619,47 @@ mod tests {
             assert_eq!(&out, b"payload!");
             assert!(v.copy_payload(&mut [0u8; 4]).is_err());
 
-            // Hostile edits, each a typed error.
+            // Any field changed after the stamp: the check word says so.
+            for (at_field, value) in [
+                (field::OWNER, 2u32),
+                (field::CAPACITY, 50),
+                (field::TAG, 8),
+                (field::LEN, 7),
+                (field::SEQ, 42),
+                (field::FLAGS, 1),
+                (field::CHECK, 0),
+            ] {
+                h.stamp(1, 100, 7, 8, 41);
+                r.write_bytes(64 + at_field as u64, &value.to_le_bytes())
+                    .unwrap();
+                assert!(
+                    matches!(read_frag(t, at, 4096), Err(FragError::BadCheck { .. })),
+                    "field at {at_field}"
+                );
+            }
+
+            // Consistent but impossible headers, each a typed error.
+            write_consistent(h, 1, 100, 7, 8);
             assert!(matches!(
                 read_frag(t, at, 64),
                 Err(FragError::CapacityTooLarge { .. })
             ));
-            h.set_message(7, 101, 0, 0);
+            write_consistent(h, 1, 100, 7, 101);
             assert!(matches!(
                 read_frag(t, at, 4096),
                 Err(FragError::LengthExceedsCapacity { .. })
             ));
-            h.tag.store(300, Ordering::Relaxed);
-            h.len.store(1, Ordering::Relaxed);
+            write_consistent(h, 1, 100, 300, 1);
             assert!(matches!(
                 read_frag(t, at, 4096),
                 Err(FragError::BadTag { tag: 300 })
             ));
-            h.tag.store(1, Ordering::Relaxed);
-            h.owner.store(2, Ordering::Relaxed);
+            write_consistent(h, 2, 100, 1, 1);
             assert!(matches!(
                 read_frag(t, at, 4096),
                 Err(FragError::OwnerMismatch { .. })
             ));
-            h.owner.store(1, Ordering::Relaxed);
-            h.capacity.store(u32::MAX, Ordering::Relaxed);
-            h.len.store(4000, Ordering::Relaxed);
+            write_consistent(h, 1, u32::MAX, 1, 4000);
             assert!(matches!(
                 read_frag(t, at, u32::MAX),
                 Err(FragError::Resolve(_))
@@ -546,6 +671,22 @@ mod tests {
             assert!(read_frag(t, ShmOffset::new(1, 508).unwrap(), 4096).is_err());
             assert!(read_frag(t, ShmOffset::new(1, 1 << 40).unwrap(), 4096).is_err());
         });
+    }
+
+    #[test]
+    fn header_check_fixture() {
+        // Fixed values: a change of the function is a change of the
+        // shared-memory format.
+        assert_eq!(header_check(0, 0, 0, 0, 0, 0), 0x249b_9580);
+        assert_eq!(header_check(1, 64, 7, 8, 0, 0), 0xac5f_e661);
+        assert_ne!(
+            header_check(1, 64, 7, 8, 0, 0),
+            header_check(1, 64, 7, 8, 1, 0)
+        );
+        assert_ne!(
+            header_check(1, 64, 7, 8, 0, 0),
+            header_check(1, 64, 8, 7, 0, 0)
+        );
     }
 
     #[test]

@@ -1,30 +1,56 @@
-//! Start-up: the segment rendezvous and attaching the engine (the seed's
-//! `create_rndv_file` / `create_and_attach`; see the module docs of
-//! [`super`]).
+//! Start-up: the segment rendezvous, identifying the local ranks, and
+//! attaching the engine (the seed's `create_rndv_file` /
+//! `create_and_attach`; see the module docs of [`super`]).
 
-use std::path::PathBuf;
-use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use btl_core::params::Params as _;
 use btl_core::shm::Region;
-use btl_core::sm::control::{Control, ControlError, RANK_READY};
+use btl_core::sm::control::{Control, ControlError, RankInfo};
 use btl_core::sm::engine::{self, FragDesc, PeerSlot};
 use btl_core::sm::layout::calc_sm_max_procs;
 use btl_core::sm::layout::{segment_layout, SegmentLayout, PART_ALIGN};
 use btl_core::sm::params::SmParams;
 use btl_core::sync::{AtomicU64, Ordering};
 
-use super::recv::State;
+use super::recv::{PeerId, State};
 use super::*;
 use crate::cma;
 use crate::job::JobEnv;
-use crate::segment::{self, Segment};
+use crate::segment::{self, Attached, Offer, Segment};
+
+/// What start-up produces besides the views of the segment.
+struct Rest {
+    state: State,
+    probe: Box<AtomicU64>,
+}
 
 impl Sm {
-    /// Joins the job's shared-memory transport on this node (see the module
-    /// docs for the start-up sequence).
-    pub fn init(job: &JobEnv, mut params: SmParams) -> Result<Sm, SmError> {
+    /// Joins the job's shared-memory transport on this node, on its own
+    /// (without the job API): the local ranks' identities come from their
+    /// control records only, which any process that maps the segment can
+    /// write, so **single copy is off** (every large transfer takes the
+    /// pipelined copy) and the segment's creator is checked by uid only.
+    /// Liveness still works (pid and start time read at start-up and
+    /// checked against `/proc`). With identities from a wire-up, use
+    /// [`Sm::init_with_pids`]. See the module docs for the start-up
+    /// sequence.
+    pub fn init(job: &JobEnv, params: SmParams) -> Result<Sm, SmError> {
+        Self::start(job, params, None)
+    }
+
+    /// Joins the job's shared-memory transport on this node with the
+    /// process id of every local rank (indexed by local rank, ours
+    /// included) as the ranks published them through the job's wire-up
+    /// (what [`crate::world`] does). Each peer's control record must name
+    /// the same pid, and the kernel that process's start time; our own pid
+    /// is refused for a peer. Single copy then reads only from those
+    /// processes.
+    pub fn init_with_pids(job: &JobEnv, params: SmParams, pids: &[u32]) -> Result<Sm, SmError> {
+        Self::start(job, params, Some(pids))
+    }
+
+    fn start(job: &JobEnv, mut params: SmParams, pids: Option<&[u32]>) -> Result<Sm, SmError> {
         if !crate::shared_memory_supported() {
             return Err(SmError::Unsupported(
                 "this target has no lock-free 64-bit atomics",
@@ -35,20 +61,19 @@ impl Sm {
         let timeout = env_secs("BTL_TIMEOUT", Duration::from_secs(300))?;
         let me = job.local_rank;
         let nprocs = job.local_size;
-        let uid = rustix::process::getuid().as_raw();
-        let dir = segment::segment_dir(Some(&job.session_dir))?;
-        let path: PathBuf = dir.join(segment::segment_file_name(uid, &job.job, &job.node)?);
         let (pid, start) = segment::current_process_identity();
+        if let Some(p) = pids {
+            check_wireup_pids(p, me, nprocs, pid)?;
+        }
+        let uid = rustix::process::geteuid().as_raw();
+        let name = segment::segment_name(uid, &job.job, &job.node)?;
 
-        let (mut seg, layout) = if me == 0 {
-            for stale in segment::remove_stale(&dir, uid)? {
-                log::warn!("removed stale segment {}", stale.display());
-            }
+        let (seg, layout, offer) = if me == 0 {
             let max_procs = calc_sm_max_procs(&params, nprocs)?;
             let layout = segment_layout(&params, max_procs)?;
-            let seg = Segment::create(&path, layout.total_bytes)?;
-            let control = Control::new(seg.region())?;
-            control.publish(
+            let seg = Segment::create(&name, layout.total_bytes)?;
+            let offer = Offer::new(&name)?;
+            Control::new(seg.region())?.publish(
                 &params,
                 nprocs,
                 max_procs,
@@ -56,21 +81,25 @@ impl Sm {
                 u64::from(pid),
                 start,
             );
-            (seg, layout)
+            (seg, layout, Some(offer))
         } else {
-            let seg = Segment::open(&path, PART_ALIGN, attach_timeout)?;
+            let creator = pids.map(|p| p[0]);
+            let fd = segment::fetch(&name, creator, attach_timeout)?;
+            let seg = Segment::from_fd(fd, &name, PART_ALIGN)?;
             let deadline = Instant::now() + attach_timeout;
-            let control = Control::new(seg.region())?;
-            while !control.is_ready() {
-                if Instant::now() > deadline {
-                    return Err(SmError::AttachTimeout {
-                        waited: attach_timeout,
-                        missing: vec![0],
-                    });
+            let (p, n, max_procs) = {
+                let control = Control::new(seg.region())?;
+                while !control.is_ready() {
+                    if Instant::now() > deadline {
+                        return Err(SmError::AttachTimeout {
+                            waited: attach_timeout,
+                            missing: vec![0],
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
                 }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let (p, n, max_procs) = control.read_params(&params)?;
+                control.read_params(&params)?
+            };
             if n != nprocs {
                 return Err(SmError::Control(ControlError::Corrupted {
                     what: "nprocs (differs from BTL_LOCAL_SIZE)",
@@ -89,166 +118,371 @@ impl Sm {
                     what: "segment shorter than its layout",
                 }));
             }
-            (seg, layout)
+            (seg, layout, None)
         };
-        match Self::attach(
-            &mut seg,
-            layout,
+        let mut rest = None;
+        let shm = Attached::<ShmView>::new(seg, |region, seg| {
+            let (view, r) = attach(
+                region,
+                seg,
+                offer.as_ref(),
+                &layout,
+                &params,
+                (me, nprocs),
+                (pid, start),
+                pids,
+                attach_timeout,
+            )?;
+            rest = Some(r);
+            Ok::<_, SmError>(view)
+        })?;
+        // Every rank has the segment: stop offering it.
+        drop(offer);
+        let Some(Rest { state, probe }) = rest else {
+            return Err(SmError::Unsupported("start-up produced no state"));
+        };
+        Ok(Sm {
+            shm,
+            state,
+            _probe: probe,
             params,
             me,
             nprocs,
-            pid,
-            start,
-            attach_timeout,
-        ) {
-            Ok(parts) => Ok(Sm {
-                engine: parts.engine,
-                control: parts.control,
-                state: parts.state,
-                segment: seg,
-                _probe: parts.probe,
-                params,
-                me,
-                nprocs,
-                oversubscribed: crate::progress::oversubscribed(nprocs),
-                failed: Vec::new(),
-                departed: Vec::new(),
-                to_report: Vec::new(),
-                last_liveness: Instant::now(),
-                timeout,
-                rates: vec![BulkRates::default(); nprocs as usize],
-                out: (0..nprocs).map(|_| PeerOut::default()).collect(),
-                busy_peers: 0,
-                limits: DEFAULT_QUEUE_LIMITS,
-                unpins: Vec::new(),
-                next_cookie: 0,
-                next_req: 0,
-            }),
-            Err(e) => {
-                // Never leave the file behind on a failed start.
-                let _ = seg.unlink();
-                Err(e)
+            oversubscribed: crate::progress::oversubscribed(nprocs),
+            failed: Vec::new(),
+            departed: Vec::new(),
+            to_report: Vec::new(),
+            accusations: Vec::new(),
+            last_liveness: Instant::now(),
+            timeout,
+            rates: vec![BulkRates::default(); nprocs as usize],
+            out: (0..nprocs).map(|_| PeerOut::default()).collect(),
+            busy_peers: 0,
+            limits: DEFAULT_QUEUE_LIMITS,
+            unpins: Vec::new(),
+            next_cookie: 0,
+            next_req: 0,
+        })
+    }
+}
+
+/// The wire-up's pids: one per local rank, ours at our index, the others
+/// non-zero, distinct and not ours.
+fn check_wireup_pids(pids: &[u32], me: u32, nprocs: u32, own: u32) -> Result<(), SmError> {
+    let bad = |rank: u32, what: String| Err(SmError::Identity { rank, what });
+    if pids.len() != nprocs as usize {
+        return bad(
+            me,
+            format!(
+                "the wire-up gave {} pids for {nprocs} local ranks",
+                pids.len()
+            ),
+        );
+    }
+    for (r, &p) in pids.iter().enumerate() {
+        let r = r as u32;
+        if r == me && p != own {
+            return bad(
+                r,
+                format!("the wire-up says our pid is {p}, but it is {own}"),
+            );
+        }
+        if r != me && p == own {
+            return bad(r, format!("the wire-up names our own pid {own} for it"));
+        }
+        if p == 0 {
+            return bad(r, "the wire-up names pid 0 for it".into());
+        }
+        if pids[..r as usize].contains(&p) {
+            return bad(
+                r,
+                format!("the wire-up names pid {p} for it and for another rank"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Initialises our part, publishes our record, waits for every rank (the
+/// creator meanwhile hands out the segment), identifies them, attaches the
+/// engine and probes single copy.
+#[allow(clippy::too_many_arguments)]
+fn attach<'r>(
+    region: Region<'r>,
+    seg: &Segment,
+    offer: Option<&Offer>,
+    layout: &SegmentLayout,
+    params: &SmParams,
+    (me, nprocs): (u32, u32),
+    (pid, start): (u32, u64),
+    pids: Option<&[u32]>,
+    attach_timeout: Duration,
+) -> Result<(Shm<'r>, Rest), SmError> {
+    let mut control = Control::new(region)?;
+    control.fix_nprocs(nprocs);
+
+    // Our part, then our record.
+    // SAFETY: no peer touches our part before our record says READY
+    // (below); this process initialises it once.
+    unsafe { engine::init_part(&region, layout, params, me) }?;
+    let probe = Box::new(AtomicU64::new(0x6274_6c5f_7072_6f62 ^ u64::from(pid)));
+    control.record(me)?.publish(&RankInfo {
+        pid: u64::from(pid),
+        start,
+        probe_addr: &*probe as *const AtomicU64 as u64,
+        probe_value: probe.load(Ordering::Relaxed),
+    });
+
+    // Wait for everyone (handing out the segment meanwhile, if we made it).
+    let deadline = Instant::now() + attach_timeout;
+    let mut infos = vec![None; nprocs as usize];
+    loop {
+        if let Some(o) = offer {
+            o.serve(seg);
+        }
+        let mut missing = Vec::new();
+        for r in 0..nprocs {
+            match control.record(r)?.read() {
+                Some(info) => {
+                    // The wire-up's pid if there is one: a record can lie.
+                    let p = pids.map_or(info.pid, |p| u64::from(p[r as usize]));
+                    if r != me && !segment::process_alive(p as u32, info.start) {
+                        return Err(SmError::PeerDiedAtStart { rank: r, pid: p });
+                    }
+                    infos[r as usize] = Some(info);
+                }
+                None => missing.push(r),
             }
+        }
+        if missing.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(SmError::AttachTimeout {
+                waited: attach_timeout,
+                missing,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let peers = identify(&infos, me, pid, start, pids)?;
+
+    let sizes = Engine::storage_sizes(layout, nprocs)
+        .ok_or(SmError::Unsupported("storage sizes overflow"))?;
+    let engine = Engine::attach(
+        &region,
+        layout,
+        params,
+        me,
+        nprocs,
+        (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
+        (0..sizes.consumers).map(|_| None).collect(),
+        vec![FragDesc::new(); sizes.descs],
+        vec![0; sizes.pending],
+    )?;
+
+    // Single copy: only towards processes the wire-up identified, and only
+    // where the kernel lets us (the probe).
+    let mut cma_ok = vec![false; nprocs as usize];
+    if params.use_cma && pids.is_none() {
+        log::info!(
+            "single copy (CMA) off: the local ranks' pids come from the shared segment only \
+             (no wire-up); using the pipelined copy"
+        );
+    } else if params.use_cma {
+        cma::allow_ptrace_from_any();
+        let mut refused = Vec::new();
+        for r in (0..nprocs).filter(|&r| r != me) {
+            let p = &peers[r as usize];
+            let mut got = [0u8; 8];
+            // SAFETY: `p.pid` is another process (identify() refused ours);
+            // `got` is our own buffer.
+            match unsafe { cma::read_remote(p.pid, p.probe_addr as usize, &mut got) } {
+                Ok(()) if u64::from_ne_bytes(got) == p.probe_value => cma_ok[r as usize] = true,
+                Ok(()) => refused.push((r, "probe value mismatch".to_string())),
+                Err(e) => refused.push((r, e.to_string())),
+            }
+        }
+        if let Some((r, why)) = refused.first() {
+            log::warn!(
+                "single copy (CMA) refused for {} of {} local peers (rank {r}: {why}); \
+                 using the pipelined copy through shared fragments for them",
+                refused.len(),
+                nprocs - 1
+            );
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn attach(
-        seg: &mut Segment,
-        layout: SegmentLayout,
-        params: SmParams,
-        me: u32,
-        nprocs: u32,
-        pid: u32,
-        start: u64,
-        attach_timeout: Duration,
-    ) -> Result<Parts, SmError> {
-        let base = NonNull::new(seg.as_ptr()).ok_or(SmError::Unsupported("null mapping"))?;
-        // SAFETY: the mapping (base, len) is owned by the `Segment` that the
-        // returned `Sm` holds in its last-dropped field, so it outlives every
-        // reference built from this region (engine, control); moving the
-        // `Segment` value does not move the mapping. All access goes through
-        // btl-core's atomics and byte copies.
-        let region: Region<'static> = unsafe { Region::from_raw_parts(base, seg.len()) };
-        let control = Control::new(region)?;
+    let state = State::new(nprocs, params.max_send_size as usize, peers, cma_ok);
+    Ok((Shm { engine, control }, Rest { state, probe }))
+}
 
-        // Our part, then our record.
-        // SAFETY: no peer touches our part before our record says READY
-        // (below); this process initialises it once.
-        unsafe { engine::init_part(&region, &layout, &params, me) }?;
-        let probe = Box::new(AtomicU64::new(0x6274_6c5f_7072_6f62 ^ u64::from(pid)));
-        let rec = control.record(me)?;
-        rec.pid.store(u64::from(pid), Ordering::Relaxed);
-        rec.start.store(start, Ordering::Relaxed);
-        rec.probe_addr
-            .store(&*probe as *const AtomicU64 as u64, Ordering::Relaxed);
-        rec.probe_value
-            .store(probe.load(Ordering::Relaxed), Ordering::Relaxed);
-        // Release: pairs with the Acquire loads of peers waiting for READY.
-        rec.state.store(RANK_READY, Ordering::Release);
-
-        // Wait for everyone.
-        let deadline = Instant::now() + attach_timeout;
-        let mut pids = vec![0u64; nprocs as usize];
-        loop {
-            let mut missing = Vec::new();
-            for r in 0..nprocs {
-                let rec = control.record(r)?;
-                if rec.state.load(Ordering::Acquire) >= RANK_READY {
-                    let p = rec.pid.load(Ordering::Relaxed);
-                    let s = rec.start.load(Ordering::Relaxed);
-                    pids[r as usize] = p;
-                    if r != me && !segment::process_alive(p as u32, s) {
-                        return Err(SmError::PeerDiedAtStart { rank: r, pid: p });
-                    }
-                } else {
-                    missing.push(r);
-                }
-            }
-            if missing.is_empty() {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(SmError::AttachTimeout {
-                    waited: attach_timeout,
-                    missing,
-                });
-            }
-            std::thread::sleep(Duration::from_micros(200));
+/// Who every local rank is: its pid (the wire-up's, which its record must
+/// name, or the record's on its own), its start time (from the kernel, which
+/// the record must match) and what its record said for the single-copy
+/// probe. Our own pid is refused for a peer.
+fn identify(
+    infos: &[Option<RankInfo>],
+    me: u32,
+    pid: u32,
+    start: u64,
+    pids: Option<&[u32]>,
+) -> Result<Vec<PeerId>, SmError> {
+    let bad = |rank: u32, what: String| Err(SmError::Identity { rank, what });
+    let mut peers = Vec::with_capacity(infos.len());
+    for (r, info) in infos.iter().enumerate() {
+        let r = r as u32;
+        let Some(info) = info else {
+            return bad(r, "no control record".into());
+        };
+        if r == me {
+            peers.push(PeerId {
+                pid,
+                start,
+                probe_addr: info.probe_addr,
+                probe_value: info.probe_value,
+            });
+            continue;
         }
-
-        let sizes = Engine::storage_sizes(&layout, nprocs)
-            .ok_or(SmError::Unsupported("storage sizes overflow"))?;
-        let engine = Engine::attach(
-            &region,
-            &layout,
-            &params,
-            me,
-            nprocs,
-            (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-            (0..sizes.consumers).map(|_| None).collect(),
-            vec![FragDesc::new(); sizes.descs],
-            vec![0; sizes.pending],
-        )?;
-
-        // Single copy: permission probe against every peer.
-        let mut cma_ok = vec![false; nprocs as usize];
-        if params.use_cma {
-            cma::allow_ptrace_from_any();
-            let mut refused = Vec::new();
-            for r in (0..nprocs).filter(|&r| r != me) {
-                let rec = control.record(r)?;
-                let addr = rec.probe_addr.load(Ordering::Relaxed) as usize;
-                let want = rec.probe_value.load(Ordering::Relaxed);
-                let mut got = [0u8; 8];
-                match cma::read_remote(pids[r as usize] as u32, addr, &mut got) {
-                    Ok(()) if u64::from_ne_bytes(got) == want => cma_ok[r as usize] = true,
-                    Ok(()) => refused.push((r, "probe value mismatch".to_string())),
-                    Err(e) => refused.push((r, e.to_string())),
-                }
-            }
-            if let Some((r, why)) = refused.first() {
-                log::warn!(
-                    "single copy (CMA) refused for {} of {} local peers (rank {r}: {why}); \
-                     using the pipelined copy through shared fragments for them",
-                    refused.len(),
-                    nprocs - 1
-                );
-            }
+        let p = match pids {
+            Some(p) => p[r as usize],
+            None => match u32::try_from(info.pid) {
+                Ok(p) if p != 0 => p,
+                _ => return bad(r, format!("its control record names pid {}", info.pid)),
+            },
+        };
+        if u64::from(p) != info.pid {
+            return bad(
+                r,
+                format!(
+                    "its control record names pid {}, but the wire-up says {p}",
+                    info.pid
+                ),
+            );
         }
-
-        // The last rank to attach unlinks the file.
-        let attached = control.header().attached.fetch_add(1, Ordering::AcqRel) + 1;
-        if attached == nprocs {
-            seg.unlink()?;
+        if p == pid {
+            return bad(r, format!("it claims our own pid {pid}"));
         }
+        if peers.iter().any(|q: &PeerId| q.pid == p) {
+            return bad(r, format!("it claims pid {p}, as another rank does"));
+        }
+        let kernel_start = match segment::process_start_time(p) {
+            Some(t) => t,
+            // No /proc here (our own start time is unknown too): only the
+            // record's can be used.
+            None if start == 0 && segment::process_alive(p, info.start) => info.start,
+            None => {
+                return Err(SmError::PeerDiedAtStart {
+                    rank: r,
+                    pid: u64::from(p),
+                })
+            }
+        };
+        if kernel_start != info.start {
+            return bad(
+                r,
+                format!(
+                    "its control record says pid {p} started at tick {}, the kernel says {kernel_start}",
+                    info.start
+                ),
+            );
+        }
+        peers.push(PeerId {
+            pid: p,
+            start: kernel_start,
+            probe_addr: info.probe_addr,
+            probe_value: info.probe_value,
+        });
+    }
+    Ok(peers)
+}
 
-        let state = State::new(nprocs, params.max_send_size as usize, pids, cma_ok);
-        Ok(Parts {
-            engine,
-            control,
-            state,
-            probe,
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Child, Command};
+
+    /// A live process of ours to name as a peer, and its start time.
+    fn peer() -> (Child, u32, u64) {
+        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let start = segment::process_start_time(pid).unwrap();
+        (child, pid, start)
+    }
+
+    fn info(pid: u32, start: u64) -> Option<RankInfo> {
+        Some(RankInfo {
+            pid: u64::from(pid),
+            start,
+            probe_addr: 0x1000,
+            probe_value: 7,
         })
+    }
+
+    #[test]
+    fn records_must_match_the_wireup_and_the_kernel() {
+        let (mut child, cpid, cstart) = peer();
+        let (me, mstart) = segment::current_process_identity();
+        let wireup = [me, cpid];
+        let ok = [info(me, mstart), info(cpid, cstart)];
+        let peers = identify(&ok, 0, me, mstart, Some(&wireup)).unwrap();
+        assert_eq!((peers[1].pid, peers[1].start), (cpid, cstart));
+        assert_eq!((peers[1].probe_addr, peers[1].probe_value), (0x1000, 7));
+        // Without a wire-up, the record alone (still checked by the kernel).
+        assert_eq!(identify(&ok, 0, me, mstart, None).unwrap(), peers);
+
+        let refused = |infos: [Option<RankInfo>; 2], pids: Option<&[u32]>, want: &str| {
+            let err = identify(&infos, 0, me, mstart, pids)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err}");
+            assert!(err.contains("local rank 1"), "{err}");
+        };
+        // A record naming another process than the wire-up says.
+        refused(
+            [info(me, mstart), info(1, 1)],
+            Some(&wireup),
+            &format!("names pid 1, but the wire-up says {cpid}"),
+        );
+        // A record claiming our own pid (which would make single copy read
+        // our own memory at addresses a peer chose).
+        refused(
+            [info(me, mstart), info(me, mstart)],
+            None,
+            &format!("claims our own pid {me}"),
+        );
+        // A record whose start time is not the process's (a recycled pid, or
+        // a forgery).
+        refused(
+            [info(me, mstart), info(cpid, cstart + 1)],
+            Some(&wireup),
+            "the kernel says",
+        );
+        refused([info(me, mstart), info(0, 0)], None, "names pid 0");
+        let _ = child.kill();
+        let _ = child.wait();
+        // A peer that is gone.
+        let err = identify(&ok, 0, me, mstart, Some(&wireup)).unwrap_err();
+        assert!(
+            matches!(err, SmError::PeerDiedAtStart { rank: 1, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wireup_pids_are_checked() {
+        let own = std::process::id();
+        assert!(check_wireup_pids(&[own, own + 1], 0, 2, own).is_ok());
+        for (pids, want) in [
+            (vec![own], "gave 1 pids for 2"),
+            (vec![own + 1, own + 2], "says our pid is"),
+            (vec![own, own], "names our own pid"),
+            (vec![own, 0], "names pid 0"),
+        ] {
+            let err = check_wireup_pids(&pids, 0, 2, own).unwrap_err().to_string();
+            assert!(err.contains(want), "{pids:?}: {err}");
+        }
+        let err = check_wireup_pids(&[own, own + 1, own + 1], 0, 3, own).unwrap_err();
+        assert!(err.to_string().contains("and for another rank"), "{err}");
     }
 }

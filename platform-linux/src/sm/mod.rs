@@ -3,20 +3,35 @@
 //!
 //! # Start-up (the seed's `create_rndv_file` / `create_and_attach`)
 //!
-//! 1. Local rank 0 removes stale segment files of dead jobs, computes the
-//!    layout from the verified parameters, creates the backing file
-//!    `btl-<uid>-<job>-<node>` (mode 0600, pages reserved, free space
-//!    checked) in `/dev/shm` (or the session directory), and publishes the
-//!    control header.
-//! 2. Every other rank opens the file (waiting, with a timeout), and takes
-//!    the layout parameters from the header, so all ranks agree.
-//! 3. Every rank initialises its own part (rings, fragments), records its
-//!    pid and start time, and marks itself ready.
+//! 1. Local rank 0 computes the layout from the verified parameters,
+//!    creates the segment (a sealed memfd, every page reserved, memory
+//!    checked first: [`crate::segment`]), offers it on the segment's
+//!    rendezvous socket and publishes the control header.
+//! 2. Every other rank fetches the segment from rank 0 (waiting, with a
+//!    timeout; checking it is rank 0 — the wire-up's pid — of our uid, and
+//!    that the segment is sealed against shrinking), and takes the layout
+//!    parameters from the header, so all ranks agree.
+//! 3. Every rank initialises its own part (rings, fragments), publishes its
+//!    record (pid, start time, single-copy probe) and marks itself ready.
 //! 4. Every rank waits until all are ready — failing fast, naming the rank,
-//!    if one dies meanwhile, or naming the missing ranks on timeout — then
-//!    attaches writers to its peers' rings.
-//! 5. The last rank to attach unlinks the file: from then on nothing is left
-//!    in `/dev/shm` even if every rank is killed with SIGKILL.
+//!    if one dies meanwhile, or naming the missing ranks on timeout —
+//!    identifies them (below), then attaches writers to its peers' rings.
+//!    Rank 0 stops offering the segment. Nothing of it has a name in any
+//!    file system: it is gone when the last rank is, even after SIGKILL.
+//!
+//! # Who the peers are
+//!
+//! The control records can be written by any process that maps the
+//! segment, so they are not where a peer's identity comes from. With the
+//! job API ([`Sm::init_with_pids`]) every rank publishes its own pid through
+//! the job's wire-up (the launcher's service, PMIx, the session directory);
+//! each peer's record must name that pid, the kernel must give that process
+//! the start time the record names, and our own pid is refused for a peer.
+//! From then on the transport uses these identities — the pid and start
+//! time for liveness, the pid for single copy — never the record's fields
+//! again; a record that changes afterwards is a corruption (below). On its
+//! own ([`Sm::init`]) the transport has only the records: single copy is
+//! then off, the rest as above.
 //!
 //! # Messages (never blocking)
 //!
@@ -47,28 +62,40 @@
 //! [`TEvent::Done`]; messages and barrier arrivals as events of the same
 //! pass. Waiting is the job API's ([`crate::world`]).
 //!
-//! # Liveness
+//! # Liveness and corruption
 //!
 //! The owner calls [`Sm::check_peers_every`] while it waits; a dead peer is
 //! declared failed: its in-flight fragments and queued work complete with
 //! an error, posts to it are refused with [`crate::ops::PostError::PeerFailed`], and
 //! the failure is reported once.
+//!
+//! A peer whose shared-memory structures fail validation in a way that can
+//! lose or misdirect messages is declared failed the same way, at once:
+//! what the engine finds (bad slots, fragment headers, sequence numbers,
+//! ACKs, ring counters: [`btl_core::sm::engine`], which also says whom it
+//! blames), a malformed transport message inside a valid fragment (`recv`),
+//! and a control record that changed after start-up (`liveness`). The
+//! reason names the structure (`local peer 1 failed: corrupted shared
+//! memory: fragment header: ...`). The failed peer is told: a verdict in
+//! its control record ([`btl_core::sm::control::RankRecord::accuse`]) makes
+//! it declare us failed in turn within a liveness interval, rather than wait
+//! for answers that will never come.
 #![allow(unsafe_code)]
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use btl_core::params::{ParamError, Params as _};
-use btl_core::sm::control::{Control, ControlError, RANK_DONE};
+use btl_core::sm::control::{Control, ControlError, Structure};
 use btl_core::sm::engine::{FragDesc, PeerSlot, SetupError, SmEngine};
 use btl_core::sm::fifo::Consumer;
 use btl_core::sm::layout::SizeError;
 use btl_core::sm::params::SmParams;
-use btl_core::sync::{AtomicU64, Ordering};
+use btl_core::sync::AtomicU64;
 
 use crate::ops::{QueueLimits, Sink, TEvent};
 use crate::regions::Regions;
-use crate::segment::{Segment, SegmentError};
+use crate::segment::{Attached, SegmentError, View};
 
 /// Largest tag available to users; the tags above are the transport's own
 /// (the table is [`btl_core::tags`]).
@@ -84,13 +111,26 @@ pub const DEFAULT_ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 /// peer announcing more is refused instead of exhausting memory).
 pub const MAX_MESSAGE: u64 = 1 << 30;
 
-type Engine = SmEngine<
-    'static,
-    Vec<PeerSlot<'static>>,
-    Vec<Option<Consumer<'static>>>,
-    Vec<FragDesc>,
-    Vec<u64>,
->;
+type Engine<'r> =
+    SmEngine<'r, Vec<PeerSlot<'r>>, Vec<Option<Consumer<'r>>>, Vec<FragDesc>, Vec<u64>>;
+
+/// What is built over the segment: the engine and the control area, owned
+/// with the mapping by [`Attached`].
+struct Shm<'r> {
+    engine: Engine<'r>,
+    control: Control<'r>,
+}
+
+/// The [`View`] family of [`Shm`].
+struct ShmView;
+
+// SAFETY: `Shm<'r>` borrows only the segment's region (the engine's rings,
+// fragments and table; the control area); none of the `&mut self` methods
+// of `SmEngine` or `Control` stores a value of lifetime `'r` that it takes
+// as an argument (they take payload slices, dispatchers and numbers).
+unsafe impl View for ShmView {
+    type Of<'r> = Shm<'r>;
+}
 
 /// Errors of the shared-memory transport.
 #[derive(Debug)]
@@ -99,7 +139,7 @@ pub enum SmError {
     Param(ParamError),
     /// The segment layout does not fit (too many ranks, sizes overflow).
     Size(SizeError),
-    /// Creating, opening or unlinking the backing file failed.
+    /// Creating, fetching or mapping the segment failed.
     Segment(SegmentError),
     /// The segment's control area is missing or corrupted.
     Control(ControlError),
@@ -111,6 +151,14 @@ pub enum SmError {
         waited: Duration,
         /// Local ranks that never became ready.
         missing: Vec<u32>,
+    },
+    /// A local rank's identity does not check out (wire-up, control record
+    /// and kernel disagree, or it claims our own pid).
+    Identity {
+        /// Its local rank.
+        rank: u32,
+        /// What disagrees.
+        what: String,
     },
     /// A local rank died during start-up.
     PeerDiedAtStart {
@@ -137,6 +185,12 @@ impl fmt::Display for SmError {
                  (BTL_ATTACH_TIMEOUT)",
                 waited.as_secs_f64()
             ),
+            Self::Identity { rank, what } => {
+                write!(
+                    f,
+                    "sm start-up: local rank {rank} is not who it says: {what}"
+                )
+            }
             Self::PeerDiedAtStart { rank, pid } => {
                 write!(f, "sm start-up: local rank {rank} (pid {pid}) died")
             }
@@ -174,14 +228,6 @@ pub use btl_core::rma::{RegionKey, RmaStatus};
 use recv::State;
 use send::{BulkRates, PeerOut};
 
-/// What `Sm::attach` builds around the mapping.
-struct Parts {
-    engine: Engine,
-    control: Control<'static>,
-    state: State,
-    probe: Box<AtomicU64>,
-}
-
 /// Bound of what waits copied in user space for one local peer when its
 /// ring is full or no fragment is free: 8 MiB or 16384 messages (as TCP's
 /// default `queue_bytes` / `queue_messages`).
@@ -192,12 +238,9 @@ pub const DEFAULT_QUEUE_LIMITS: QueueLimits = QueueLimits {
 
 /// The shared-memory transport of one process (one per job per node).
 pub struct Sm {
-    // Field order matters: `engine` and `control` borrow the mapping owned by
-    // `segment`, so they are declared (and dropped) first.
-    engine: Engine,
-    control: Control<'static>,
+    /// The segment, and the engine and control area over it.
+    shm: Attached<ShmView>,
     state: State,
-    segment: Segment,
     _probe: Box<AtomicU64>,
     params: SmParams,
     me: u32,
@@ -207,6 +250,9 @@ pub struct Sm {
     departed: Vec<u32>,
     /// Failures not reported yet.
     to_report: Vec<(u32, String)>,
+    /// Peers declared failed for corruption that our verdict has not
+    /// reached yet: (peer, structure, liveness checks tried).
+    accusations: Vec<(u32, Structure, u32)>,
     last_liveness: Instant,
     /// Timeout of the flush when dropped (`BTL_TIMEOUT`, at most 5 s).
     timeout: Duration,
@@ -224,10 +270,12 @@ pub struct Sm {
     next_req: u64,
 }
 
-// SAFETY: the engine, control area and state hold views of the mapping
-// (owned by `segment`, not tied to a thread) and raw addresses of caller
-// memory under `RawBuf`'s contract; nothing is shared with other threads
-// of this process, and the value is moved as a whole.
+// SAFETY: the engine and control area hold views of the mapping (owned with
+// them by `shm`, not tied to a thread) and `state` raw addresses of caller
+// memory under `RawBuf`'s contract. Every region over the mapping is inside
+// this value (the segment is not Sync and the regions not Send), so moving
+// the value as a whole to another thread moves every byte copy there too;
+// nothing is shared with other threads of this process.
 unsafe impl Send for Sm {}
 
 impl fmt::Debug for Sm {
@@ -235,7 +283,7 @@ impl fmt::Debug for Sm {
         f.debug_struct("Sm")
             .field("me", &self.me)
             .field("nprocs", &self.nprocs)
-            .field("segment", &self.segment.path())
+            .field("segment", &self.shm.segment().name())
             .finish()
     }
 }
@@ -328,6 +376,9 @@ impl Sm {
             regions.unpin(id);
         }
         let mut n = self.progress_engine(regions, sink);
+        if !self.state.blamed.is_empty() || !self.state.violations.is_empty() {
+            self.fail_blamed();
+        }
         if !self.state.acks.is_empty() {
             let acks = std::mem::take(&mut self.state.acks);
             for &(peer, cookie, ok) in &acks {
@@ -361,15 +412,16 @@ impl Sm {
     /// Lets writers blocked on a partial lazy-free batch go on (call when
     /// idle).
     pub fn release_consumed(&mut self) {
-        self.engine.release_consumed();
+        self.shm.get().engine.release_consumed();
     }
 
     /// True when nothing of ours is in flight or queued: every fragment sent
     /// was acknowledged, every acknowledgement we owe has left, and no
     /// operation waits for an answer.
     pub fn is_flushed(&self) -> bool {
-        self.engine.outstanding() == 0
-            && self.engine.pending() == 0
+        let e = &self.shm.view().engine;
+        e.outstanding() == 0
+            && e.pending() == 0
             && self.busy_peers == 0
             && self.state.waiting.is_empty()
     }
@@ -378,21 +430,22 @@ impl Sm {
     /// any peer).
     pub fn in_flight(&mut self, peer: Option<u32>) -> u32 {
         match peer {
-            Some(p) => self.engine.in_flight_to(p),
-            None => self.engine.outstanding(),
+            Some(p) => self.shm.get().engine.in_flight_to(p),
+            None => self.shm.view().engine.outstanding(),
         }
     }
 
     /// Whether the address range `data` lies in the shared segment (a message handed out in
     /// place, from its fragment).
     pub fn holds(&self, data: &std::ops::Range<usize>) -> bool {
-        let base = self.segment.as_ptr() as usize;
-        base <= data.start && data.end <= base + self.segment.len()
+        let seg = self.shm.segment();
+        let base = seg.as_ptr() as usize;
+        base <= data.start && data.end <= base + seg.len()
     }
 
     /// Sends and acknowledgements that had to wait behind a full ring.
     pub fn queued_total(&self) -> u64 {
-        self.engine.queued_total()
+        self.shm.view().engine.queued_total()
     }
 
     /// Peer errors seen so far (corrupted slots or fragments), each also
@@ -423,11 +476,9 @@ impl Drop for Sm {
             }
             w.rest();
         }
-        if let Ok(rec) = self.control.record(self.me) {
-            rec.state.store(RANK_DONE, Ordering::Release);
-        }
-        if !self.segment.is_unlinked() {
-            let _ = self.segment.unlink();
+        let me = self.me;
+        if let Ok(rec) = self.shm.get().control.record(me) {
+            rec.leave();
         }
     }
 }

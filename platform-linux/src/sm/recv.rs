@@ -41,6 +41,32 @@ macro_rules! peer_log {
     }};
 }
 
+/// Records a malformed transport message from `peer` (a protocol
+/// violation inside a valid fragment): logged like the other problems with
+/// peers' data, and the peer declared failed after the pass.
+macro_rules! violation {
+    ($state:expr, $peer:expr, $($arg:tt)+) => {{
+        let what = format!($($arg)+);
+        peer_log!($state, error, "local rank {}: {what}", $peer);
+        $state.violations.push(($peer, what));
+    }};
+}
+
+/// Who a local rank is, as start-up established it (see the module docs of
+/// [`super`]): the transport's identities, never read from the control
+/// record again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PeerId {
+    /// Its pid: the wire-up's (or the record's, without one), checked.
+    pub(super) pid: u32,
+    /// Its start time, from the kernel.
+    pub(super) start: u64,
+    /// What its record said for the single-copy probe (the record must keep
+    /// saying it).
+    pub(super) probe_addr: u64,
+    pub(super) probe_value: u64,
+}
+
 /// An incoming fragmented put being applied.
 #[derive(Debug)]
 pub(super) struct PutIn {
@@ -60,7 +86,8 @@ pub(super) struct State {
     /// time.
     pub(super) bufs: Vec<Vec<u8>>,
     pub(super) scratch: Vec<u8>,
-    pub(super) pids: Vec<u64>,
+    /// Every local rank's identity (ours included).
+    pub(super) peers: Vec<PeerId>,
     pub(super) cma_ok: Vec<bool>,
     /// Peers declared failed (their fragments' errors are not reported one
     /// by one).
@@ -69,6 +96,11 @@ pub(super) struct State {
     pub(super) peer_errors: u64,
     /// Problems with peers' data seen (for the log's rate limit).
     pub(super) peer_reports: u64,
+    /// Peers the engine declared failed for corruption during the pass, to
+    /// be retired and reported by `Sm::progress`.
+    pub(super) blamed: Vec<(u32, PeerError)>,
+    /// Malformed transport messages found during the pass: (peer, what).
+    pub(super) violations: Vec<(u32, String)>,
     /// Completions to report at the end of the pass.
     pub(super) done: Vec<(OpId, Result<(), OpError>)>,
     /// Acknowledgements of single-copy rendezvous: (peer, cookie, ok).
@@ -85,16 +117,18 @@ pub(super) struct State {
 }
 
 impl State {
-    pub(super) fn new(nprocs: u32, max_send: usize, pids: Vec<u64>, cma_ok: Vec<bool>) -> Self {
+    pub(super) fn new(nprocs: u32, max_send: usize, peers: Vec<PeerId>, cma_ok: Vec<bool>) -> Self {
         Self {
             partial: (0..nprocs).map(|_| None).collect(),
             bufs: (0..nprocs).map(|_| Vec::new()).collect(),
             scratch: vec![0; max_send],
-            pids,
+            peers,
             cma_ok,
             peer_failed: vec![false; nprocs as usize],
             peer_errors: 0,
             peer_reports: 0,
+            blamed: Vec::new(),
+            violations: Vec::new(),
             done: Vec::new(),
             acks: Vec::new(),
             work: Vec::new(),
@@ -113,6 +147,27 @@ pub(super) struct Ctx<'a, 's> {
     pub(super) sink: &'a mut Sink<'s>,
 }
 
+impl State {
+    /// Reads `dst.len()` bytes at `addr` in `peer`'s memory into `dst`
+    /// (single copy).
+    fn cma_read(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), cma::CmaError> {
+        let pid = self.peers[peer as usize].pid;
+        if pid == std::process::id() {
+            // Start-up refuses our own pid for a peer; never read ourselves
+            // at an address a peer chose.
+            return Err(cma::CmaError::Refused {
+                pid,
+                errno: libc::EPERM,
+            });
+        }
+        // SAFETY: `pid` is another process, identified at start-up (the
+        // wire-up's pid, cross-checked with the control record and the
+        // kernel; checked again just above); `dst` is memory of ours (a
+        // receive buffer, or our registered region lent for the operation).
+        unsafe { cma::read_remote(pid, addr as usize, dst) }
+    }
+}
+
 impl Ctx<'_, '_> {
     fn deliver(&mut self, from: u32, tag: u8, data: &[u8]) {
         (self.sink)(self.regions, TEvent::Message { from, tag, data });
@@ -120,22 +175,18 @@ impl Ctx<'_, '_> {
 
     fn recv_rndv(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let mut hdr = [0u8; Rndv::LEN];
-        if frag.info.len as usize != Rndv::LEN || frag.copy_payload(&mut hdr).is_err() {
-            peer_log!(
-                self.st,
-                error,
-                "malformed single-copy header from local rank {peer}"
-            );
-            return false;
-        }
-        let Some(r) = Rndv::decode(&hdr) else {
+        let r = (frag.info.len as usize == Rndv::LEN && frag.copy_payload(&mut hdr).is_ok())
+            .then(|| Rndv::decode(&hdr))
+            .flatten();
+        let Some(r) = r else {
+            violation!(self.st, peer, "malformed single-copy header");
             return false;
         };
         if r.tag > MAX_USER_TAG || r.len > MAX_MESSAGE {
-            peer_log!(
+            violation!(
                 self.st,
-                error,
-                "single-copy request from local rank {peer} with tag {} and length {}",
+                peer,
+                "single-copy request with tag {} and length {}",
                 r.tag,
                 r.len
             );
@@ -146,8 +197,7 @@ impl Ctx<'_, '_> {
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        let pid = self.st.pids[peer as usize] as u32;
-        let res = cma::read_remote(pid, r.addr as usize, &mut buf[..len]);
+        let res = self.st.cma_read(peer, r.addr, &mut buf[..len]);
         if res.is_ok() {
             self.deliver(peer, r.tag, &buf[..len]);
         }
@@ -169,32 +219,30 @@ impl Ctx<'_, '_> {
     fn recv_chunk(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let mut hdr = [0u8; Chunk::LEN];
         let len = frag.info.len as usize;
-        if len < Chunk::LEN || frag.payload.read_bytes(0, &mut hdr).is_err() {
-            peer_log!(
-                self.st,
-                error,
-                "malformed chunk header from local rank {peer}"
-            );
-            return false;
-        }
-        let Some(c) = Chunk::decode(&hdr) else {
+        let c = (len >= Chunk::LEN && frag.payload.read_bytes(0, &mut hdr).is_ok())
+            .then(|| Chunk::decode(&hdr))
+            .flatten();
+        let Some(c) = c else {
+            violation!(self.st, peer, "malformed chunk header");
             return false;
         };
         let p = peer as usize;
         let data_len = (len - Chunk::LEN) as u64;
         if c.offset == 0 {
             if self.st.partial[p].is_some() {
-                peer_log!(
-                    self.st,
-                    error,
-                    "local rank {peer} started a new message before finishing the last"
+                // Not a violation: a sender that cancels a message it was
+                // streaming sends no more of it (`Sm::cancel`), and its
+                // next message starts here.
+                log::debug!(
+                    "local rank {peer} started a new chunked message before the last one ended \
+                     (cancelled?); the partial one is dropped"
                 );
             }
             if c.tag > MAX_USER_TAG || c.total > MAX_MESSAGE {
-                peer_log!(
+                violation!(
                     self.st,
-                    error,
-                    "chunked message from local rank {peer}: tag {} length {}",
+                    peer,
+                    "chunked message with tag {} and length {}",
                     c.tag,
                     c.total
                 );
@@ -204,17 +252,17 @@ impl Ctx<'_, '_> {
             self.st.partial[p] = Some((c.tag, c.total, 0));
         }
         let Some((tag, total, got)) = self.st.partial[p] else {
-            peer_log!(
+            violation!(
                 self.st,
-                error,
-                "chunk at offset {} from local rank {peer} without a start",
+                peer,
+                "chunk at offset {} without a start",
                 c.offset
             );
             return false;
         };
         let end = got + data_len;
         if tag != c.tag || total != c.total || got != c.offset || end > total {
-            peer_log!(self.st, error, "out-of-order chunk from local rank {peer}");
+            violation!(self.st, peer, "chunk out of order");
             self.st.partial[p] = None;
             return false;
         }
@@ -226,6 +274,7 @@ impl Ctx<'_, '_> {
         }
         let dst = &mut self.st.bufs[p][got as usize..end as usize];
         if frag.payload.read_bytes(Chunk::LEN as u64, dst).is_err() {
+            violation!(self.st, peer, "chunk shorter than its header says");
             self.st.partial[p] = None;
             return false;
         }
@@ -243,16 +292,11 @@ impl Ctx<'_, '_> {
     /// A put by single copy: validate, then read the requester's memory
     /// straight into the region.
     fn recv_put_cma(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; RangeReq::LEN];
-        if frag.info.len as usize != RangeReq::LEN || frag.copy_payload(&mut b).is_err() {
-            return false;
-        }
-        let Some(put) = RangeReq::decode(&b) else {
+        let Some(put) = self.range_req(peer, frag, "single-copy put") else {
             return false;
         };
-        let pid = self.st.pids[peer as usize] as u32;
         let status = match self.regions.range_mut(put.id, put.offset, put.len) {
-            Ok(dst) => match cma::read_remote(pid, put.addr as usize, dst) {
+            Ok(dst) => match self.st.cma_read(peer, put.addr, dst) {
                 Ok(()) => RmaStatus::Ok,
                 Err(e) => {
                     log::warn!("single-copy put from local rank {peer} failed: {e}");
@@ -277,16 +321,7 @@ impl Ctx<'_, '_> {
     /// address (single copy: the requester reads it) or served in
     /// fragments.
     fn recv_get_req(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; RangeReq::LEN];
-        if frag.info.len as usize != RangeReq::LEN || frag.copy_payload(&mut b).is_err() {
-            return false;
-        }
-        let Some(get) = RangeReq::decode(&b) else {
-            peer_log!(
-                self.st,
-                error,
-                "malformed get request from local rank {peer}"
-            );
+        let Some(get) = self.range_req(peer, frag, "get request") else {
             return false;
         };
         match self.regions.range(get.id, get.offset, get.len) {
@@ -319,14 +354,14 @@ impl Ctx<'_, '_> {
     fn recv_put_data(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let mut h = [0u8; PutChunk::LEN];
         let len = u64::from(frag.info.len);
-        if len < h.len() as u64 || frag.payload.read_bytes(0, &mut h).is_err() {
-            return false;
-        }
-        let data_len = len - h.len() as u64;
-        let Some(c) = PutChunk::decode(&h) else {
-            log::error!("malformed put from local rank {peer}");
+        let c = (len >= h.len() as u64 && frag.payload.read_bytes(0, &mut h).is_ok())
+            .then(|| PutChunk::decode(&h))
+            .flatten();
+        let Some(c) = c else {
+            violation!(self.st, peer, "malformed put data");
             return false;
         };
+        let data_len = len - h.len() as u64;
         let key = (peer, c.req);
         let entry = self.st.puts_in.entry(key).or_insert(PutIn {
             received: 0,
@@ -383,11 +418,11 @@ impl Ctx<'_, '_> {
     /// A status reply to one of our gets or puts arrived.
     fn recv_reply(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let mut b = [0u8; rma::REPLY_LEN];
-        if frag.info.len as usize != rma::REPLY_LEN || frag.copy_payload(&mut b).is_err() {
-            return false;
-        }
-        let Some((req, status, addr)) = rma::decode_reply(&b) else {
-            log::error!("malformed RMA reply from local rank {peer}");
+        let reply = (frag.info.len as usize == rma::REPLY_LEN && frag.copy_payload(&mut b).is_ok())
+            .then(|| rma::decode_reply(&b))
+            .flatten();
+        let Some((req, status, addr)) = reply else {
+            violation!(self.st, peer, "malformed one-sided reply");
             return false;
         };
         match self.st.waiting.get(&req) {
@@ -408,13 +443,12 @@ impl Ctx<'_, '_> {
             (RmaStatus::Ok, rma::WaitKind::GetSingle { dst }) => {
                 // The target checked the range; we read it from its memory
                 // into ours (a process only ever writes its own memory).
-                let pid = self.st.pids[peer as usize] as u32;
                 // SAFETY: `dst` is the local side of our get, kept valid and
                 // unused by the caller until the operation completes (the
                 // job API pins its region; see `RawBuf`).
                 let d = unsafe { dst.as_mut_slice() };
                 let t0 = Instant::now();
-                match cma::read_remote(pid, addr as usize, d) {
+                match self.st.cma_read(peer, addr, d) {
                     Ok(()) => {
                         if w.timed {
                             self.st.bulk_samples.push((
@@ -494,13 +528,14 @@ impl Ctx<'_, '_> {
     fn recv_get_data(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let mut h = [0u8; 16];
         let len = u64::from(frag.info.len);
-        if len < 16 || frag.payload.read_bytes(0, &mut h).is_err() {
-            return false;
-        }
-        let data_len = len - 16;
-        let (Some(req), Some(off)) = (rma::u64_at(&h, 0), rma::u64_at(&h, 8)) else {
+        let head = (len >= 16 && frag.payload.read_bytes(0, &mut h).is_ok())
+            .then(|| rma::u64_at(&h, 0).zip(rma::u64_at(&h, 8)))
+            .flatten();
+        let Some((req, off)) = head else {
+            violation!(self.st, peer, "malformed get data");
             return false;
         };
+        let data_len = len - 16;
         let Some(w) = self.st.waiting.get_mut(&req).filter(|w| w.peer == peer) else {
             log::warn!("get data from local rank {peer} for unknown request {req}");
             return false;
@@ -513,7 +548,7 @@ impl Ctx<'_, '_> {
             .zip(usize::try_from(data_len).ok())
             .and_then(|(o, l)| dst.sub(o, l))
         else {
-            log::error!("get data from local rank {peer} outside the request");
+            violation!(self.st, peer, "get data outside the request");
             return false;
         };
         // SAFETY: `dst` is the local side of our get (see recv_reply).
@@ -539,6 +574,7 @@ impl Dispatch for Ctx<'_, '_> {
             TAG_BARRIER => {
                 let mut b = [0u8; 8];
                 if frag.info.len != 8 || frag.copy_payload(&mut b).is_err() {
+                    violation!(self.st, peer, "malformed barrier message");
                     return false;
                 }
                 (self.sink)(
@@ -561,7 +597,7 @@ impl Dispatch for Ctx<'_, '_> {
                 ok
             }
             t => {
-                peer_log!(self.st, error, "local rank {peer} used reserved tag {t}");
+                violation!(self.st, peer, "message with reserved tag {t}");
                 false
             }
         }
@@ -598,5 +634,28 @@ impl Dispatch for Ctx<'_, '_> {
             "shared memory: {error} (peer error {})",
             self.st.peer_errors
         );
+    }
+
+    fn failed(&mut self, peer: u32, why: PeerError) {
+        // Marked now, so that the completions that follow are taken as part
+        // of the failure; retired and reported after the pass.
+        if let Some(f) = self.st.peer_failed.get_mut(peer as usize) {
+            *f = true;
+        }
+        self.st.blamed.push((peer, why));
+    }
+}
+
+impl Ctx<'_, '_> {
+    /// The 36-byte request of a single-copy put or a get, or a violation.
+    fn range_req(&mut self, peer: u32, frag: &FragView<'_>, what: &str) -> Option<RangeReq> {
+        let mut b = [0u8; RangeReq::LEN];
+        let req = (frag.info.len as usize == RangeReq::LEN && frag.copy_payload(&mut b).is_ok())
+            .then(|| RangeReq::decode(&b))
+            .flatten();
+        if req.is_none() {
+            violation!(self.st, peer, "malformed {what}");
+        }
+        req
     }
 }

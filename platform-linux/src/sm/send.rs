@@ -248,7 +248,7 @@ pub(super) struct PeerOut {
 impl Sm {
     /// Whether `peer` can be sent to.
     pub(super) fn check_peer(&mut self, peer: u32) -> Result<(), PostError> {
-        match self.engine.peer_state(peer) {
+        match self.shm.get().engine.peer_state(peer) {
             Some(PeerState::Connected) => Ok(()),
             Some(PeerState::Failed) => Err(PostError::PeerFailed),
             _ => Err(PostError::InvalidPeer),
@@ -296,7 +296,9 @@ impl Sm {
         if len as u64 > MAX_MESSAGE {
             return Err(PostError::TooLarge { max: MAX_MESSAGE });
         }
-        if len <= self.engine.max_payload() as usize && self.out[peer as usize].q.is_empty() {
+        if len <= self.shm.get().engine.max_payload() as usize
+            && self.out[peer as usize].q.is_empty()
+        {
             match self.try_fragment(peer, tag, parts) {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
@@ -305,7 +307,7 @@ impl Sm {
         }
         self.admit(peer, len as u64)?;
         let data = parts.concat();
-        if len <= self.engine.max_payload() as usize {
+        if len <= self.shm.get().engine.max_payload() as usize {
             self.enqueue(peer, Out::Copy { tag, data });
         } else {
             let parts = RawParts::one(RawBuf::new(&data));
@@ -339,7 +341,7 @@ impl Sm {
         if parts.len() as u64 > MAX_MESSAGE {
             return Err(PostError::TooLarge { max: MAX_MESSAGE });
         }
-        if parts.len() <= self.engine.max_payload() as usize {
+        if parts.len() <= self.shm.get().engine.max_payload() as usize {
             let mut slices = Vec::new();
             // SAFETY: the caller's promise; the slices are used before
             // returning.
@@ -355,7 +357,7 @@ impl Sm {
 
     /// One fragment now if possible: `Ok(false)` if it must wait.
     fn try_fragment(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<bool, PostError> {
-        match self.engine.send(peer, tag, parts, 0) {
+        match self.shm.get().engine.send(peer, tag, parts, 0) {
             Ok(()) => Ok(true),
             Err(SendError::NoFragment | SendError::Backlog { .. }) => Ok(false),
             Err(SendError::PeerFailed { .. }) => Err(PostError::PeerFailed),
@@ -451,12 +453,13 @@ impl Sm {
         let mut n = 0;
         let mut slices: Vec<RawBuf> = Vec::new();
         loop {
-            let max = self.engine.max_payload() as usize;
+            let max = self.shm.get().engine.max_payload() as usize;
             let Some(head) = self.out[peer as usize].q.front_mut() else {
                 return n;
             };
             match head {
-                Out::Copy { tag, data } => match self.engine.send(peer, *tag, &[data], 0) {
+                Out::Copy { tag, data } => match self.shm.get().engine.send(peer, *tag, &[data], 0)
+                {
                     Ok(()) => {
                         n += 1;
                         self.dequeue(peer);
@@ -479,7 +482,13 @@ impl Sm {
                         len: buf.len() as u64,
                     }
                     .encode();
-                    if self.engine.send(peer, TAG_RNDV, &[&hdr], *cookie).is_ok() {
+                    if self
+                        .shm
+                        .get()
+                        .engine
+                        .send(peer, TAG_RNDV, &[&hdr], *cookie)
+                        .is_ok()
+                    {
                         *pushed = Some(Instant::now());
                         n += 1;
                     }
@@ -487,7 +496,7 @@ impl Sm {
                 }
                 Out::Stream(s) => {
                     if s.probe == Probe::Drain {
-                        if self.engine.in_flight_to(peer) > 0 {
+                        if self.shm.get().engine.in_flight_to(peer) > 0 {
                             return n;
                         }
                         s.probe = Probe::Since(Instant::now());
@@ -542,14 +551,14 @@ impl Sm {
                         // completes: the poster's promise (`isend_raw`, the
                         // job API's pinned regions) or its own staged copy.
                         all.extend(slices.iter().map(|r| unsafe { r.as_slice() }));
-                        if self.engine.send(peer, tag, &all, 0).is_err() {
+                        if self.shm.get().engine.send(peer, tag, &all, 0).is_err() {
                             return n;
                         }
                         n += 1;
                         s.sent += len;
                     }
                     if let Probe::Since(t0) = s.probe {
-                        if self.engine.in_flight_to(peer) > 0 {
+                        if self.shm.get().engine.in_flight_to(peer) > 0 {
                             return n;
                         }
                         self.rates[peer as usize].record(Bulk::Pipelined, total, t0.elapsed());
@@ -672,7 +681,7 @@ impl Sm {
             regions,
             sink,
         };
-        let n = self.engine.progress(&mut ctx);
+        let n = self.shm.get().engine.progress(&mut ctx);
         if !self.state.bulk_samples.is_empty() {
             for (peer, how, bytes, took) in std::mem::take(&mut self.state.bulk_samples) {
                 self.rates[peer as usize].record(how, bytes, took);

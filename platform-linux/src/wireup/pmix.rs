@@ -436,8 +436,14 @@ impl Drop for Pmix {
     }
 }
 
+// The tests' one helper for missing prerequisites (platform-linux/tests/common).
+#[cfg(test)]
+#[path = "../../tests/common/prereq.rs"]
+mod test_prereq;
+
 #[cfg(test)]
 mod tests {
+    use super::test_prereq as prereq;
     use super::*;
 
     /// The layouts above against the installed header, when there is one
@@ -446,7 +452,9 @@ mod tests {
     fn layouts_match_the_installed_header() {
         let inc = "/usr/lib/x86_64-linux-gnu/pmix2/include";
         if !std::path::Path::new(inc).join("pmix_common.h").exists() {
-            eprintln!("skipped: no PMIx header at {inc}");
+            prereq::missing(&format!(
+                "no PMIx header at {inc} (scripts/setup.sh installs Debian's libpmix-dev)"
+            ));
             return;
         }
         let dir = std::env::temp_dir().join(format!("btl-pmix-layout-{}", std::process::id()));
@@ -468,8 +476,8 @@ mod tests {
             .arg(&exe)
             .status();
         if !matches!(built, Ok(s) if s.success()) {
-            eprintln!("skipped: no C compiler");
             let _ = std::fs::remove_dir_all(&dir);
+            prereq::missing("no C compiler (`cc`; scripts/setup.sh installs g++)");
             return;
         }
         let out = std::process::Command::new(&exe).output().unwrap();

@@ -26,8 +26,9 @@ pub const ENV_TRANSPORT: &str = "BTL_TRANSPORT";
 /// What [`ENV_TRANSPORT`] and the `btl.transport` parameter accept.
 const TRANSPORTS: &str = "auto, sm, tcp or sm-local";
 
-/// Wire-up key of a rank's process id (single copy checks it against the
-/// shared-memory control record).
+/// Wire-up key of a rank's process id, published by the rank itself: the
+/// shared-memory transport's identity of its peers (their control records
+/// must name the same pid; single copy and liveness use it).
 pub const PID_KEY: &str = "pid";
 
 /// How to join the job: transports, parameters, wire-up. Parameters set
@@ -387,6 +388,27 @@ fn node_of(w: &mut DynWireup, rank: u32) -> Result<String, WorldError> {
         })
 }
 
+/// The pids the ranks of our node published, by local rank (ours from the
+/// kernel).
+fn local_pids(id: &Identity, w: &mut DynWireup, local: &[u32]) -> Result<Vec<u32>, WorldError> {
+    local
+        .iter()
+        .map(|&r| {
+            if r == id.rank {
+                return Ok(std::process::id());
+            }
+            wireup::get_vec(w.as_mut(), r, PID_KEY)?
+                .and_then(|v| String::from_utf8(v).ok())
+                .and_then(|t| t.parse::<u32>().ok())
+                .filter(|&p| p != 0)
+                .ok_or(WorldError::BadRecord {
+                    rank: r,
+                    key: PID_KEY,
+                })
+        })
+        .collect()
+}
+
 fn node_names(id: &Identity, w: &mut DynWireup) -> Result<Vec<String>, WorldError> {
     let mut names = Vec::with_capacity(id.size as usize);
     for r in 0..id.size {
@@ -488,7 +510,8 @@ fn finish<'m>(
             session_dir,
             node: id.node.clone(),
         };
-        Some(Sm::init(&job, sm_p)?)
+        let pids = local_pids(&id, &mut w, &plan.local)?;
+        Some(Sm::init_with_pids(&job, sm_p, &pids)?)
     } else {
         None
     };

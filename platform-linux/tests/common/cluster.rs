@@ -43,9 +43,9 @@ impl Cluster {
         let x = 150 + id % 50;
         let probe = format!("btlp{tag}{}", id % 100_000);
         if !ip(&["netns", "add", &probe]) {
-            eprintln!(
-                "SKIPPED: cannot create network namespaces here (`ip netns add` failed: needs \
-                 root / CAP_SYS_ADMIN and iproute2)"
+            super::prereq::missing(
+                "cannot create network namespaces here (`ip netns add` failed: needs root / \
+                 CAP_SYS_ADMIN and iproute2)",
             );
             return None;
         }

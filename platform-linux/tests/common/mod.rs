@@ -1,8 +1,10 @@
 //! Helpers shared by the multi-process tests: finding a launcher's ranks
-//! through /proc, and the network-namespace hosts (`cluster`).
+//! through /proc, the network-namespace hosts (`cluster`), and missing
+//! prerequisites (`prereq`: a skip, or a failure when `CI` is set).
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod prereq;
 
 use std::fs;
 use std::net::TcpListener;

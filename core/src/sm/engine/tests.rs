@@ -2,9 +2,12 @@
 //! segment, driven step by step.
 
 use super::*;
+use crate::sm::control::Structure;
+use crate::sm::frag::field as frag_field;
 use crate::sm::layout::segment_layout;
 use crate::sm::params::SmParams;
 use crate::sync::{CachePadded, CACHE_LINE};
+use core::ptr::NonNull;
 use std::vec;
 use std::vec::Vec;
 
@@ -36,7 +39,10 @@ struct Job {
 
 impl Job {
     fn new(nprocs: u32, fifo_size: u32) -> Self {
-        let params = small_params(fifo_size);
+        Self::with_params(nprocs, small_params(fifo_size))
+    }
+
+    fn with_params(nprocs: u32, params: SmParams) -> Self {
         let layout = segment_layout(&params, nprocs).unwrap();
         let lines = layout.total_bytes.div_ceil(CACHE_LINE);
         let mut mem = Vec::with_capacity(lines);
@@ -92,6 +98,7 @@ struct Rec {
     got: Vec<(u32, u8, Vec<u8>)>,
     done: Vec<(u32, u64, bool)>,
     errors: Vec<PeerError>,
+    failed: Vec<(u32, PeerError)>,
     refuse_tag: Option<u8>,
 }
 
@@ -111,16 +118,55 @@ impl Dispatch for Rec {
     fn error(&mut self, error: PeerError) {
         self.errors.push(error);
     }
+    fn failed(&mut self, peer: u32, why: PeerError) {
+        self.failed.push((peer, why));
+    }
 }
 
 /// Runs `f` on the engines of a job of `nprocs` ranks over one in-memory
 /// segment (dropped, engines first, when `f` returns).
 fn with_job(nprocs: u32, fifo_size: u32, f: impl for<'a> FnOnce(&mut [Eng<'a>], &Region<'a>)) {
-    let mut job = Job::new(nprocs, fifo_size);
+    with_job_params(nprocs, small_params(fifo_size), f)
+}
+
+fn with_job_params(
+    nprocs: u32,
+    params: SmParams,
+    f: impl for<'a> FnOnce(&mut [Eng<'a>], &Region<'a>),
+) {
+    let mut job = Job::with_params(nprocs, params);
     let shape = job.shape;
     let region = job.region();
     let mut e = engines(&region, &shape);
     f(&mut e, &region);
+}
+
+/// A stranger's writer handle on ring `ring` of rank `rank`.
+fn intruder<'a>(region: &Region<'a>, layout: &SegmentLayout, rank: u32, ring: u32) -> Producer<'a> {
+    let part_at = layout.part_offset(rank).unwrap();
+    let part = region.subregion(part_at as u64, layout.part_bytes).unwrap();
+    let at = (layout.ring_offset(rank, ring).unwrap() - part_at) as u64;
+    Fifo::attach(&part, at).unwrap().producer()
+}
+
+/// Byte offset in rank `rank`'s part of its first eager fragment.
+fn first_eager(layout: &SegmentLayout, rank: u32) -> u64 {
+    (layout.eager_frag_offset(rank, 0).unwrap() - layout.part_offset(rank).unwrap()) as u64
+}
+
+/// The raw slot value of a SEND of `owner`'s fragment at `offset`, or of an
+/// ACK by `owner` for the receiver's fragment at `offset`.
+fn slot(kind: FragType, owner: u32, offset: u64) -> u64 {
+    Slot::new(kind, ShmOffset::new(owner as u16, offset).unwrap(), false)
+        .unwrap()
+        .encode()
+}
+
+/// One ring per writer (`num_fifos` 4), so blame falls on one peer.
+fn private_rings(fifo_size: u32) -> SmParams {
+    let mut p = small_params(fifo_size);
+    p.num_fifos = 4;
+    p
 }
 
 #[test]
@@ -293,93 +339,325 @@ fn failed_peer_completes_in_flight_with_error() {
 }
 
 #[test]
-fn hostile_slots_and_headers_are_errors() {
-    with_job(2, 16, |e, region| {
-        let job_layout = segment_layout(&small_params(16), 2).unwrap();
-        // Rank 1 writes garbage straight into rank 0's ring.
-        let part0 = region
-            .subregion(
-                job_layout.part_offset(0).unwrap() as u64,
-                job_layout.part_bytes,
-            )
-            .unwrap();
-        let ring_at =
-            (job_layout.ring_offset(0, 0).unwrap() - job_layout.part_offset(0).unwrap()) as u64;
-        let mut evil = Fifo::attach(&part0, ring_at).unwrap().producer();
-        let mut r0 = Rec::default();
-        // Reserved bit, PUT type, foreign owner, ACK for nothing, bad offset.
+fn garbage_in_a_shared_ring_fails_every_writer() {
+    // The seed's default, one ring per receiver: a value that names nobody
+    // may have replaced anyone's slot, so every writer is failed.
+    with_job(3, 16, |e, region| {
+        let layout = segment_layout(&small_params(16), 3).unwrap();
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        e[0].send(1, 1, &[b"ours"], 6).unwrap();
+        let mut evil = intruder(region, &layout, 0, 0);
         evil.push(1 << 63).unwrap();
-        evil.push(ShmOffset::new(1, 64).unwrap().raw() | 2).unwrap();
-        evil.push(ShmOffset::new(7, 64).unwrap().raw()).unwrap();
-        evil.push(ShmOffset::new(0, 8).unwrap().raw() | 1).unwrap();
-        evil.push(ShmOffset::new(1, 1 << 40).unwrap().raw())
-            .unwrap();
-        assert_eq!(e[0].progress(&mut r0), 5);
-        assert_eq!(r0.errors.len(), 5, "{:?}", r0.errors);
-        assert!(matches!(r0.errors[0], PeerError::BadSlot { .. }));
-        assert!(matches!(r0.errors[1], PeerError::BadSlot { .. }));
-        assert!(matches!(
-            r0.errors[2],
-            PeerError::BadSender { owner: 7, .. }
-        ));
-        assert!(matches!(r0.errors[3], PeerError::UnknownAck { .. }));
-        assert!(matches!(
-            r0.errors[4],
-            PeerError::BadFragment { peer: 1, .. }
-        ));
+        e[1].send(0, 1, &[b"behind the garbage"], 5).unwrap();
+        e[0].progress(&mut r0);
+        assert!(
+            matches!(r0.errors[..], [PeerError::BadSlot { ring: 0, .. }]),
+            "{:?}",
+            r0.errors
+        );
+        let failed: Vec<u32> = r0.failed.iter().map(|f| f.0).collect();
+        assert_eq!(failed, [1, 2]);
+        // Our fragment in flight to rank 1 completed with an error.
+        assert_eq!(r0.done, vec![(1, 6, false)]);
+        assert_eq!(e[0].peer_state(1), Some(PeerState::Failed));
+        assert_eq!(
+            e[0].send(2, 1, &[], 0),
+            Err(SendError::PeerFailed { peer: 2 })
+        );
+        // Rank 1's SEND behind the garbage is ignored: no new error.
         assert!(r0.got.is_empty());
+        e[0].progress(&mut r0);
+        assert_eq!(r0.errors.len(), 1);
+        // Rank 1 itself still works with rank 2.
+        e[1].send(2, 1, &[b"x"], 7).unwrap();
+        e[1].progress(&mut r1);
+        assert!(r1.errors.is_empty());
+    });
+}
 
-        // A real fragment whose header rank 1 then corrupts: error ACK back.
+#[test]
+fn garbage_in_a_private_ring_fails_only_its_writer() {
+    with_job_params(3, private_rings(16), |e, region| {
+        let layout = segment_layout(&private_rings(16), 3).unwrap();
+        let (mut r0, mut r2) = (Rec::default(), Rec::default());
+        // Rank 1 writes into rank 0's ring 1: garbage there is rank 1's.
+        let mut evil = intruder(region, &layout, 0, 1);
+        evil.push(slot(FragType::Put, 1, 64) | 2).unwrap();
+        e[0].progress(&mut r0);
+        assert_eq!(r0.failed.len(), 1, "{:?}", r0.failed);
+        assert_eq!(r0.failed[0].0, 1);
+        assert_eq!(r0.failed[0].1.structure(), Structure::RingSlot);
+        // Rank 2 goes on.
+        e[2].send(0, 3, &[b"still"], 1).unwrap();
+        e[0].progress(&mut r0);
+        assert_eq!(r0.got, vec![(2, 3, b"still".to_vec())]);
+        e[2].progress(&mut r2);
+        assert_eq!(r2.done, vec![(0, 1, true)]);
+    });
+}
+
+#[test]
+fn slots_naming_a_rank_that_cannot_write_here_fail_the_ring_writers() {
+    with_job_params(3, private_rings(16), |e, region| {
+        let layout = segment_layout(&private_rings(16), 3).unwrap();
+        // In rank 0's ring 1 (rank 1's): a SEND claiming rank 2's fragment,
+        // an ACK claiming to be rank 2's, a rank outside the job, rank 0.
+        for forged in [
+            slot(FragType::Send, 2, first_eager(&layout, 2)),
+            slot(FragType::Ack, 2, first_eager(&layout, 0)),
+            slot(FragType::Send, 7, 64),
+            slot(FragType::Ack, 0, first_eager(&layout, 0)),
+        ] {
+            let mut r0 = Rec::default();
+            intruder(region, &layout, 0, 1).push(forged).unwrap();
+            e[0].progress(&mut r0);
+            assert!(
+                matches!(r0.errors[..], [PeerError::BadSender { ring: 1, .. }]),
+                "{forged:#x}: {:?}",
+                r0.errors
+            );
+        }
+        assert_eq!(e[0].peer_state(1), Some(PeerState::Failed));
+        assert_eq!(e[0].peer_state(2), Some(PeerState::Connected));
+    });
+}
+
+#[test]
+fn a_header_changed_in_flight_fails_its_owner() {
+    with_job(2, 16, |e, region| {
+        let layout = segment_layout(&small_params(16), 2).unwrap();
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
         e[1].send(0, 3, &[b"ok"], 11).unwrap();
-        let part1_at = job_layout.part_offset(1).unwrap();
-        let frag_at = (job_layout.eager_frag_offset(1, 0).unwrap() - part1_at) as u64;
-        let part1 = region
-            .subregion(part1_at as u64, job_layout.part_bytes)
+        // A stranger makes the message longer while it is in flight.
+        let frag = layout.eager_frag_offset(1, 0).unwrap() + frag_field::LEN;
+        region
+            .write_bytes(frag as u64, &40u32.to_le_bytes())
             .unwrap();
-        let hdr: &FragHeader = part1.resolve(frag_at).unwrap();
-        hdr.set_message(3, 100_000, 0, 0);
-        r0.errors.clear();
         e[0].progress(&mut r0);
-        assert!(matches!(
-            r0.errors[..],
-            [PeerError::BadFragment {
-                peer: 1,
-                error: FragError::LengthExceedsCapacity { .. }
-            }]
-        ));
-        let mut r1 = Rec::default();
+        assert!(
+            matches!(
+                r0.errors[..],
+                [PeerError::BadFragment {
+                    peer: 1,
+                    error: FragError::BadCheck { .. }
+                }]
+            ),
+            "{:?}",
+            r0.errors
+        );
+        assert_eq!(r0.failed.iter().map(|f| f.0).collect::<Vec<_>>(), [1]);
+        assert!(r0.got.is_empty());
+        // No ACK comes back: rank 1 learns of it by other means (the
+        // adapter), and its fragment stays in flight until it fails rank 0.
         e[1].progress(&mut r1);
+        assert!(r1.done.is_empty());
+        assert_eq!(e[1].fail_peer(0, &mut r1), 1);
         assert_eq!(r1.done, vec![(0, 11, false)]);
-        // Rank 0 also returned the forged SEND naming rank 1's offset 2^40
-        // (an error ACK to its named owner), which rank 1 refuses.
-        assert!(
-            matches!(r1.errors[..], [PeerError::UnknownAck { .. }]),
-            "{:?}",
-            r1.errors
-        );
-        r1.errors.clear();
-        // A duplicate ACK of that fragment is refused.
-        let mut evil1 = {
-            let part1 = region
-                .subregion(part1_at as u64, job_layout.part_bytes)
-                .unwrap();
-            let at = (job_layout.ring_offset(1, 0).unwrap() - part1_at) as u64;
-            Fifo::attach(&part1, at).unwrap().producer()
-        };
-        evil1
-            .push(ShmOffset::new(1, frag_at).unwrap().raw() | 1)
+    });
+}
+
+#[test]
+fn replayed_and_duplicated_sends_fail_their_sender() {
+    // A SEND of a fragment delivered before (its header intact, but an old
+    // sequence number), or the same SEND twice: refused, sender failed.
+    for duplicate_now in [false, true] {
+        with_job(2, 16, |e, region| {
+            let layout = segment_layout(&small_params(16), 2).unwrap();
+            let (mut r0, mut r1) = (Rec::default(), Rec::default());
+            e[1].send(0, 3, &[b"once"], 1).unwrap();
+            let mut evil = intruder(region, &layout, 0, 0);
+            let replay = slot(FragType::Send, 1, first_eager(&layout, 1));
+            if duplicate_now {
+                evil.push(replay).unwrap();
+            } else {
+                e[0].progress(&mut r0);
+                e[1].progress(&mut r1);
+                assert_eq!(r1.done, vec![(0, 1, true)]);
+                evil.push(replay).unwrap();
+            }
+            e[0].progress(&mut r0);
+            assert_eq!(r0.got, vec![(1, 3, b"once".to_vec())], "delivered once");
+            assert!(
+                matches!(
+                    r0.errors[..],
+                    [PeerError::BadSequence {
+                        peer: 1,
+                        expected: 1,
+                        found: 0
+                    }]
+                ),
+                "{:?}",
+                r0.errors
+            );
+            assert_eq!(e[0].peer_state(1), Some(PeerState::Failed));
+        });
+    }
+}
+
+#[test]
+fn acks_count_only_from_the_peer_a_fragment_was_sent_to() {
+    with_job_params(3, private_rings(16), |e, region| {
+        let layout = segment_layout(&private_rings(16), 3).unwrap();
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        e[0].send(1, 3, &[b"to one"], 42).unwrap();
+        let frag = first_eager(&layout, 0);
+        // Rank 2 (its own ring of rank 0) acknowledges rank 1's fragment.
+        let ring2 = fifo_map(2, 4);
+        intruder(region, &layout, 0, ring2)
+            .push(slot(FragType::Ack, 2, frag))
             .unwrap();
-        e[1].progress(&mut r1);
-        assert!(
-            matches!(r1.errors[..], [PeerError::UnexpectedAck { .. }]),
-            "{:?}",
-            r1.errors
-        );
-        // Everything still works afterwards.
-        e[1].send(0, 3, &[b"fine"], 12).unwrap();
-        r0.got.clear();
         e[0].progress(&mut r0);
-        assert_eq!(r0.got, vec![(1, 3, b"fine".to_vec())]);
+        assert_eq!(
+            r0.errors,
+            vec![PeerError::ForgedAck {
+                peer: 2,
+                offset: frag,
+                sent_to: 1
+            }]
+        );
+        assert_eq!(r0.failed.iter().map(|f| f.0).collect::<Vec<_>>(), [2]);
+        assert!(r0.done.is_empty(), "the forged ACK completed nothing");
+        assert_eq!(e[0].outstanding(), 1);
+        // Rank 1's real ACK completes it.
+        e[1].progress(&mut r1);
+        e[0].progress(&mut r0);
+        assert_eq!(r0.done, vec![(1, 42, true)]);
+        assert_eq!(e[0].peer_state(1), Some(PeerState::Connected));
+    });
+}
+
+#[test]
+fn acks_out_of_turn_not_in_flight_or_unknown_fail_their_sender() {
+    let layout = segment_layout(&small_params(16), 2).unwrap();
+    let eager =
+        |i: u32| (layout.eager_frag_offset(0, i).unwrap() - layout.part_offset(0).unwrap()) as u64;
+    // Fragments are taken LIFO from the free list: the second send takes
+    // the one the first did not; find both by sending.
+    for (case, forged) in [
+        ("out of turn", None),
+        ("not in flight", Some(eager(3))),
+        ("not a fragment", Some(eager(0) + 8)),
+    ] {
+        with_job(2, 16, |e, region| {
+            let mut r0 = Rec::default();
+            e[0].send(1, 3, &[b"a"], 1).unwrap();
+            e[0].send(1, 3, &[b"b"], 2).unwrap();
+            let second = e[0].descs[e[0].peers[1].newest as usize].offset;
+            let offset = forged.unwrap_or(second);
+            intruder(region, &layout, 0, 0)
+                .push(slot(FragType::Ack, 1, offset))
+                .unwrap();
+            e[0].progress(&mut r0);
+            let want = match case {
+                "out of turn" => PeerError::AckOutOfOrder { peer: 1, offset },
+                "not in flight" => PeerError::UnexpectedAck { peer: 1, offset },
+                _ => PeerError::UnknownAck { peer: 1, offset },
+            };
+            assert_eq!(r0.errors, vec![want], "{case}");
+            assert_eq!(r0.failed.len(), 1, "{case}");
+            // Both fragments completed with an error with the failure.
+            assert_eq!(r0.done, vec![(1, 1, false), (1, 2, false)], "{case}");
+            assert_eq!(e[0].outstanding(), 0);
+        });
+    }
+}
+
+#[test]
+fn acks_come_back_in_send_order() {
+    with_job(2, 64, |e, _| {
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        for i in 0..10u64 {
+            e[0].send(1, 1, &[&[i as u8; 3]], i).unwrap();
+        }
+        e[1].progress(&mut r1);
+        e[0].progress(&mut r0);
+        assert!(r0.errors.is_empty() && r1.errors.is_empty());
+        let cookies: Vec<u64> = r0.done.iter().map(|d| d.1).collect();
+        assert_eq!(cookies, (0..10).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+fn inconsistent_ring_counters_fail_the_ring_writers() {
+    let layout = segment_layout(&small_params(16), 2).unwrap();
+    let ring_at = layout.ring_offset(0, 0).unwrap() as u64;
+    // head is the writers' line, freed the reader's (first word of each).
+    for (what, at, value) in [
+        ("freed", ring_at + CACHE_LINE as u64, 5u64),
+        ("head far ahead", ring_at, 1000),
+        ("head behind", ring_at, u64::MAX),
+    ] {
+        with_job(2, 16, |e, region| {
+            let mut r0 = Rec::default();
+            e[0].audit_rings(10, &mut r0);
+            assert!(r0.errors.is_empty(), "{what}: clean ring");
+            region.write_bytes(at, &value.to_le_bytes()).unwrap();
+            e[0].audit_rings(10, &mut r0);
+            assert!(
+                matches!(r0.errors[..], [PeerError::Ring { ring: 0, .. }]),
+                "{what}: {:?}",
+                r0.errors
+            );
+            assert_eq!(r0.failed.iter().map(|f| f.0).collect::<Vec<_>>(), [1]);
+            // Nobody left to blame: the next audit is quiet.
+            e[0].audit_rings(10, &mut r0);
+            assert_eq!(r0.errors.len(), 1, "{what}");
+        });
+    }
+}
+
+#[test]
+fn a_ring_header_changed_after_attach_is_a_fault() {
+    with_job(2, 16, |e, region| {
+        let layout = segment_layout(&small_params(16), 2).unwrap();
+        let meta_at = layout.ring_offset(0, 0).unwrap() + 2 * CACHE_LINE;
+        let mut r0 = Rec::default();
+        // The size word (magic, version, size, lazy_free).
+        region
+            .write_bytes(meta_at as u64 + 8, &8u32.to_le_bytes())
+            .unwrap();
+        e[0].audit_rings(10, &mut r0);
+        assert!(
+            matches!(
+                r0.errors[..],
+                [PeerError::Ring {
+                    fault: RingFault::Header,
+                    ..
+                }]
+            ),
+            "{:?}",
+            r0.errors
+        );
+    });
+}
+
+#[test]
+fn a_reservation_left_unwritten_is_a_fault_after_n_audits() {
+    with_job(2, 16, |e, region| {
+        let layout = segment_layout(&small_params(16), 2).unwrap();
+        let ring_at = layout.ring_offset(0, 0).unwrap() as u64;
+        let mut r0 = Rec::default();
+        // A writer reserved index 0 and died before writing it.
+        region.write_bytes(ring_at, &1u64.to_le_bytes()).unwrap();
+        for _ in 0..4 {
+            e[0].audit_rings(5, &mut r0);
+        }
+        assert!(r0.errors.is_empty(), "{:?}", r0.errors);
+        e[0].audit_rings(5, &mut r0);
+        assert!(
+            matches!(
+                r0.errors[..],
+                [PeerError::Ring {
+                    fault: RingFault::Stalled {
+                        index: 0,
+                        audits: 5
+                    },
+                    ..
+                }]
+            ),
+            "{:?}",
+            r0.errors
+        );
     });
 }
 
@@ -387,9 +665,9 @@ fn hostile_slots_and_headers_are_errors() {
 /// overwrote the owner or capacity of a fragment header made every later
 /// use of that fragment fail validation at the receiver, so the sender
 /// lost every message that went through it, long after the corruption
-/// stopped. The owner now writes both again before each send.
+/// stopped. The owner now writes every field again before each send.
 #[test]
-fn scribbled_owner_and_capacity_heal_on_the_next_send() {
+fn scribbled_header_of_a_free_fragment_heals_on_the_next_send() {
     with_job(2, 16, |e, region| {
         let layout = segment_layout(&small_params(16), 2).unwrap();
         let (mut r0, mut r1) = (Rec::default(), Rec::default());
@@ -399,10 +677,15 @@ fn scribbled_owner_and_capacity_heal_on_the_next_send() {
             .unwrap();
         // The eager fragment rank 0 takes first (free lists are LIFO).
         let frag_at = e[0].descs[e[0].free_eager as usize].offset;
-        for (field, value) in [(0u64, 7u32), (4, 1 << 30), (0, 1), (4, 0)] {
-            // owner (bytes 0..4) or capacity (4..8), as a stranger writes it.
+        for (field, value) in [
+            (frag_field::OWNER, 7u32),
+            (frag_field::CAPACITY, 1 << 30),
+            (frag_field::SEQ, 99),
+            (frag_field::CHECK, 0),
+        ] {
+            // As a stranger writes it, while the fragment is free.
             part0
-                .write_bytes(frag_at + field, &value.to_le_bytes())
+                .write_bytes(frag_at + field as u64, &value.to_le_bytes())
                 .unwrap();
             e[0].send(1, 5, &[b"still here"], 1).unwrap();
             e[1].progress(&mut r1);
@@ -433,4 +716,124 @@ fn fragment_index_lookup_accepts_only_fragment_starts() {
     for bad in [0, 1023, 1025, 1024 + 255, 4096, 2048 + 8, u64::MAX, 1 << 40] {
         assert_eq!(g.index_of(bad), None, "{bad}");
     }
+}
+
+/// The memory of a job, as a pointer a test may hand to other threads.
+#[derive(Clone, Copy)]
+struct SharedMem(NonNull<u8>, usize);
+
+// SAFETY: (test) only an address and a length; each thread builds its own
+// `Region` from it under `Region::from_raw_parts`' contract (see below).
+unsafe impl Send for SharedMem {}
+
+impl SharedMem {
+    /// A region over the memory.
+    ///
+    /// # Safety
+    ///
+    /// `Region::from_raw_parts`' contract, for the buffer this was made of.
+    unsafe fn region<'a>(self) -> Region<'a> {
+        // SAFETY: the caller's.
+        unsafe { Region::from_raw_parts(self.0, self.1) }
+    }
+}
+
+impl Job {
+    fn shared(&mut self) -> SharedMem {
+        let len = self.mem.len() * CACHE_LINE;
+        SharedMem(
+            NonNull::new(self.mem.as_mut_ptr().cast::<u8>()).unwrap(),
+            len,
+        )
+    }
+}
+
+/// Two engines, each in its own thread with its own region over one
+/// buffer, exchange messages whose payloads the sender copies into a
+/// fragment and the receiver copies out, fragments being recycled on each
+/// ACK. Under miri (the test command's `miri` step) this checks that the
+/// engine's protocol orders every payload copy with the next write of the
+/// same bytes (the SEND's and the ACK's release/acquire pairs): were it not
+/// so, miri would report the data race. The same program with one region
+/// shared by both threads does not compile (`Region` is not `Sync`; see its
+/// documentation).
+#[test]
+fn two_engines_in_two_threads_hand_fragments_over() {
+    const N: u32 = if cfg!(miri) { 24 } else { 5_000 };
+    let mut job = Job::new(2, 4);
+    let shape = job.shape;
+    let mem = job.shared();
+    {
+        // SAFETY: no other thread exists yet; the buffer lives until the
+        // end of this test and is only accessed through regions.
+        let region = unsafe { mem.region() };
+        for r in 0..2 {
+            // SAFETY: nothing else touches the parts yet.
+            unsafe { init_part(&region, &shape.layout, &shape.params, r) }.unwrap();
+        }
+    }
+    let payload = |i: u32| -> Vec<u8> {
+        let len = (i as usize * 37) % (shape.params.max_send_size as usize + 1);
+        (0..len).map(|k| (i as usize + k) as u8).collect()
+    };
+    std::thread::scope(|s| {
+        for me in 0..2u32 {
+            s.spawn(move || {
+                // SAFETY: the buffer outlives the scope; the other thread's
+                // region copies bytes of a fragment only while the protocol
+                // hands it over (SEND published by a release push, ACK
+                // likewise), and nothing else writes the memory.
+                let region = unsafe { mem.region() };
+                let sizes = Eng::storage_sizes(&shape.layout, 2).unwrap();
+                let mut e = Eng::attach(
+                    &region,
+                    &shape.layout,
+                    &shape.params,
+                    me,
+                    2,
+                    (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
+                    (0..sizes.consumers).map(|_| None).collect(),
+                    vec![FragDesc::new(); sizes.descs],
+                    vec![0; sizes.pending],
+                )
+                .unwrap();
+                let mut rec = Rec::default();
+                let (mut sent, mut spins) = (0u32, 0u64);
+                loop {
+                    if me == 0 && sent < N {
+                        let p = payload(sent);
+                        match e.send(1, (sent % 200) as u8, &[&p], u64::from(sent)) {
+                            Ok(()) => sent += 1,
+                            Err(SendError::NoFragment | SendError::Backlog { .. }) => {}
+                            Err(err) => panic!("{err}"),
+                        }
+                    }
+                    if e.progress(&mut rec) == 0 {
+                        e.release_consumed();
+                        std::thread::yield_now();
+                    }
+                    let done = if me == 0 {
+                        sent == N && e.outstanding() == 0
+                    } else {
+                        rec.got.len() == N as usize && e.pending() == 0
+                    };
+                    if done {
+                        break;
+                    }
+                    spins += 1;
+                    assert!(spins < 50_000_000, "rank {me}: no progress");
+                }
+                assert!(rec.errors.is_empty(), "rank {me}: {:?}", rec.errors);
+                if me == 0 {
+                    assert!(rec.done.iter().all(|&(_, _, ok)| ok));
+                    assert_eq!(rec.done.len(), N as usize);
+                } else {
+                    for (i, (peer, tag, data)) in rec.got.iter().enumerate() {
+                        assert_eq!((*peer, *tag), (0, (i % 200) as u8));
+                        assert_eq!(*data, payload(i as u32), "message {i}");
+                    }
+                }
+            });
+        }
+    });
 }

@@ -6,9 +6,9 @@
 //! - **Job and session.** A fresh job id ([`new_job_id`]) and a private
 //!   session directory `$TMPDIR/btl-<uid>/<job>` (`/tmp` without `TMPDIR`),
 //!   mode 0700 like its parent, which is removed with everything in it when
-//!   the launch ends, whatever the outcome. Leftover shared-memory files of
-//!   the job (`/dev/shm/btl-<uid>-<job>-*`, normally unlinked by the ranks
-//!   already) are removed as well.
+//!   the launch ends, whatever the outcome. (The job's shared memory is a
+//!   memfd with no name in any file system: there is nothing else to
+//!   remove, whatever happened to the ranks.)
 //! - **Environment.** Each rank gets the launcher's environment, then
 //!   [`LaunchSpec::extra_env`], then the job variables of [`crate::job`]
 //!   (`BTL_JOB`, `BTL_RANK`, `BTL_SIZE`, `BTL_LOCAL_RANK` = rank,
@@ -106,9 +106,6 @@ pub const TIMEOUT_STATUS: i32 = 124;
 
 /// Longest output line copied in one piece; longer lines are cut.
 const MAX_LINE: u64 = 64 * 1024;
-
-/// Directory of POSIX shared-memory files.
-const SHM_DIR: &str = "/dev/shm";
 
 /// What to launch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -406,7 +403,6 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
     );
     let result = run_job(spec, &job, &node, &session.path);
     drop(session);
-    remove_shm_leftovers(uid, &job);
     result
 }
 

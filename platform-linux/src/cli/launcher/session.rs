@@ -1,7 +1,6 @@
-//! The job's private session directory, and removing a job's leftover
-//! shared-memory files.
+//! The job's private session directory.
 
-use super::{LaunchError, SHM_DIR};
+use super::LaunchError;
 use std::fs::{self, DirBuilder};
 use std::io::{self};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -77,26 +76,4 @@ pub(super) fn tmp_base() -> PathBuf {
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
         .unwrap_or_else(|| PathBuf::from("/tmp"))
-}
-
-/// Removes this job's leftover shared-memory files, `/dev/shm/btl-<uid>-<job>-*`.
-pub(super) fn remove_shm_leftovers(uid: u32, job: &str) {
-    let prefix = format!("btl-{uid}-{job}-");
-    let Ok(entries) = fs::read_dir(SHM_DIR) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
-            continue;
-        }
-        let path = entry.path();
-        match fs::remove_file(&path) {
-            Ok(()) => log::info!("removed leftover shared-memory file {}", path.display()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => log::warn!(
-                "cannot remove leftover shared-memory file {}: {e}",
-                path.display()
-            ),
-        }
-    }
 }
