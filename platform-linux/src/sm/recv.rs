@@ -8,13 +8,14 @@
 //! by `Sm::progress` right after.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use btl_core::rma::RmaStatus;
 use btl_core::sm::engine::{Dispatch, PeerError};
 use btl_core::sm::frag::FragView;
 
 use super::rma::{self, PutChunk, RangeReq, RmaWait, Work};
-use super::send::{Chunk, Rndv};
+use super::send::{Bulk, Chunk, Rndv};
 use super::{MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_RNDV};
 use crate::cma;
 use crate::ops::{OpError, OpId, Sink, TEvent};
@@ -109,6 +110,9 @@ pub(super) struct State {
     pub(super) puts_in: HashMap<(u32, u64), PutIn>,
     /// Our gets and puts waiting for their answer, by request.
     pub(super) waiting: HashMap<u64, RmaWait>,
+    /// Gets timed this pass (peer, how, bytes, time), for the per-peer
+    /// bulk rates the choice between single copy and fragments follows.
+    pub(super) bulk_samples: Vec<(u32, Bulk, usize, Duration)>,
 }
 
 impl State {
@@ -128,6 +132,7 @@ impl State {
             work: Vec::new(),
             puts_in: HashMap::new(),
             waiting: HashMap::new(),
+            bulk_samples: Vec::new(),
         }
     }
 }
@@ -440,8 +445,19 @@ impl Ctx<'_, '_> {
                 // unused by the caller until the operation completes (the
                 // job API pins its region; see `RawBuf`).
                 let d = unsafe { dst.as_mut_slice() };
+                let t0 = Instant::now();
                 match self.st.cma_read(peer, addr, d) {
-                    Ok(()) => Ok(()),
+                    Ok(()) => {
+                        if w.timed {
+                            self.st.bulk_samples.push((
+                                peer,
+                                Bulk::SingleCopy,
+                                d.len(),
+                                t0.elapsed(),
+                            ));
+                        }
+                        Ok(())
+                    }
                     Err(e) => {
                         // Fall back: ask again for the data in fragments.
                         log::warn!(
@@ -456,6 +472,8 @@ impl Ctx<'_, '_> {
                                 op: w.op,
                                 kind: rma::WaitKind::Get { dst, got: 0 },
                                 remote: w.remote,
+                                timed: false,
+                                since: w.since,
                             },
                         });
                         return true;
@@ -469,6 +487,17 @@ impl Ctx<'_, '_> {
                 );
                 Err(OpError::Refused(RmaStatus::CopyFailed))
             }
+            (RmaStatus::Ok, rma::WaitKind::Get { dst, .. }) => {
+                if w.timed {
+                    self.st.bulk_samples.push((
+                        peer,
+                        Bulk::Pipelined,
+                        dst.len(),
+                        w.since.elapsed(),
+                    ));
+                }
+                Ok(())
+            }
             (RmaStatus::Ok, _) => Ok(()),
             (RmaStatus::CopyFailed, rma::WaitKind::Put { single: true, src }) => {
                 // The target could not read us: send the data in fragments.
@@ -481,6 +510,8 @@ impl Ctx<'_, '_> {
                         op: w.op,
                         kind: rma::WaitKind::Put { single: false, src },
                         remote: w.remote,
+                        timed: false,
+                        since: w.since,
                     },
                 });
                 return true;
