@@ -57,6 +57,12 @@ command -v mpirun >/dev/null || need+=(openmpi-bin)
 compgen -G '/usr/lib/*/pmix2/include/pmix_common.h' >/dev/null || need+=(libpmix-dev)
 # nftables: the partition test cuts a namespace host off its network.
 command -v nft >/dev/null || need+=(nftables)
+# The Open MPI components (scripts/ompi-components.sh, scripts/ompi-test.sh):
+# Open MPI's internal headers and mpicc (libopenmpi-dev), mpi4py for its
+# test suite (python3-mpi4py), pip to fetch that suite's source release.
+[ -f /usr/lib/x86_64-linux-gnu/openmpi/include/openmpi/opal/mca/btl/btl.h ] || need+=(libopenmpi-dev)
+/usr/bin/python3 -c 'import mpi4py' 2>/dev/null || need+=(python3-mpi4py)
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing ${need[*]}"
@@ -64,6 +70,18 @@ if [ ${#need[@]} -gt 0 ]; then
   else
     log "${need[*]} missing and cannot be installed here: the tests needing them will skip (fail with CI set)"
   fi
+fi
+
+# mpi4py's own test suite: the test/ directory of the PyPI source release
+# of the installed version, cached (never committed) in ~/.cache/btl.
+m4ver=$(/usr/bin/python3 -c 'import mpi4py; print(mpi4py.__version__)' 2>/dev/null || true)
+cache=${BTL_CACHE:-$HOME/.cache/btl}
+if [ -n "$m4ver" ] && [ ! -f "$cache/mpi4py-$m4ver.tar.gz" ]; then
+  log "downloading mpi4py $m4ver's source release (its test suite)"
+  mkdir -p "$cache"
+  /usr/bin/python3 -m pip download --quiet --no-binary :all: --no-deps --no-build-isolation \
+    -d "$cache" "mpi4py==$m4ver" ||
+    log "could not download mpi4py $m4ver's source release: the mpi4py tests will skip"
 fi
 
 # QEMU (qemu-system-riscv64, in qemu-system-misc) and OpenSBI (its -bios

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: sets up a fresh machine (scripts/setup.sh),
-# then runs every check: formatting, clippy, the workspace tests, the loom
+# then runs every check: formatting, clippy, the workspace tests, the C ABI
+# and the Open MPI components, the loom
 # models, miri on the core, the no_std builds, the bare-metal node in
 # QEMU, every fuzz target for a bounded time, and the sanitizers. Exits non-zero on the
 # first failure.
@@ -41,6 +42,12 @@ step test cargo test --workspace --locked
 # sm and tcp, the external wire-up, the misuse test, all again under
 # AddressSanitizer (scripts/capi-test.sh).
 step capi bash scripts/capi-test.sh
+
+# The Open MPI components (target/ompi/mca_btl_{rsm,rtcp}.so) in the
+# system's Open MPI: ompi_info, selection, a checked MPI program, bad
+# parameters, a rank killed, mpi4py's own test suite over rsm/rtcp against
+# vader/tcp, three namespace hosts over rsm+rtcp (scripts/ompi-test.sh).
+step ompi bash scripts/ompi-test.sh
 
 # loom: first the check that every #[test] in loom-tests/tests calls
 # loom::model in code (not in a comment or a string: such a test runs

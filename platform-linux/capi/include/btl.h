@@ -191,8 +191,11 @@ typedef struct btl_event_t {
   uint8_t tag;
   // Done: BTL_OK or the operation's error (BTL_ERR_REFUSED, ...).
   int status;
-  // Message: its bytes, in place (in the shared-memory fragment or the
-  // TCP read buffer): valid during the callback only, read-only.
+  // Message: its bytes, in place (in the shared-memory fragment, which
+  // goes back to the sender only when the callback returns, or the TCP
+  // read buffer; a message larger than one fragment, or one kept from
+  // btl_barrier or a NULL-callback btl_progress, is a buffer of btl's):
+  // valid until the callback returns, read-only. Copy what you keep.
   const void *data;
   // Message: its length.
   size_t len;
@@ -284,7 +287,10 @@ int btl_config_new(struct btl_config_t **out);
 // memory inside a node, TCP between nodes —, `sm` — every rank on this
 // node —, `tcp` — TCP to every rank, over loopback inside a node —, or
 // `sm-local` — shared memory to the ranks of this node, the others
-// unreachable —, as BTL_TRANSPORT). Validated now, with the
+// unreachable —, as BTL_TRANSPORT; `nodes`: how many nodes the job
+// spans, when the runtime knows it before the address exchange — with 1,
+// btl_open listens on loopback unless tcp `if_include` or BTL_BIND say
+// otherwise). Validated now, with the
 // environment's errors (BTL_ERR_PARAM naming the parameter and what it
 // accepts); rules between parameters are checked by btl_init/btl_open.
 // Values set here win over the environment. The strings are copied.
@@ -297,6 +303,24 @@ int btl_config_set(struct btl_config_t *cfg,
                    const char *component,
                    const char *name,
                    const char *value);
+
+// The value numeric parameter `name` of `component` (`sm` or `tcp`)
+// will have in a handle made from `cfg` (NULL: no settings) now, in
+// `*out`: `cfg`'s setting, else the environment's, else the default,
+// after the component's rules between parameters (booleans as 0/1).
+// BTL_ERR_PARAM naming the parameter when one is unknown, malformed or
+// in conflict with another (the error btl_open would give), or for a
+// text parameter — so a runtime can take a module's attributes (Open
+// MPI's eager limit, exclusivity, ...) from btl's own values.
+//
+// # Safety
+//
+// `cfg` is NULL or from btl_config_new; the strings are NUL-terminated;
+// `out` writable.
+int btl_config_number(const struct btl_config_t *cfg,
+                      const char *component,
+                      const char *name,
+                      int64_t *out);
 
 // Frees a parameter set (NULL: nothing). Handles made from it are not
 // affected.

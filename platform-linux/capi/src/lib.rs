@@ -198,8 +198,11 @@ pub struct btl_event_t {
     pub tag: u8,
     /// Done: BTL_OK or the operation's error (BTL_ERR_REFUSED, ...).
     pub status: c_int,
-    /// Message: its bytes, in place (in the shared-memory fragment or the
-    /// TCP read buffer): valid during the callback only, read-only.
+    /// Message: its bytes, in place (in the shared-memory fragment, which
+    /// goes back to the sender only when the callback returns, or the TCP
+    /// read buffer; a message larger than one fragment, or one kept from
+    /// btl_barrier or a NULL-callback btl_progress, is a buffer of btl's):
+    /// valid until the callback returns, read-only. Copy what you keep.
     pub data: *const c_void,
     /// Message: its length.
     pub len: usize,
@@ -817,14 +820,15 @@ unsafe fn slice<'a>(p: *const u8, len: usize) -> &'a [u8] {
     }
 }
 
-/// Checks an iovec array and returns its pieces as (address, length).
+/// Checks an iovec array (count, NULL bases with bytes, total length) and
+/// lends it.
 ///
 /// # Safety
 ///
-/// `iov`, when not NULL, points to `iovcnt` elements.
-unsafe fn pieces(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Vec<(usize, usize)>, Fail> {
+/// `iov`, when not NULL, points to `iovcnt` elements that live for `'a`.
+unsafe fn iov_array<'a>(iov: *const btl_iovec_t, iovcnt: usize) -> Result<&'a [btl_iovec_t], Fail> {
     if iovcnt == 0 {
-        return Ok(Vec::new());
+        return Ok(&[]);
     }
     need(iov, "iov")?;
     if iovcnt > 1024 {
@@ -833,7 +837,6 @@ unsafe fn pieces(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Vec<(usize, u
     // SAFETY: not NULL; the caller's promise of `iovcnt` elements.
     let v = unsafe { std::slice::from_raw_parts(iov, iovcnt) };
     let mut total = 0usize;
-    let mut out = Vec::with_capacity(iovcnt);
     for (i, p) in v.iter().enumerate() {
         if p.base.is_null() && p.len > 0 {
             return Err(fail(
@@ -845,9 +848,49 @@ unsafe fn pieces(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Vec<(usize, u
             .checked_add(p.len)
             .filter(|t| *t <= isize::MAX as usize)
             .ok_or_else(|| fail(BTL_ERR_TOO_LARGE, "the pieces' total length overflows"))?;
-        out.push((p.base as usize, p.len));
     }
-    Ok(out)
+    Ok(v)
+}
+
+/// Pieces as slices without allocating for the usual few (a header and a
+/// payload): the send fast path allocates nothing here.
+enum Slices<'a> {
+    Few([&'a [u8]; FEW], usize),
+    Many(Vec<&'a [u8]>),
+}
+
+/// How many pieces [`Slices`] holds without allocating.
+const FEW: usize = 4;
+
+impl<'a> Slices<'a> {
+    fn as_slice(&self) -> &[&'a [u8]] {
+        match self {
+            Slices::Few(a, n) => &a[..*n],
+            Slices::Many(v) => v,
+        }
+    }
+}
+
+/// Checks an iovec array (as [`iov_array`]) and lends its pieces as slices.
+///
+/// # Safety
+///
+/// `iov`, when not NULL, points to `iovcnt` elements whose pieces are
+/// readable for `'a`.
+unsafe fn slices<'a>(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Slices<'a>, Fail> {
+    // SAFETY: the caller's promise.
+    let v = unsafe { iov_array(iov, iovcnt) }?;
+    // SAFETY: the caller's promise of readable pieces (checked: a NULL
+    // base has no bytes).
+    let piece = |p: &btl_iovec_t| unsafe { slice(p.base.cast(), p.len) };
+    if v.len() > FEW {
+        return Ok(Slices::Many(v.iter().map(piece).collect()));
+    }
+    let mut a: [&[u8]; FEW] = [&[]; FEW];
+    for (d, p) in a.iter_mut().zip(v) {
+        *d = piece(p);
+    }
+    Ok(Slices::Few(a, v.len()))
 }
 
 fn check_tag(tag: u8) -> Result<(), Fail> {
@@ -929,7 +972,10 @@ pub unsafe extern "C" fn btl_config_new(out: *mut *mut btl_config_t) -> c_int {
 /// memory inside a node, TCP between nodes —, `sm` — every rank on this
 /// node —, `tcp` — TCP to every rank, over loopback inside a node —, or
 /// `sm-local` — shared memory to the ranks of this node, the others
-/// unreachable —, as BTL_TRANSPORT). Validated now, with the
+/// unreachable —, as BTL_TRANSPORT; `nodes`: how many nodes the job
+/// spans, when the runtime knows it before the address exchange — with 1,
+/// btl_open listens on loopback unless tcp `if_include` or BTL_BIND say
+/// otherwise). Validated now, with the
 /// environment's errors (BTL_ERR_PARAM naming the parameter and what it
 /// accepts); rules between parameters are checked by btl_init/btl_open.
 /// Values set here win over the environment. The strings are copied.
@@ -961,6 +1007,38 @@ pub unsafe extern "C" fn btl_config_set(
         unsafe { &mut *cfg }
             .set
             .push((c.into(), n.into(), v.into()));
+        Ok(BTL_OK)
+    })
+}
+
+/// The value numeric parameter `name` of `component` (`sm` or `tcp`)
+/// will have in a handle made from `cfg` (NULL: no settings) now, in
+/// `*out`: `cfg`'s setting, else the environment's, else the default,
+/// after the component's rules between parameters (booleans as 0/1).
+/// BTL_ERR_PARAM naming the parameter when one is unknown, malformed or
+/// in conflict with another (the error btl_open would give), or for a
+/// text parameter — so a runtime can take a module's attributes (Open
+/// MPI's eager limit, exclusivity, ...) from btl's own values.
+///
+/// # Safety
+///
+/// `cfg` is NULL or from btl_config_new; the strings are NUL-terminated;
+/// `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn btl_config_number(
+    cfg: *const btl_config_t,
+    component: *const c_char,
+    name: *const c_char,
+    out: *mut i64,
+) -> c_int {
+    entry("btl_config_number", || {
+        // SAFETY: the caller's strings.
+        let (c, n) = unsafe { (text(component, "component")?, text(name, "name")?) };
+        need(out, "out")?;
+        // SAFETY: the caller's config.
+        let v = unsafe { builder(cfg) }?.number(c, n)?;
+        // SAFETY: checked.
+        unsafe { out.write(v) };
         Ok(BTL_OK)
     })
 }
@@ -1336,19 +1414,15 @@ pub unsafe extern "C" fn btl_sendi(
         // SAFETY: the caller's handle.
         let h = unsafe { handle(h) }?;
         check_tag(tag)?;
-        // SAFETY: the caller's iovec.
-        let parts = unsafe { pieces(iov, iovcnt) }?;
+        // SAFETY: the caller's iovec and readable pieces.
+        let sl = unsafe { slices(iov, iovcnt) }?;
+        let slices = sl.as_slice();
         h.peer(rank)?;
         if h.busy.get() == Busy::Connecting {
             return Err(fail(BTL_ERR_STATE, "not allowed during btl_connect"));
         }
-        let slices: Vec<&[u8]> = parts
-            .iter()
-            // SAFETY: the caller's promise of readable pieces.
-            .map(|&(p, l)| unsafe { slice(p as *const u8, l) })
-            .collect();
         if h.busy.get() == Busy::Callback {
-            let len: usize = parts.iter().map(|p| p.1).sum();
+            let len: usize = slices.iter().map(|p| p.len()).sum();
             let mut s = h.side.borrow_mut();
             if s.deferred_bytes + len > DEFERRED_BYTES {
                 return Err(fail(
@@ -1370,7 +1444,7 @@ pub unsafe extern "C" fn btl_sendi(
                 format!("earlier sends to rank {rank} wait to be posted (progress first)"),
             ));
         }
-        h.world()?.isendv(rank, tag, &slices)?;
+        h.world()?.isendv(rank, tag, slices)?;
         Ok(BTL_DONE)
     })
 }
@@ -1403,13 +1477,18 @@ pub unsafe extern "C" fn btl_isend(
         // SAFETY: the caller's handle.
         let h = unsafe { handle(h) }?;
         check_tag(tag)?;
-        // SAFETY: the caller's iovec.
-        let parts = unsafe { pieces(iov, iovcnt) }?;
+        // SAFETY: the caller's iovec, readable until the completion event.
+        let sl = unsafe { slices(iov, iovcnt) }?;
         h.peer(rank)?;
         if h.busy.get() == Busy::Connecting {
             return Err(fail(BTL_ERR_STATE, "not allowed during btl_connect"));
         }
         if h.must_defer() {
+            let parts = sl
+                .as_slice()
+                .iter()
+                .map(|p| (p.as_ptr() as usize, p.len()))
+                .collect();
             h.side.borrow_mut().deferred.push_back(Deferred::Send {
                 peer: rank,
                 tag,
@@ -1418,14 +1497,9 @@ pub unsafe extern "C" fn btl_isend(
             });
             return Ok(BTL_OK);
         }
-        let slices: Vec<&[u8]> = parts
-            .iter()
-            // SAFETY: the caller's promise of readable pieces.
-            .map(|&(p, l)| unsafe { slice(p as *const u8, l) })
-            .collect();
         let w = h.world()?;
         // SAFETY: the caller's promise: valid until the completion event.
-        let r = unsafe { w.isend_raw(rank, tag, &slices) };
+        let r = unsafe { w.isend_raw(rank, tag, sl.as_slice()) };
         h.track(r, ctx as usize, rank, false)
     })
 }
@@ -1467,10 +1541,10 @@ pub unsafe extern "C" fn btl_progress(h: *mut btl_t, cb: btl_event_fn, ctx: *mut
         // Completions of queued posts; their callbacks may queue more
         // (bounded rounds; the rest wait for the next call).
         for _ in 0..4 {
-            let ready: Vec<Ready> = h.side.borrow_mut().ready.drain(..).collect();
-            if ready.is_empty() {
+            if h.side.borrow().ready.is_empty() {
                 break;
             }
+            let ready: Vec<Ready> = h.side.borrow_mut().ready.drain(..).collect();
             for r in ready {
                 n += 1;
                 let e = btl_event_t {

@@ -8,13 +8,14 @@
 //! by `Sm::progress` right after.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use btl_core::rma::RmaStatus;
 use btl_core::sm::engine::{Dispatch, PeerError};
 use btl_core::sm::frag::FragView;
 
 use super::rma::{self, PutChunk, RangeReq, RmaWait, Work};
-use super::send::{Chunk, Rndv};
+use super::send::{Bulk, Chunk, Rndv};
 use super::{MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_RNDV};
 use crate::cma;
 use crate::ops::{OpError, OpId, Sink, TEvent};
@@ -84,7 +85,6 @@ pub(super) struct State {
     /// grows), so large messages do not pay allocation and page faults each
     /// time.
     pub(super) bufs: Vec<Vec<u8>>,
-    pub(super) scratch: Vec<u8>,
     /// Every local rank's identity (ours included).
     pub(super) peers: Vec<PeerId>,
     pub(super) cma_ok: Vec<bool>,
@@ -110,14 +110,16 @@ pub(super) struct State {
     pub(super) puts_in: HashMap<(u32, u64), PutIn>,
     /// Our gets and puts waiting for their answer, by request.
     pub(super) waiting: HashMap<u64, RmaWait>,
+    /// Gets timed this pass (peer, how, bytes, time), for the per-peer
+    /// bulk rates the choice between single copy and fragments follows.
+    pub(super) bulk_samples: Vec<(u32, Bulk, usize, Duration)>,
 }
 
 impl State {
-    pub(super) fn new(nprocs: u32, max_send: usize, peers: Vec<PeerId>, cma_ok: Vec<bool>) -> Self {
+    pub(super) fn new(nprocs: u32, peers: Vec<PeerId>, cma_ok: Vec<bool>) -> Self {
         Self {
             partial: (0..nprocs).map(|_| None).collect(),
             bufs: (0..nprocs).map(|_| Vec::new()).collect(),
-            scratch: vec![0; max_send],
             peers,
             cma_ok,
             peer_failed: vec![false; nprocs as usize],
@@ -130,6 +132,7 @@ impl State {
             work: Vec::new(),
             puts_in: HashMap::new(),
             waiting: HashMap::new(),
+            bulk_samples: Vec::new(),
         }
     }
 }
@@ -442,8 +445,19 @@ impl Ctx<'_, '_> {
                 // unused by the caller until the operation completes (the
                 // job API pins its region; see `RawBuf`).
                 let d = unsafe { dst.as_mut_slice() };
+                let t0 = Instant::now();
                 match self.st.cma_read(peer, addr, d) {
-                    Ok(()) => Ok(()),
+                    Ok(()) => {
+                        if w.timed {
+                            self.st.bulk_samples.push((
+                                peer,
+                                Bulk::SingleCopy,
+                                d.len(),
+                                t0.elapsed(),
+                            ));
+                        }
+                        Ok(())
+                    }
                     Err(e) => {
                         // Fall back: ask again for the data in fragments.
                         log::warn!(
@@ -458,6 +472,8 @@ impl Ctx<'_, '_> {
                                 op: w.op,
                                 kind: rma::WaitKind::Get { dst, got: 0 },
                                 remote: w.remote,
+                                timed: false,
+                                since: w.since,
                             },
                         });
                         return true;
@@ -471,6 +487,17 @@ impl Ctx<'_, '_> {
                 );
                 Err(OpError::Refused(RmaStatus::CopyFailed))
             }
+            (RmaStatus::Ok, rma::WaitKind::Get { dst, .. }) => {
+                if w.timed {
+                    self.st.bulk_samples.push((
+                        peer,
+                        Bulk::Pipelined,
+                        dst.len(),
+                        w.since.elapsed(),
+                    ));
+                }
+                Ok(())
+            }
             (RmaStatus::Ok, _) => Ok(()),
             (RmaStatus::CopyFailed, rma::WaitKind::Put { single: true, src }) => {
                 // The target could not read us: send the data in fragments.
@@ -483,6 +510,8 @@ impl Ctx<'_, '_> {
                         op: w.op,
                         kind: rma::WaitKind::Put { single: false, src },
                         remote: w.remote,
+                        timed: false,
+                        since: w.since,
                     },
                 });
                 return true;
@@ -556,14 +585,24 @@ impl Dispatch for Ctx<'_, '_> {
                 true
             }
             t if t <= MAX_USER_TAG => {
-                let len = frag.info.len as usize;
-                let mut scratch = std::mem::take(&mut self.st.scratch);
-                let ok = frag.copy_payload(&mut scratch[..len]).is_ok();
-                if ok {
-                    self.deliver(peer, t, &scratch[..len]);
-                }
-                self.st.scratch = scratch;
-                ok
+                // In place: the consumer reads the fragment itself.
+                // SAFETY: `frag.payload` is the range `read_frag` checked
+                // (inside the owner's region, after a header whose check
+                // word, owner, capacity and length were validated), and it
+                // is exactly `info.len` bytes; nothing of ours is derived
+                // from the bytes. Nothing writes them while the borrow
+                // lives: it ends with `deliver` (the event's data cannot
+                // outlive the sink call), inside `Dispatch::recv`, and the
+                // engine pushes the ACK that hands the fragment back only
+                // after `recv` returns — the owner does not touch a
+                // fragment between its SEND and our ACK (the protocol), and
+                // no thread of ours writes a peer's fragments. A peer that
+                // breaks the protocol can only change the bytes of its own
+                // message meanwhile (see `Region::borrow_bytes` and the
+                // README's trust boundary).
+                let data = unsafe { frag.payload.borrow_bytes() };
+                self.deliver(peer, t, data);
+                true
             }
             t => {
                 violation!(self.st, peer, "message with reserved tag {t}");

@@ -20,9 +20,11 @@
 //! A single copy the kernel refuses falls back to fragments for that
 //! operation and the peer.
 
+use std::time::Instant;
+
 use btl_core::rma::RmaStatus;
 
-use super::send::{Probe, Stream, StreamKind};
+use super::send::{Bulk, Probe, Stream, StreamKind};
 use super::{Sm, MAX_MESSAGE};
 use crate::ops::{OpId, PostError, Posted, RawBuf, RawParts};
 use crate::regions::Regions;
@@ -178,6 +180,11 @@ pub(super) struct RmaWait {
     pub(super) kind: WaitKind,
     /// The target's region and offset.
     pub(super) remote: (u32, u64),
+    /// A large get whose transfer is timed for the bulk rates (see
+    /// [`super::send::BulkRates`]).
+    pub(super) timed: bool,
+    /// When it was posted.
+    pub(super) since: Instant,
 }
 
 impl Sm {
@@ -220,7 +227,11 @@ impl Sm {
     ) -> Result<Posted, PostError> {
         self.rma_ok(peer, dst.len() as u64)?;
         let req = self.new_req();
-        let single = self.single_copy(peer, dst.len());
+        // Single copy or fragments, as measured for this peer (the same
+        // two mechanisms, and measurements, as large sends).
+        let now = Instant::now();
+        let large = self.single_copy(peer, dst.len());
+        let single = large && self.rates[peer as usize].choose(now) == Bulk::SingleCopy;
         let wait = RmaWait {
             peer,
             op,
@@ -230,6 +241,8 @@ impl Sm {
                 WaitKind::Get { dst, got: 0 }
             },
             remote: (id, offset),
+            timed: large,
+            since: now,
         };
         self.send_get_req(req, wait)?;
         Ok(Posted::Pending)
@@ -278,6 +291,8 @@ impl Sm {
             op,
             kind: WaitKind::Put { single, src },
             remote: (id, offset),
+            timed: false,
+            since: Instant::now(),
         };
         self.send_put(req, wait)?;
         Ok(Posted::Pending)

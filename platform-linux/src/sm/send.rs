@@ -681,7 +681,13 @@ impl Sm {
             regions,
             sink,
         };
-        self.shm.get().engine.progress(&mut ctx)
+        let n = self.shm.get().engine.progress(&mut ctx);
+        if !self.state.bulk_samples.is_empty() {
+            for (peer, how, bytes, took) in std::mem::take(&mut self.state.bulk_samples) {
+                self.rates[peer as usize].record(how, bytes, took);
+            }
+        }
+        n
     }
 
     /// Bytes and messages queued to peers in user space.

@@ -51,6 +51,10 @@ pub struct Builder {
     sm: Vec<(String, String)>,
     tcp: Vec<(String, String)>,
     timeout: Option<Duration>,
+    /// How many nodes the job spans, when the runtime knows it
+    /// (`set("btl", "nodes", ..)`): 1 keeps [`Builder::open`]'s TCP on
+    /// loopback unless `if_include` or `BTL_BIND` say otherwise.
+    nodes: Option<u32>,
     wireup: Option<(Identity, DynWireup)>,
 }
 
@@ -61,6 +65,7 @@ impl fmt::Debug for Builder {
             .field("sm", &self.sm)
             .field("tcp", &self.tcp)
             .field("timeout", &self.timeout)
+            .field("nodes", &self.nodes)
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +94,7 @@ impl Builder {
             sm: Vec::new(),
             tcp: Vec::new(),
             timeout: None,
+            nodes: None,
             wireup: None,
         }
     }
@@ -102,7 +108,10 @@ impl Builder {
     /// Sets parameter `name` of `component` (`"sm"`, `"tcp"`, or `"btl"`
     /// for the job's own: `timeout`, seconds any blocking call may wait, as
     /// `BTL_TIMEOUT`; `transport`, `auto`, `sm`, `tcp` or `sm-local`, as
-    /// `BTL_TRANSPORT` and [`Self::transports`]) from its text, as
+    /// `BTL_TRANSPORT` and [`Self::transports`]; `nodes`, how many nodes
+    /// the job spans when an external runtime knows it before the address
+    /// exchange, so that [`Self::open`] listens on loopback for a job on
+    /// one node) from its text, as
     /// `BTL_<COMPONENT>_<NAME>` would. An unknown name
     /// or a malformed value is an error naming the parameter and what it
     /// accepts; rules between parameters are checked at `init`.
@@ -139,10 +148,19 @@ impl Builder {
                     message: format!("{value:?}: accepts {TRANSPORTS}"),
                 })?);
             }
+            "btl" if name == "nodes" => {
+                self.nodes = Some(value.trim().parse::<u32>().ok().filter(|&n| n >= 1).ok_or(
+                    WorldError::Param {
+                        name: full,
+                        message: format!("{value:?}: accepts a number of nodes >= 1"),
+                    },
+                )?);
+            }
             "btl" => {
                 return Err(WorldError::Param {
                     name: full,
-                    message: "unknown parameter (the btl component has: timeout, transport)".into(),
+                    message: "unknown parameter (the btl component has: timeout, transport, nodes)"
+                        .into(),
                 })
             }
             _ => {
@@ -213,6 +231,32 @@ impl Builder {
         Ok((sm, tcp, timeout))
     }
 
+    /// The value numeric parameter `name` of `component` (`sm` or `tcp`)
+    /// will have when the job starts: code's setting, else the
+    /// environment's, else the default, after the component's rules
+    /// (booleans as 0/1). Errors name a malformed or conflicting setting,
+    /// an unknown parameter, or a text parameter.
+    pub fn number(&self, component: &str, name: &str) -> Result<i64, WorldError> {
+        use btl_core::params::Value;
+        let (sm, tcp, _) = self.params()?;
+        let v = match component {
+            "sm" => sm.iter().find(|i| i.def.name == name).map(|i| i.value),
+            "tcp" => tcp.iter().find(|i| i.def.name == name).map(|i| i.value),
+            _ => None,
+        };
+        match v {
+            Some(Value::Int(n)) => Ok(n),
+            Some(Value::Text(_)) => Err(WorldError::Param {
+                name: format!("{component}.{name}"),
+                message: "is a text parameter, not a number".into(),
+            }),
+            None => Err(WorldError::Param {
+                name: format!("{component}.{name}"),
+                message: "unknown parameter (components: sm, tcp)".into(),
+            }),
+        }
+    }
+
     fn source(&mut self) -> Result<(Identity, DynWireup), WorldError> {
         match self.wireup.take() {
             Some(w) => Ok(w),
@@ -261,9 +305,10 @@ impl Builder {
         let tcp = if matches!(choice, Choice::Sm | Choice::SmLocal) {
             None
         } else {
-            // A job across nodes is assumed (the node names are not known
-            // yet): the interface rules pick the address.
-            let t = start_tcp(&id, tcp_p, true)?;
+            // Unless the runtime said the job is on one node, a job across
+            // nodes is assumed (the node names are not known yet): the
+            // interface rules pick the address.
+            let t = start_tcp(&id, tcp_p, self.nodes != Some(1))?;
             w.put(crate::tcp::ADDR_KEY, t.published_addrs().as_bytes())?;
             Some(t)
         };

@@ -73,6 +73,31 @@ int main(void) {
   EXPECT(btl_config_set(NULL, "sm", "fifo_size", "8192"), BTL_ERR_ARG);
   EXPECT(btl_config_set(cfg, "sm", "fifo_size", "8192"), BTL_OK);
   EXPECT(btl_config_set(cfg, "btl", "timeout", "30"), BTL_OK);
+  EXPECT(btl_config_set(cfg, "btl", "nodes", "0"), BTL_ERR_PARAM);
+  EXPECT_MSG("nodes");
+  EXPECT(btl_config_set(cfg, "btl", "nodes", "1"), BTL_OK);
+
+  /* Effective values, as a runtime takes its module's attributes. */
+  int64_t num = -1;
+  EXPECT(btl_config_number(cfg, "sm", "fifo_size", &num), BTL_OK);
+  EXPECT(num == 8192, 1);
+  EXPECT(btl_config_number(NULL, "sm", "eager_limit", &num), BTL_OK);
+  EXPECT(num == 4096, 1);
+  EXPECT(btl_config_number(cfg, "sm", "use_cma", &num), BTL_OK);
+  EXPECT(num == 0 || num == 1, 1);
+  EXPECT(btl_config_number(cfg, "tcp", "if_include", &num), BTL_ERR_PARAM);
+  EXPECT_MSG("text parameter");
+  EXPECT(btl_config_number(cfg, "sm", "no_such_parameter", &num), BTL_ERR_PARAM);
+  EXPECT(btl_config_number(cfg, "sm", "fifo_size", NULL), BTL_ERR_ARG);
+  {
+    /* a rule between parameters: the error btl_open would give */
+    btl_config_t *c2 = NULL;
+    EXPECT(btl_config_new(&c2), BTL_OK);
+    EXPECT(btl_config_set(c2, "sm", "free_list_max", "2"), BTL_OK);
+    EXPECT(btl_config_number(c2, "sm", "fifo_size", &num), BTL_ERR_PARAM);
+    EXPECT_MSG("free_list");
+    btl_config_free(c2);
+  }
 
   /* Parameters as Open MPI would register them. */
   size_t count = 0;

@@ -1,0 +1,1127 @@
+/*
+ * btl_ompi.c — Open MPI BTL components over btl's C ABI (btl.h).
+ *
+ * One source, compiled twice by scripts/ompi-components.sh:
+ *   -DBTL_OMPI_RSM   → mca_btl_rsm.so  (btl's shared memory, peers of this node)
+ *   -DBTL_OMPI_RTCP  → mca_btl_rtcp.so (btl's TCP, every peer)
+ * Each .so carries its own copy of libbtl.a; a version script exports only
+ * the component structure, so the two copies never see each other.
+ *
+ * What lives here is what Open MPI's object system and macros force into
+ * C: the component and module structures, descriptor objects and free
+ * lists, convertors, the modex macros, the MCA variable calls, the active
+ * message table, proc locality flags. The transport — rings, fragments,
+ * single copy, TCP framing, validation of peers' bytes and of get/put
+ * ranges, failure detection, parameter parsing and rules — is btl's,
+ * reached through btl.h.
+ *
+ * Decisions (also in the README, "Using btl from Open MPI"):
+ * - Every btl parameter of the component's table (btl_param_info) is an
+ *   MCA variable btl_<name>_<param>, registered as a string so that btl's
+ *   own parser and rules judge the value (btl_config_set); a malformed
+ *   value is reported naming the variable and the component declines.
+ *   Open MPI's base BTL parameters (exclusivity, eager_limit, ...) are in
+ *   btl's tables, so mca_btl_base_param_register is not called; the
+ *   module's attributes are btl's effective values (btl_config_number).
+ * - Threads: a btl handle is not thread-safe. When Open MPI runs with
+ *   threads (MPI_THREAD_MULTIPLE), every entry point takes the module's
+ *   recursive mutex (recursive: receive callbacks post sends).
+ * - Sends: btl_isend (copied at once when small: the send completes
+ *   inline and btl_send returns 1; otherwise zero copy from the
+ *   descriptor or the user's buffer, completion through an event). A full
+ *   peer queue (BTL_ERR_WOULD_BLOCK) parks the descriptor on the
+ *   endpoint's list, retried in order by the progress function.
+ * - RDMA: register_mem packs btl's key (BTL_KEY_BYTES, with the base
+ *   address) as the registration handle; put/get are btl_iput/btl_iget
+ *   with absolute remote addresses, validated by the target.
+ */
+#include "opal_config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opal/class/opal_bitmap.h"
+#include "opal/class/opal_free_list.h"
+#include "opal/class/opal_list.h"
+#include "opal/datatype/opal_convertor.h"
+#include "opal/mca/base/mca_base_var.h"
+#include "opal/mca/btl/base/base.h"
+#include "opal/mca/btl/btl.h"
+#include "opal/mca/hwloc/base/base.h"
+#include "opal/mca/pmix/pmix.h"
+#include "opal/runtime/opal_progress.h"
+#include "opal/threads/mutex.h"
+#include "opal/util/output.h"
+#include "opal/util/proc.h"
+
+#include <btl.h>
+
+#if defined(BTL_OMPI_RSM)
+#define NAME "rsm"
+#define BTL_COMP "sm"
+#define TRANSPORT "sm-local"
+#define WHAT "shared memory"
+#define COMPONENT mca_btl_rsm_component
+#elif defined(BTL_OMPI_RTCP)
+#define NAME "rtcp"
+#define BTL_COMP "tcp"
+#define TRANSPORT "tcp"
+#define WHAT "TCP"
+#define COMPONENT mca_btl_rtcp_component
+#else
+#error "define BTL_OMPI_RSM or BTL_OMPI_RTCP"
+#endif
+
+/* ------------------------------------------------------------------ types */
+
+struct mca_btl_base_endpoint_t {
+    opal_proc_t *proc;
+    uint32_t rank;
+    int failed;
+    int announced;
+    /* descriptors waiting for room in btl's queue to this peer, in order */
+    opal_list_t pending;
+};
+
+/* btl's key: the first BTL_KEY_BYTES go to peers (btl_registration_handle_size) */
+struct mca_btl_base_registration_handle_t {
+    uint8_t packed[BTL_KEY_BYTES];
+    btl_key_t key;
+};
+
+typedef struct {
+    mca_btl_base_descriptor_t base;
+    mca_btl_base_segment_t segments[2];
+    struct mca_btl_base_endpoint_t *endpoint;
+    opal_free_list_t *home;
+    uint8_t *buf; /* the free list's payload buffer */
+    size_t cap;
+    uint8_t tag;
+} frag_t;
+static OBJ_CLASS_INSTANCE(frag_t, mca_btl_base_descriptor_t, NULL, NULL);
+
+typedef struct {
+    opal_free_list_item_t super;
+    struct mca_btl_base_endpoint_t *endpoint;
+    void *local_address;
+    struct mca_btl_base_registration_handle_t *local_handle;
+    struct mca_btl_base_registration_handle_t *temp; /* registered for this op */
+    mca_btl_base_rdma_completion_fn_t cbfunc;
+    void *cbcontext;
+    void *cbdata;
+} rdma_t;
+static OBJ_CLASS_INSTANCE(rdma_t, opal_free_list_item_t, NULL, NULL);
+
+typedef struct {
+    mca_btl_base_module_t super;
+    btl_t *h;
+    int connected;
+    int connect_failed;
+    int finalizing;
+    int in_progress;
+    uint32_t rank, size;
+    struct mca_btl_base_endpoint_t **eps; /* by rank, made in add_procs */
+    size_t npending;
+    opal_free_list_t eager, max, rdma;
+    opal_recursive_mutex_t lock;
+    mca_btl_base_module_error_cb_fn_t error_cb;
+    /* what receive callbacks get */
+    mca_btl_base_descriptor_t rdes;
+    mca_btl_base_segment_t rseg;
+    uint8_t *scratch; /* aligned copy of a misaligned message */
+    size_t scratch_len;
+} module_t;
+
+static module_t module;
+mca_btl_base_component_3_0_0_t COMPONENT;
+
+/* MCA variables: one string per btl parameter */
+#define MAX_PARAMS 64
+static size_t nparams;
+static char *param_values[MAX_PARAMS];
+static int param_index[MAX_PARAMS];
+static int verbose_stream = -1;
+
+#define VERBOSE(level, ...)                                                             \
+    opal_output_verbose((level), opal_btl_base_framework.framework_output, "btl " NAME \
+                        ": " __VA_ARGS__)
+
+static inline void lock(void) { OPAL_THREAD_LOCK(&module.lock); }
+static inline void unlock(void) { OPAL_THREAD_UNLOCK(&module.lock); }
+
+/* ------------------------------------------------------------------ status */
+
+static int to_opal(int rc)
+{
+    switch (rc) {
+    case BTL_OK:
+    case BTL_DONE:
+        return OPAL_SUCCESS;
+    case BTL_ERR_WOULD_BLOCK:
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    case BTL_ERR_UNREACHABLE:
+    case BTL_ERR_PEER_FAILED:
+        return OPAL_ERR_UNREACH;
+    case BTL_ERR_ARG:
+    case BTL_ERR_RANGE:
+    case BTL_ERR_KEY:
+    case BTL_ERR_TAG:
+    case BTL_ERR_RANK:
+    case BTL_ERR_TOO_LARGE:
+        return OPAL_ERR_BAD_PARAM;
+    default:
+        return OPAL_ERROR;
+    }
+}
+
+static void report(const char *what, int rc)
+{
+    opal_output(0, "btl " NAME ": %s: %s (%s)", what, btl_last_error(), btl_strerror(rc));
+}
+
+/* ------------------------------------------------------------------ parameters */
+
+static const char *kind_name(int kind)
+{
+    switch (kind) {
+    case BTL_PARAM_INT: return "an integer";
+    case BTL_PARAM_UINT: return "an unsigned integer";
+    case BTL_PARAM_SIZE: return "a size in bytes";
+    case BTL_PARAM_BOOL: return "a boolean";
+    default: return "a string";
+    }
+}
+
+static int component_register(void)
+{
+    size_t n = 0;
+    if (BTL_OK != btl_param_count(BTL_COMP, &n)) {
+        report("listing btl's parameters", BTL_ERR_PARAM);
+        return OPAL_ERROR;
+    }
+    nparams = n < MAX_PARAMS ? n : MAX_PARAMS;
+    for (size_t i = 0; i < nparams; i++) {
+        btl_param_info_t info;
+        char *help = NULL;
+        if (BTL_OK != btl_param_info(BTL_COMP, i, &info)) {
+            report("reading a parameter definition", BTL_ERR_PARAM);
+            return OPAL_ERROR;
+        }
+        if (asprintf(&help, "%s [btl's %s.%s, %s: %s; default %s]", info.help,
+                     info.component, info.name, kind_name(info.kind), info.accepts,
+                     info.default_value) < 0) {
+            return OPAL_ERR_OUT_OF_RESOURCE;
+        }
+        param_values[i] = (char *) info.default_value;
+        param_index[i] = mca_base_component_var_register(
+            &COMPONENT.btl_version, info.name, help, MCA_BASE_VAR_TYPE_STRING, NULL, 0,
+            MCA_BASE_VAR_FLAG_SETTABLE,
+            (mca_base_var_info_lvl_t)(OPAL_INFO_LVL_1 + (info.level ? info.level - 1 : 0)),
+            MCA_BASE_VAR_SCOPE_READONLY, &param_values[i]);
+        free(help);
+    }
+    return OPAL_SUCCESS;
+}
+
+static int component_open(void) { return OPAL_SUCCESS; }
+
+static const char *source_name(mca_base_var_source_t s)
+{
+    switch (s) {
+    case MCA_BASE_VAR_SOURCE_COMMAND_LINE: return "the command line";
+    case MCA_BASE_VAR_SOURCE_ENV: return "the environment";
+    case MCA_BASE_VAR_SOURCE_FILE: return "a parameter file";
+    case MCA_BASE_VAR_SOURCE_SET: return "the program";
+    case MCA_BASE_VAR_SOURCE_OVERRIDE: return "an override file";
+    default: return "the default";
+    }
+}
+
+/* Open MPI's values into btl's configuration; the variables the user did
+ * not set keep btl's defaults (and btl's own BTL_* environment). */
+static int configure(btl_config_t *cfg)
+{
+    for (size_t i = 0; i < nparams; i++) {
+        btl_param_info_t info;
+        mca_base_var_source_t source = MCA_BASE_VAR_SOURCE_DEFAULT;
+        if (param_index[i] < 0 || BTL_OK != btl_param_info(BTL_COMP, i, &info)) continue;
+        (void) mca_base_var_get_value(param_index[i], NULL, &source, NULL);
+        if (MCA_BASE_VAR_SOURCE_DEFAULT == source) continue;
+        const char *v = param_values[i] ? param_values[i] : "";
+        VERBOSE(10, "btl_" NAME "_%s = %s (from %s) goes to btl as %s.%s", info.name, v,
+                source_name(source), BTL_COMP, info.name);
+        int rc = btl_config_set(cfg, BTL_COMP, info.name, v);
+        if (BTL_OK != rc) {
+            opal_output(0,
+                        "btl " NAME ": MCA parameter btl_" NAME "_%s = \"%s\" is refused: %s; "
+                        "the " NAME " component will not be used",
+                        info.name, v, btl_last_error());
+            return OPAL_ERR_BAD_PARAM;
+        }
+    }
+    return OPAL_SUCCESS;
+}
+
+static int number(btl_config_t *cfg, const char *name, int64_t *out)
+{
+    int rc = btl_config_number(cfg, BTL_COMP, name, out);
+    if (BTL_OK != rc) {
+        opal_output(0, "btl " NAME ": parameters refused: %s; the " NAME
+                    " component will not be used", btl_last_error());
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------ endpoints */
+
+static struct mca_btl_base_endpoint_t *endpoint_of(uint32_t rank)
+{
+    return (module.eps && rank < module.size) ? module.eps[rank] : NULL;
+}
+
+static void peer_failed(uint32_t rank, const char *why)
+{
+    struct mca_btl_base_endpoint_t *ep = endpoint_of(rank);
+    if (ep) {
+        if (ep->failed) return;
+        ep->failed = 1;
+    }
+    if (module.finalizing) return;
+    char *text = NULL;
+    if (asprintf(&text, "btl " NAME ": rank %u failed: %s", rank, why ? why : "?") < 0) {
+        text = NULL;
+    }
+    opal_output(0, "%s", text ? text : "btl " NAME ": a peer failed");
+    if (module.error_cb) {
+        module.error_cb(&module.super, MCA_BTL_ERROR_FLAGS_FATAL, ep ? ep->proc : NULL, text);
+    }
+    free(text);
+}
+
+/* ------------------------------------------------------------------ descriptors */
+
+static void frag_release(frag_t *f)
+{
+    opal_free_list_return(f->home, &f->base.super);
+}
+
+static frag_t *frag_get(struct mca_btl_base_endpoint_t *ep, size_t size, uint32_t flags,
+                        uint8_t order)
+{
+    opal_free_list_t *fl;
+    if (size <= module.super.btl_eager_limit) {
+        fl = &module.eager;
+    } else if (size <= module.super.btl_max_send_size) {
+        fl = &module.max;
+    } else {
+        return NULL;
+    }
+    frag_t *f = (frag_t *) opal_free_list_get(fl);
+    if (OPAL_UNLIKELY(NULL == f)) return NULL;
+    f->home = fl;
+    f->buf = f->base.super.ptr;
+    f->cap = fl == &module.eager ? module.super.btl_eager_limit : module.super.btl_max_send_size;
+    f->endpoint = ep;
+    f->segments[0].seg_addr.pval = f->buf;
+    f->segments[0].seg_len = size;
+    f->base.des_segments = f->segments;
+    f->base.des_segment_count = 1;
+    f->base.des_flags = flags;
+    f->base.order = order;
+    f->base.des_cbfunc = NULL;
+    f->base.des_cbdata = NULL;
+    f->base.des_context = NULL;
+    return f;
+}
+
+static mca_btl_base_descriptor_t *m_alloc(struct mca_btl_base_module_t *btl,
+                                            struct mca_btl_base_endpoint_t *ep, uint8_t order,
+                                            size_t size, uint32_t flags)
+{
+    (void) btl;
+    lock();
+    frag_t *f = frag_get(ep, size, flags, order);
+    unlock();
+    return f ? &f->base : NULL;
+}
+
+static int m_free(struct mca_btl_base_module_t *btl, mca_btl_base_descriptor_t *des)
+{
+    (void) btl;
+    lock();
+    frag_release((frag_t *) des);
+    unlock();
+    return OPAL_SUCCESS;
+}
+
+static mca_btl_base_descriptor_t *m_prepare_src(struct mca_btl_base_module_t *btl,
+                                                  struct mca_btl_base_endpoint_t *ep,
+                                                  struct opal_convertor_t *conv, uint8_t order,
+                                                  size_t reserve, size_t *size, uint32_t flags)
+{
+    (void) btl;
+    struct iovec iov;
+    uint32_t iov_count = 1;
+    size_t max_data = *size;
+    frag_t *f;
+    lock();
+    if (!opal_convertor_need_buffers(conv) && max_data > 0 &&
+        reserve + max_data > module.super.btl_eager_limit) {
+        /* contiguous: the header in our buffer, the data in place */
+        f = frag_get(ep, reserve, flags, order);
+        if (OPAL_UNLIKELY(NULL == f)) goto busy;
+        iov.iov_len = max_data;
+        iov.iov_base = NULL;
+        if (opal_convertor_pack(conv, &iov, &iov_count, &max_data) < 0) goto fail;
+        f->segments[0].seg_len = reserve;
+        f->segments[1].seg_addr.pval = iov.iov_base;
+        f->segments[1].seg_len = max_data;
+        f->base.des_segment_count = 2;
+    } else {
+        /* copied into our buffer (packed when not contiguous) */
+        if (reserve + max_data > module.super.btl_max_send_size) {
+            max_data = module.super.btl_max_send_size - reserve;
+        }
+        f = frag_get(ep, reserve + max_data, flags, order);
+        if (OPAL_UNLIKELY(NULL == f)) goto busy;
+        iov.iov_len = max_data;
+        iov.iov_base = (IOVBASE_TYPE *) (f->buf + reserve);
+        if (max_data > 0 && opal_convertor_pack(conv, &iov, &iov_count, &max_data) < 0) goto fail;
+        f->segments[0].seg_len = reserve + max_data;
+    }
+    unlock();
+    *size = max_data;
+    return &f->base;
+fail:
+    frag_release(f);
+busy:
+    unlock();
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ sends */
+
+static void announce(struct mca_btl_base_endpoint_t *ep)
+{
+    ep->announced = 1;
+    VERBOSE(10, "first message to rank %u (%s) goes over btl's %s", ep->rank,
+            ep->proc && ep->proc->proc_hostname ? ep->proc->proc_hostname : "?", WHAT);
+}
+
+/* A send that completed inline: the callback if asked for, the descriptor
+ * back to its list if ours. */
+static void complete_inline(frag_t *f)
+{
+    uint32_t flags = f->base.des_flags;
+    if ((flags & MCA_BTL_DES_SEND_ALWAYS_CALLBACK) && f->base.des_cbfunc) {
+        f->base.des_cbfunc(&module.super, f->endpoint, &f->base, OPAL_SUCCESS);
+    }
+    if (flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP) frag_release(f);
+}
+
+/* Posts a descriptor: BTL_DONE, BTL_OK (an event follows) or an error. */
+static int post(frag_t *f)
+{
+    btl_iovec_t iov[2];
+    size_t n = f->base.des_segment_count;
+    for (size_t i = 0; i < n; i++) {
+        iov[i].base = f->segments[i].seg_addr.pval;
+        iov[i].len = f->segments[i].seg_len;
+    }
+    return btl_isend(module.h, f->endpoint->rank, f->tag, iov, n, f);
+}
+
+static int m_send(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
+                    mca_btl_base_descriptor_t *des, mca_btl_base_tag_t tag)
+{
+    (void) btl;
+    frag_t *f = (frag_t *) des;
+    int rc, ret;
+    lock();
+    if (OPAL_UNLIKELY(ep->failed)) {
+        unlock();
+        return OPAL_ERR_UNREACH;
+    }
+    if (OPAL_UNLIKELY(!ep->announced)) announce(ep);
+    f->endpoint = ep;
+    f->tag = tag;
+    if (OPAL_UNLIKELY(!opal_list_is_empty(&ep->pending))) {
+        rc = BTL_ERR_WOULD_BLOCK;
+    } else {
+        rc = post(f);
+    }
+    if (BTL_DONE == rc) {
+        complete_inline(f);
+        ret = 1;
+    } else if (BTL_OK == rc) {
+        ret = OPAL_SUCCESS;
+    } else if (BTL_ERR_WOULD_BLOCK == rc) {
+        /* kept in order; completes through the callback */
+        f->base.des_flags |= MCA_BTL_DES_SEND_ALWAYS_CALLBACK;
+        opal_list_append(&ep->pending, (opal_list_item_t *) f);
+        module.npending++;
+        ret = OPAL_SUCCESS;
+    } else {
+        report("send", rc);
+        ret = to_opal(rc);
+    }
+    unlock();
+    return ret;
+}
+
+static int m_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
+                     struct opal_convertor_t *conv, void *header, size_t header_size,
+                     size_t payload_size, uint8_t order, uint32_t flags, mca_btl_base_tag_t tag,
+                     mca_btl_base_descriptor_t **descriptor)
+{
+    (void) btl;
+    btl_iovec_t iov[2];
+    size_t n = 1;
+    uint8_t packed[4096];
+    int rc;
+    lock();
+    if (OPAL_UNLIKELY(ep->failed)) {
+        unlock();
+        if (descriptor) *descriptor = NULL;
+        return OPAL_ERR_UNREACH;
+    }
+    if (OPAL_UNLIKELY(!ep->announced)) announce(ep);
+    if (OPAL_UNLIKELY(!opal_list_is_empty(&ep->pending) ||
+                      header_size + payload_size > module.super.btl_eager_limit)) {
+        goto busy;
+    }
+    iov[0].base = header;
+    iov[0].len = header_size;
+    if (payload_size > 0) {
+        struct iovec v;
+        uint32_t cnt = 1;
+        size_t max_data = payload_size;
+        if (!opal_convertor_need_buffers(conv)) {
+            v.iov_base = NULL;
+        } else if (payload_size <= sizeof(packed)) {
+            v.iov_base = (IOVBASE_TYPE *) packed;
+        } else {
+            goto busy;
+        }
+        v.iov_len = payload_size;
+        if (opal_convertor_pack(conv, &v, &cnt, &max_data) < 0) goto busy;
+        iov[1].base = v.iov_base;
+        iov[1].len = max_data;
+        n = 2;
+    }
+    rc = btl_sendi(module.h, ep->rank, tag, iov, n);
+    if (BTL_DONE == rc) {
+        unlock();
+        return OPAL_SUCCESS;
+    }
+    if (BTL_ERR_WOULD_BLOCK != rc) {
+        report("sendi", rc);
+        unlock();
+        if (descriptor) *descriptor = NULL;
+        return to_opal(rc);
+    }
+busy:
+    if (descriptor) {
+        frag_t *f = frag_get(ep, header_size + payload_size, flags, order);
+        *descriptor = f ? &f->base : NULL;
+    }
+    unlock();
+    return OPAL_ERR_OUT_OF_RESOURCE;
+}
+
+/* Retries parked descriptors, in order per endpoint. */
+static int retry_pending(void)
+{
+    int n = 0;
+    for (uint32_t r = 0; r < module.size && module.npending; r++) {
+        struct mca_btl_base_endpoint_t *ep = module.eps[r];
+        if (!ep) continue;
+        while (!opal_list_is_empty(&ep->pending)) {
+            frag_t *f = (frag_t *) opal_list_get_first(&ep->pending);
+            int rc = ep->failed ? BTL_ERR_PEER_FAILED : post(f);
+            if (BTL_ERR_WOULD_BLOCK == rc) break;
+            opal_list_remove_first(&ep->pending);
+            module.npending--;
+            n++;
+            if (BTL_DONE == rc) {
+                complete_inline(f);
+            } else if (BTL_OK != rc) {
+                uint32_t flags = f->base.des_flags;
+                if (f->base.des_cbfunc) {
+                    f->base.des_cbfunc(&module.super, ep, &f->base, to_opal(rc));
+                }
+                if (flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP) frag_release(f);
+            }
+        }
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------ memory, RDMA */
+
+static struct mca_btl_base_registration_handle_t *
+m_register_mem(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
+                 void *base, size_t size, uint32_t flags)
+{
+    (void) btl;
+    (void) ep;
+    (void) flags;
+    struct mca_btl_base_registration_handle_t *r = malloc(sizeof(*r));
+    if (NULL == r) return NULL;
+    lock();
+    int rc = btl_register(module.h, base, size, &r->key);
+    if (BTL_OK == rc) rc = btl_key_pack(&r->key, r->packed);
+    unlock();
+    if (BTL_OK != rc) {
+        report("register_mem", rc);
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static int m_deregister_mem(struct mca_btl_base_module_t *btl,
+                              struct mca_btl_base_registration_handle_t *r)
+{
+    (void) btl;
+    lock();
+    int rc = btl_deregister(module.h, &r->key);
+    unlock();
+    if (BTL_OK != rc) {
+        report("deregister_mem", rc);
+        return to_opal(rc);
+    }
+    free(r);
+    return OPAL_SUCCESS;
+}
+
+static void rdma_done(rdma_t *op, int status)
+{
+    struct mca_btl_base_endpoint_t *ep = op->endpoint;
+    void *addr = op->local_address;
+    struct mca_btl_base_registration_handle_t *lh = op->local_handle;
+    mca_btl_base_rdma_completion_fn_t cb = op->cbfunc;
+    void *cbcontext = op->cbcontext, *cbdata = op->cbdata;
+    if (op->temp) {
+        if (BTL_OK == btl_deregister(module.h, &op->temp->key)) free(op->temp);
+        op->temp = NULL;
+        lh = NULL;
+    }
+    opal_free_list_return(&module.rdma, &op->super);
+    if (cb) cb(&module.super, ep, addr, lh, cbcontext, cbdata, status);
+}
+
+static int rdma(int put, struct mca_btl_base_endpoint_t *ep, void *local_address,
+                uint64_t remote_address, struct mca_btl_base_registration_handle_t *local_handle,
+                struct mca_btl_base_registration_handle_t *remote_handle, size_t size,
+                mca_btl_base_rdma_completion_fn_t cbfunc, void *cbcontext, void *cbdata)
+{
+    btl_key_t remote;
+    int rc;
+    if (NULL == remote_handle) return OPAL_ERR_BAD_PARAM;
+    lock();
+    if (OPAL_UNLIKELY(ep->failed)) {
+        unlock();
+        return OPAL_ERR_UNREACH;
+    }
+    if (OPAL_UNLIKELY(!ep->announced)) announce(ep);
+    rc = btl_key_unpack(remote_handle->packed, BTL_KEY_BYTES, &remote);
+    if (BTL_OK != rc) {
+        report(put ? "put" : "get", rc);
+        unlock();
+        return OPAL_ERR_BAD_PARAM;
+    }
+    rdma_t *op = (rdma_t *) opal_free_list_get(&module.rdma);
+    if (NULL == op) {
+        unlock();
+        return OPAL_ERR_OUT_OF_RESOURCE;
+    }
+    op->endpoint = ep;
+    op->local_address = local_address;
+    op->local_handle = local_handle;
+    op->temp = NULL;
+    op->cbfunc = cbfunc;
+    op->cbcontext = cbcontext;
+    op->cbdata = cbdata;
+    const btl_key_t *local;
+    if (local_handle) {
+        local = &local_handle->key;
+    } else {
+        /* the caller's memory was not registered: register it for this op */
+        op->temp = malloc(sizeof(*op->temp));
+        if (NULL == op->temp ||
+            BTL_OK != (rc = btl_register(module.h, local_address, size, &op->temp->key))) {
+            free(op->temp);
+            op->temp = NULL;
+            opal_free_list_return(&module.rdma, &op->super);
+            unlock();
+            return OPAL_ERR_OUT_OF_RESOURCE;
+        }
+        local = &op->temp->key;
+    }
+    void *ctx = (void *) ((uintptr_t) op | 1);
+    rc = put ? btl_iput(module.h, local, local_address, &remote, remote_address, size, ctx)
+             : btl_iget(module.h, local, local_address, &remote, remote_address, size, ctx);
+    int ret = OPAL_SUCCESS;
+    if (BTL_DONE == rc) {
+        rdma_done(op, OPAL_SUCCESS);
+    } else if (BTL_OK != rc) {
+        if (BTL_ERR_WOULD_BLOCK != rc) report(put ? "put" : "get", rc);
+        if (op->temp && BTL_OK == btl_deregister(module.h, &op->temp->key)) free(op->temp);
+        opal_free_list_return(&module.rdma, &op->super);
+        ret = to_opal(rc);
+    }
+    unlock();
+    return ret;
+}
+
+/* btl_put and btl_get: one signature, the direction apart */
+#define RDMA_FN(fn, put)                                                                       \
+    static int fn(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,       \
+                  void *local_address, uint64_t remote_address,                                \
+                  struct mca_btl_base_registration_handle_t *local_handle,                     \
+                  struct mca_btl_base_registration_handle_t *remote_handle, size_t size,       \
+                  int flags, int order, mca_btl_base_rdma_completion_fn_t cbfunc,              \
+                  void *cbcontext, void *cbdata)                                               \
+    {                                                                                          \
+        (void) btl;                                                                            \
+        (void) flags;                                                                          \
+        (void) order;                                                                          \
+        return rdma(put, ep, local_address, remote_address, local_handle, remote_handle, size, \
+                    cbfunc, cbcontext, cbdata);                                                \
+    }
+RDMA_FN(m_put, 1)
+RDMA_FN(m_get, 0)
+
+/* ------------------------------------------------------------------ progress */
+
+static void on_event(void *ctx, const btl_event_t *ev)
+{
+    (void) ctx;
+    if (BTL_EVENT_MESSAGE == ev->kind) {
+        mca_btl_active_message_callback_t *t = &mca_btl_base_active_message_trigger[ev->tag];
+        if (OPAL_UNLIKELY(NULL == t->cbfunc)) {
+            opal_output(0, "btl " NAME ": a message from rank %u with tag %u, which nobody "
+                        "registered, was dropped", ev->rank, (unsigned) ev->tag);
+            return;
+        }
+        void *data = (void *) ev->data;
+        if (OPAL_UNLIKELY(((uintptr_t) data & 7) && ev->len)) {
+            /* Open MPI's headers are read through struct pointers */
+            if (module.scratch_len < ev->len) {
+                void *p = realloc(module.scratch, ev->len);
+                if (NULL == p) {
+                    opal_output(0, "btl " NAME ": out of memory for a %zu-byte message",
+                                ev->len);
+                    return;
+                }
+                module.scratch = p;
+                module.scratch_len = ev->len;
+            }
+            memcpy(module.scratch, data, ev->len);
+            data = module.scratch;
+        }
+        module.rseg.seg_addr.pval = data;
+        module.rseg.seg_len = ev->len;
+        module.rdes.des_segments = &module.rseg;
+        module.rdes.des_segment_count = 1;
+        t->cbfunc(&module.super, ev->tag, &module.rdes, t->cbdata);
+    } else if (BTL_EVENT_DONE == ev->kind) {
+        int status = BTL_OK == ev->status ? OPAL_SUCCESS : to_opal(ev->status);
+        if (BTL_OK != ev->status) {
+            opal_output(0, "btl " NAME ": an operation with rank %u failed: %s", ev->rank,
+                        ev->text ? ev->text : btl_strerror(ev->status));
+        }
+        if ((uintptr_t) ev->context & 1) {
+            rdma_done((rdma_t *) ((uintptr_t) ev->context & ~(uintptr_t) 1), status);
+        } else if (ev->context) {
+            frag_t *f = ev->context;
+            uint32_t flags = f->base.des_flags;
+            if (f->base.des_cbfunc) f->base.des_cbfunc(&module.super, f->endpoint, &f->base, status);
+            if (flags & MCA_BTL_DES_FLAGS_BTL_OWNERSHIP) frag_release(f);
+        }
+    } else if (BTL_EVENT_PEER_FAILED == ev->kind) {
+        peer_failed(ev->rank, ev->text);
+    }
+}
+
+static int component_progress(void)
+{
+    int n = 0;
+    if (NULL == module.h || !module.connected) return 0;
+    lock();
+    if (!module.in_progress) {
+        module.in_progress = 1;
+        if (OPAL_UNLIKELY(module.npending)) n += retry_pending();
+        int rc = btl_progress(module.h, on_event, NULL);
+        if (rc > 0) n += rc;
+        module.in_progress = 0;
+    }
+    unlock();
+    return n;
+}
+
+/* ------------------------------------------------------------------ procs */
+
+static int fetch(void *ctx, uint32_t rank, void *buf, size_t cap, size_t *len)
+{
+    (void) ctx;
+    opal_process_name_t name = OPAL_PROC_MY_NAME;
+    uint8_t *data = NULL;
+    size_t size = 0;
+    int rc;
+    name.vpid = rank;
+    OPAL_MODEX_RECV(rc, &COMPONENT.btl_version, &name, (void **) &data, &size);
+    if (OPAL_SUCCESS != rc || NULL == data) {
+        opal_output(0, "btl " NAME ": no address of rank %u in the modex (%d)", rank, rc);
+        free(data);
+        return -1;
+    }
+    if (size > cap) {
+        free(data);
+        return -1;
+    }
+    memcpy(buf, data, size);
+    *len = size;
+    free(data);
+    return 0;
+}
+
+static int connect_all(void)
+{
+    if (module.connected || module.connect_failed) return module.connected;
+    int rc = btl_connect(module.h, fetch, NULL);
+    if (BTL_OK != rc) {
+        report("connecting to the job's other ranks failed; the " NAME
+               " component reaches nobody", rc);
+        module.connect_failed = 1;
+        return 0;
+    }
+    module.connected = 1;
+    /* the largest get/put is the transport's largest message */
+    for (uint32_t r = 0; r < module.size; r++) {
+        btl_limits_t l;
+        if (r != module.rank && 1 == btl_reachable(module.h, r) &&
+            BTL_OK == btl_limits(module.h, r, &l)) {
+            module.super.btl_get_limit = l.max_message;
+            module.super.btl_put_limit = l.max_message;
+            break;
+        }
+    }
+    return 1;
+}
+
+static int m_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
+                         struct opal_proc_t **procs, struct mca_btl_base_endpoint_t **peers,
+                         opal_bitmap_t *reachable)
+{
+    (void) btl;
+    opal_process_name_t me = OPAL_PROC_MY_NAME;
+    lock();
+    if (!connect_all()) {
+        unlock();
+        return OPAL_SUCCESS;
+    }
+    for (size_t i = 0; i < nprocs; i++) {
+        opal_proc_t *p = procs[i];
+        peers[i] = NULL;
+        if (p->proc_name.jobid != me.jobid || p->proc_name.vpid == me.vpid) continue;
+        uint32_t rank = p->proc_name.vpid;
+        if (rank >= module.size) continue;
+#if defined(BTL_OMPI_RSM)
+        if (!OPAL_PROC_ON_LOCAL_NODE(p->proc_flags)) continue;
+#endif
+        if (1 != btl_reachable(module.h, rank)) {
+            VERBOSE(10, "rank %u is not reached by btl's %s", rank, WHAT);
+            continue;
+        }
+        struct mca_btl_base_endpoint_t *ep = module.eps[rank];
+        if (NULL == ep) {
+            ep = calloc(1, sizeof(*ep));
+            if (NULL == ep) {
+                unlock();
+                return OPAL_ERR_OUT_OF_RESOURCE;
+            }
+            OBJ_CONSTRUCT(&ep->pending, opal_list_t);
+            ep->rank = rank;
+            module.eps[rank] = ep;
+        }
+        ep->proc = p;
+        peers[i] = ep;
+        if (reachable) opal_bitmap_set_bit(reachable, (int) i);
+        VERBOSE(20, "rank %u (%s) is reachable over btl's %s", rank,
+                p->proc_hostname ? p->proc_hostname : "?", WHAT);
+    }
+    unlock();
+    return OPAL_SUCCESS;
+}
+
+static int m_del_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
+                         struct opal_proc_t **procs, struct mca_btl_base_endpoint_t **peers)
+{
+    (void) btl;
+    (void) procs;
+    (void) peers;
+    (void) nprocs;
+    /* endpoints stay (by rank) until finalize: btl may still report on them */
+    return OPAL_SUCCESS;
+}
+
+static int m_register_cb(struct mca_btl_base_module_t *btl, mca_btl_base_tag_t tag,
+                           mca_btl_base_module_recv_cb_fn_t cbfunc, void *cbdata)
+{
+    (void) btl;
+    (void) cbfunc;
+    (void) cbdata;
+    /* the callbacks live in Open MPI's table; btl refuses its own tags */
+    if (tag > BTL_MAX_TAG) {
+        opal_output(0, "btl " NAME ": tag %u is reserved by btl (user tags 0..%d)",
+                    (unsigned) tag, BTL_MAX_TAG);
+        return OPAL_ERR_BAD_PARAM;
+    }
+    return OPAL_SUCCESS;
+}
+
+static int m_register_error(struct mca_btl_base_module_t *btl,
+                              mca_btl_base_module_error_cb_fn_t cbfunc)
+{
+    (void) btl;
+    module.error_cb = cbfunc;
+    return OPAL_SUCCESS;
+}
+
+static void m_dump(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
+                     int verbose)
+{
+    (void) btl;
+    (void) verbose;
+    if (ep) {
+        opal_output(0, "btl " NAME ": endpoint rank %u%s, %zu descriptors parked", ep->rank,
+                    ep->failed ? " (failed)" : "", opal_list_get_size(&ep->pending));
+    }
+}
+
+static int m_finalize_module(struct mca_btl_base_module_t *btl)
+{
+    (void) btl;
+    lock();
+    module.finalizing = 1;
+    if (module.h) {
+        int rc = btl_finalize(&module.h);
+        if (BTL_OK != rc) report("finalize", rc);
+    }
+    if (module.eps) {
+        for (uint32_t r = 0; r < module.size; r++) {
+            if (module.eps[r]) {
+                OBJ_DESTRUCT(&module.eps[r]->pending);
+                free(module.eps[r]);
+            }
+        }
+        free(module.eps);
+        module.eps = NULL;
+    }
+    free(module.scratch);
+    module.scratch = NULL;
+    module.scratch_len = 0;
+    OBJ_DESTRUCT(&module.eager);
+    OBJ_DESTRUCT(&module.max);
+    OBJ_DESTRUCT(&module.rdma);
+    unlock();
+    OBJ_DESTRUCT(&module.rdes);
+    OBJ_DESTRUCT(&module.lock);
+    return OPAL_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ init */
+
+static char *clean_name(const char *s, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (; s && *s && n + 1 < cap; s++) {
+        char c = *s;
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '_' || c == '-';
+        out[n++] = ok ? c : '_';
+    }
+    if (0 == n) out[n++] = 'x';
+    out[n] = '\0';
+    return out;
+}
+
+static int free_list(opal_free_list_t *fl, opal_class_t *cls, size_t item, size_t payload,
+                     int64_t num, int64_t max, int64_t inc)
+{
+    OBJ_CONSTRUCT(fl, opal_free_list_t);
+    return opal_free_list_init(fl, item, opal_cache_line_size, cls, payload, opal_cache_line_size,
+                               (int) num, (int) max, (int) inc, NULL, 0, NULL, NULL, NULL);
+}
+
+static mca_btl_base_module_t **component_init(int *num_btls, bool enable_progress_threads,
+                                              bool enable_mpi_threads)
+{
+    (void) enable_progress_threads;
+    (void) enable_mpi_threads;
+    btl_config_t *cfg = NULL;
+    mca_btl_base_module_t **out = NULL;
+    int64_t v[16];
+    static const char *const attrs[] = {
+        "eager_limit", "rndv_eager_limit", "max_send_size", "rdma_pipeline_send_length",
+        "rdma_pipeline_frag_size", "min_rdma_pipeline_size", "exclusivity", "latency",
+        "bandwidth", "flags", "free_list_num", "free_list_max", "free_list_inc",
+    };
+    enum { EAGER, RNDV, MAXSEND, PSEND, PFRAG, PMIN, EXCL, LAT, BW, FLAGS, FLN, FLM, FLI, NATTR };
+    char job[64], node[64];
+    uint32_t size = 0, *psize = &size;
+    int rc;
+    opal_process_name_t wild = OPAL_PROC_MY_NAME;
+
+    *num_btls = 0;
+#if defined(BTL_OMPI_RSM)
+    if (0 == opal_process_info.num_local_peers) {
+        VERBOSE(10, "no other rank on this node: declining");
+        return NULL;
+    }
+#endif
+    wild.vpid = OPAL_VPID_WILDCARD;
+    OPAL_MODEX_RECV_VALUE(rc, OPAL_PMIX_JOB_SIZE, &wild, &psize, OPAL_UINT32);
+    if (OPAL_SUCCESS != rc || 0 == size) {
+        opal_output(0, "btl " NAME ": the job's size is unknown (%d): declining", rc);
+        return NULL;
+    }
+
+    if (BTL_OK != btl_config_new(&cfg)) return NULL;
+    if (OPAL_SUCCESS != configure(cfg)) goto decline;
+    if (BTL_OK != (rc = btl_config_set(cfg, "btl", "transport", TRANSPORT))) {
+        report("transport", rc);
+        goto decline;
+    }
+    if ((uint32_t) opal_process_info.num_local_peers + 1 >= size) {
+        /* one node: btl keeps TCP on loopback unless if_include says otherwise */
+        (void) btl_config_set(cfg, "btl", "nodes", "1");
+    }
+    for (int i = 0; i < NATTR; i++) {
+        if (BTL_OK != number(cfg, attrs[i], &v[i])) goto decline;
+    }
+
+    memset(&module, 0, sizeof(module));
+    OBJ_CONSTRUCT(&module.lock, opal_recursive_mutex_t);
+    OBJ_CONSTRUCT(&module.rdes, mca_btl_base_descriptor_t);
+    module.rank = OPAL_PROC_MY_NAME.vpid;
+    module.size = size;
+
+    snprintf(job, sizeof(job), "ompi-%08x-" NAME, (unsigned) OPAL_PROC_MY_NAME.jobid);
+    clean_name(opal_process_info.nodename, node, sizeof(node));
+    btl_identity_t id = {.job = job, .rank = module.rank, .size = size, .node = node};
+    rc = btl_open(cfg, &id, &module.h);
+    if (BTL_OK != rc) {
+        report("btl_open", rc);
+        goto decline_module;
+    }
+    btl_config_free(cfg);
+    cfg = NULL;
+    {
+        const void *blob;
+        size_t len;
+        rc = btl_address(module.h, &blob, &len);
+        if (BTL_OK != rc) {
+            report("btl_address", rc);
+            goto decline_module;
+        }
+        OPAL_MODEX_SEND(rc, OPAL_PMIX_GLOBAL, &COMPONENT.btl_version, blob, len);
+        if (OPAL_SUCCESS != rc) {
+            opal_output(0, "btl " NAME ": publishing our address failed (%d)", rc);
+            goto decline_module;
+        }
+    }
+
+    mca_btl_base_module_t *m = &module.super;
+    m->btl_component = &COMPONENT;
+    m->btl_eager_limit = (size_t) v[EAGER];
+    m->btl_rndv_eager_limit = (size_t) v[RNDV];
+    m->btl_max_send_size = (size_t) v[MAXSEND];
+    m->btl_rdma_pipeline_send_length = (size_t) v[PSEND];
+    m->btl_rdma_pipeline_frag_size = (size_t) v[PFRAG];
+    m->btl_min_rdma_pipeline_size = (size_t) v[PMIN];
+    m->btl_exclusivity = (uint32_t) v[EXCL];
+    m->btl_latency = (uint32_t) v[LAT];
+    m->btl_bandwidth = (uint32_t) v[BW];
+    m->btl_flags = ((uint32_t) v[FLAGS] & MCA_BTL_FLAGS_RDMA) | MCA_BTL_FLAGS_SEND |
+                   MCA_BTL_FLAGS_SEND_INPLACE;
+    m->btl_atomic_flags = 0;
+    m->btl_registration_handle_size = BTL_KEY_BYTES;
+    m->btl_get_limit = 1u << 30;
+    m->btl_put_limit = 1u << 30;
+    m->btl_get_alignment = 0;
+    m->btl_put_alignment = 0;
+    m->btl_get_local_registration_threshold = 0;
+    m->btl_put_local_registration_threshold = 0;
+    m->btl_add_procs = m_add_procs;
+    m->btl_del_procs = m_del_procs;
+    m->btl_register = m_register_cb;
+    m->btl_finalize = m_finalize_module;
+    m->btl_alloc = m_alloc;
+    m->btl_free = m_free;
+    m->btl_prepare_src = m_prepare_src;
+    m->btl_send = m_send;
+    m->btl_sendi = m_sendi;
+    m->btl_put = m_put;
+    m->btl_get = m_get;
+    m->btl_dump = m_dump;
+    m->btl_register_mem = m_register_mem;
+    m->btl_deregister_mem = m_deregister_mem;
+    m->btl_register_error = m_register_error;
+
+    module.eps = calloc(size, sizeof(*module.eps));
+    if (NULL == module.eps) goto decline_module;
+    if (OPAL_SUCCESS != free_list(&module.eager, OBJ_CLASS(frag_t), sizeof(frag_t),
+                                  m->btl_eager_limit, v[FLN], v[FLM], v[FLI]) ||
+        OPAL_SUCCESS != free_list(&module.max, OBJ_CLASS(frag_t), sizeof(frag_t),
+                                  m->btl_max_send_size, v[FLN], v[FLM], v[FLI]) ||
+        OPAL_SUCCESS != free_list(&module.rdma, OBJ_CLASS(rdma_t), sizeof(rdma_t), 0, v[FLN],
+                                  v[FLM], v[FLI])) {
+        opal_output(0, "btl " NAME ": free lists could not be made");
+        goto decline_module;
+    }
+    out = malloc(sizeof(*out));
+    if (NULL == out) goto decline_module;
+    out[0] = m;
+    *num_btls = 1;
+    VERBOSE(10, "rank %u of %u on %s: btl's %s (eager %zu, max send %zu, exclusivity %u)",
+            module.rank, size, node, WHAT, m->btl_eager_limit, m->btl_max_send_size,
+            m->btl_exclusivity);
+    return out;
+
+decline_module:
+    if (module.h) btl_finalize(&module.h);
+    free(module.eps);
+    module.eps = NULL;
+decline:
+    btl_config_free(cfg);
+    VERBOSE(10, "declining");
+    return NULL;
+}
+
+static int component_close(void)
+{
+    if (module.h) {
+        btl_finalize(&module.h);
+    }
+    (void) verbose_stream;
+    return OPAL_SUCCESS;
+}
+
+mca_btl_base_component_3_0_0_t COMPONENT = {
+    .btl_version = {
+        MCA_BTL_DEFAULT_VERSION(NAME),
+        .mca_open_component = component_open,
+        .mca_close_component = component_close,
+        .mca_register_component_params = component_register,
+    },
+    .btl_data = {
+        .param_field = MCA_BASE_METADATA_PARAM_CHECKPOINT,
+    },
+    .btl_init = component_init,
+    .btl_progress = component_progress,
+};

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The Open MPI benchmark (not a test): the anchors' MPI ping-pong
+# (../shared/anchors/mpi_pingpong.c: half round-trip latency, and
+# bandwidth with windows of 64 MPI_Isend) under one MPI stack, `--mca pml
+# ob1`, 2 ranks pinned to different cores (--bind-to core --map-by core),
+# the BTL being the only difference:
+#   self,rsm   against self,vader with single copy on (cma) and off (none)
+#   self,rtcp  against self,tcp (both on loopback)
+# interleaved (every configuration once per round, REPS rounds), at 8 B,
+# 4 KiB, 64 KiB, 1 MiB and 4 MiB. Prints each run's lines, then a table of
+# medians and the bars (rsm 8 B latency <= 1.0x vader's best, rsm 4 MiB
+# bandwidth >= 1.0x vader's best; rtcp latency <= 1.0x tcp's, bandwidth
+# >= 1.0x tcp's at every size). The machine's load shows in the numbers:
+# run it on a quiet machine.
+#
+#   bash scripts/ompi-bench.sh            # REPS=3
+#   REPS=5 SIZES="8 4194304" bash scripts/ompi-bench.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+reps=${REPS:-3}
+sizes=${SIZES:-8 4096 65536 1048576 4194304}
+src=${MPI_PINGPONG:-$root/../shared/anchors/mpi_pingpong.c}
+[ -f "$src" ] || { echo "ompi-bench: $src not found (set MPI_PINGPONG)" >&2; exit 1; }
+bash scripts/ompi-components.sh >/dev/null
+out=$root/target/ompi-bench
+mkdir -p "$out"
+mpicc -O2 -o "$out/mpi_pingpong" "$src"
+sysdir=$(ompi_info --param mca base --level 9 --parsable |
+  sed -n 's/^mca:mca:base:param:mca_base_component_path:value:"\{0,1\}\([^:"]*\).*/\1/p')
+export OMPI_MCA_mca_base_component_path=${sysdir:-/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3}:$root/target/ompi
+
+configs=(
+  "vader-cma|--mca btl self,vader --mca btl_vader_single_copy_mechanism cma"
+  "vader-none|--mca btl self,vader --mca btl_vader_single_copy_mechanism none"
+  "rsm|--mca btl self,rsm"
+  "tcp|--mca btl self,tcp --mca btl_tcp_if_include lo"
+  "rtcp|--mca btl self,rtcp"
+)
+res=$out/results.tsv
+: >"$res"
+echo "ompi-bench: $reps rounds, sizes $sizes; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+for rep in $(seq "$reps"); do
+  for c in "${configs[@]}"; do
+    name=${c%%|*} opts=${c#*|}
+    # shellcheck disable=SC2086
+    lines=$(timeout 600 mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
+      --mca oob_tcp_if_include lo $opts "$out/mpi_pingpong" $sizes 2>&1 | grep '^size=' || true)
+    if [ -z "$lines" ]; then
+      echo "round $rep $name: no output (failed)"
+      continue
+    fi
+    while read -r l; do
+      sz=$(sed 's/.*size=\([0-9]*\).*/\1/' <<<"$l")
+      lat=$(sed 's/.*latency_us=\([0-9.]*\).*/\1/' <<<"$l")
+      bw=$(sed 's/.*bandwidth_MBps=\([0-9.]*\).*/\1/' <<<"$l")
+      printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$name" "$sz" "$lat" "$bw" >>"$res"
+      echo "round $rep $name $l"
+    done <<<"$lines"
+  done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+/usr/bin/python3 - "$res" <<'PY'
+import statistics, sys
+rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
+data = {}
+for rep, name, size, lat, bw in rows:
+    data.setdefault((name, int(size)), []).append((float(lat), float(bw)))
+names = ["vader-cma", "vader-none", "rsm", "tcp", "rtcp"]
+sizes = sorted({s for (_, s) in data})
+def med(name, size, i):
+    v = data.get((name, size))
+    return statistics.median(x[i] for x in v) if v else None
+def fmt(x, d=2):
+    return "-" if x is None else f"{x:.{d}f}"
+print("\nmedians (latency us / bandwidth MB/s):")
+print("| size | " + " | ".join(names) + " |")
+print("|---" * (len(names) + 1) + "|")
+for s in sizes:
+    cells = [f"{fmt(med(n, s, 0))} / {fmt(med(n, s, 1), 0)}" for n in names]
+    print(f"| {s} | " + " | ".join(cells) + " |")
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+print("\nbars:")
+if sizes:
+    lo, hi = sizes[0], sizes[-1]
+    vlat = min(x for x in (med("vader-cma", lo, 0), med("vader-none", lo, 0)) if x is not None) if any(med(v, lo, 0) for v in ("vader-cma", "vader-none")) else None
+    vbw = max(x for x in (med("vader-cma", hi, 1), med("vader-none", hi, 1)) if x is not None) if any(med(v, hi, 1) for v in ("vader-cma", "vader-none")) else None
+    r = ratio(med("rsm", lo, 0), vlat)
+    print(f"  rsm {lo} B latency / vader's best: {fmt(r)} (bar <= 1.0: {'met' if r is not None and r <= 1.0 else 'NOT met'})")
+    r = ratio(med("rsm", hi, 1), vbw)
+    print(f"  rsm {hi} B bandwidth / vader's best: {fmt(r)} (bar >= 1.0: {'met' if r is not None and r >= 1.0 else 'NOT met'})")
+    for s in sizes:
+        rl = ratio(med("rtcp", s, 0), med("tcp", s, 0))
+        rb = ratio(med("rtcp", s, 1), med("tcp", s, 1))
+        ok = rl is not None and rb is not None and rl <= 1.0 and rb >= 1.0
+        print(f"  rtcp/tcp at {s} B: latency {fmt(rl)}, bandwidth {fmt(rb)} ({'met' if ok else 'NOT met'})")
+PY

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds btl's Open MPI BTL components against the system's Open MPI
+# (Debian's libopenmpi-dev, 4.1): one C file (platform-linux/ompi/btl_ompi.c)
+# compiled twice, each linked with btl's static C ABI (libbtl.a), leaving
+# exactly
+#   target/ompi/mca_btl_rsm.so    btl's shared memory (peers of this node)
+#   target/ompi/mca_btl_rtcp.so   btl's TCP (every peer)
+# Install: copy both into ~/.openmpi/components (on Open MPI's default
+# mca_base_component_path), or run with
+#   --mca mca_base_component_path /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3:$PWD/target/ompi
+#
+#   bash scripts/ompi-components.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ompi_inc=${OMPI_INCLUDE:-/usr/lib/x86_64-linux-gnu/openmpi/include}
+ompi_lib=${OMPI_LIB:-/usr/lib/x86_64-linux-gnu/openmpi/lib}
+if [ ! -f "$ompi_inc/openmpi/opal/mca/btl/btl.h" ]; then
+  echo "ompi-components: Open MPI's internal headers are missing ($ompi_inc/openmpi/opal/mca/btl/btl.h): install libopenmpi-dev" >&2
+  exit 1
+fi
+cargo build --release --locked -p btl-capi
+target=${CARGO_TARGET_DIR:-target}
+out=$target/ompi
+mkdir -p "$out"
+rm -f "$out"/*.so
+src=platform-linux/ompi
+# Open MPI's headers use 16-byte compare-and-swap (its free lists' lifo):
+# on x86_64 the instruction (cmpxchg16b), elsewhere libatomic.
+arch=(-latomic)
+[ "$(uname -m)" = x86_64 ] && arch=(-mcx16)
+for c in rsm rtcp; do
+  def=BTL_OMPI_$(tr '[:lower:]' '[:upper:]' <<<"$c")
+  cc -std=gnu11 -O2 -g -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
+    -Wno-missing-field-initializers "${arch[@]}" -D"$def" \
+    -I"$ompi_inc" -I"$ompi_inc/openmpi" -Iplatform-linux/capi/include \
+    -o "$out/mca_btl_$c.so" "$src/btl_ompi.c" \
+    "$target/release/libbtl.a" \
+    -Wl,--version-script="$src/exports.map" -Wl,--gc-sections -Wl,-z,defs \
+    -L"$ompi_lib" -lopen-pal -lpthread -ldl -lm -lgcc_s -lc
+  strip --strip-debug "$out/mca_btl_$c.so"
+done
+ls -l "$out"/mca_btl_rsm.so "$out"/mca_btl_rtcp.so

@@ -1,0 +1,346 @@
+#!/usr/bin/env bash
+# The Open MPI components' tests (the test command's `ompi` step): builds
+# target/ompi/mca_btl_{rsm,rtcp}.so (scripts/ompi-components.sh), loads them
+# into the system's Open MPI with --mca mca_base_component_path, and checks
+#   - ompi_info lists both components and every btl parameter as an MCA
+#     variable with its help text; values set through --mca / OMPI_MCA_*
+#     reach btl (btl_base_verbose shows them);
+#   - selection: `--mca pml ob1 --mca btl self,rsm` (and self,rtcp) runs
+#     the checked MPI program (platform-linux/ompi/tests/mpi_check.c) at -n 2
+#     and -n 4, btl_base_verbose 100 showing btl's component chosen and the
+#     others unused;
+#   - bad input: a malformed OMPI_MCA_btl_rsm_* value (and a rule conflict)
+#     is reported naming the parameter, rsm declines, the job runs on vader;
+#   - a rank SIGKILLed under mpirun ends the job within seconds, nothing of
+#     the job left in /dev/shm (rsm and rtcp);
+#   - mpi4py's own test suite (the test/ directory of the PyPI source
+#     release of the installed mpi4py, downloaded by scripts/setup.sh into
+#     ~/.cache/btl): the whole suite at -n 2 over self,vader / self,rsm and
+#     self,tcp / self,rtcp, its point-to-point, collective and one-sided
+#     modules at -n 5 over the same four; every test that passes over
+#     vader/tcp must pass over rsm/rtcp;
+#   - three network-namespace hosts x 2 ranks with --mca btl self,rsm,rtcp:
+#     mpi4py's point-to-point and collective tests pass, the verbose output
+#     shows rsm inside a host and rtcp between hosts.
+# Runs as root in CI (OMPI_ALLOW_RUN_AS_ROOT). A missing prerequisite skips
+# with the reason, or fails when CI is set.
+#
+#   bash scripts/ompi-test.sh              # everything
+#   OMPI_TESTS="basic mpi4py" bash scripts/ompi-test.sh   # some groups:
+#       basic (info, selection, mpi_check, bad input), kill, mpi4py, hosts
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+groups=" ${OMPI_TESTS:-basic kill mpi4py hosts} "
+
+skip_or_fail() {
+  if [ -n "${CI:-}" ]; then
+    echo "ompi-test: FAILED: $* (CI is set: a missing prerequisite is a failure)" >&2
+    exit 1
+  fi
+  echo "ompi-test: SKIPPED: $*"
+  exit 0
+}
+command -v mpirun >/dev/null || skip_or_fail "mpirun not found (scripts/setup.sh installs openmpi-bin)"
+command -v mpicc >/dev/null || skip_or_fail "mpicc not found (scripts/setup.sh installs libopenmpi-dev)"
+[ -f /usr/lib/x86_64-linux-gnu/openmpi/include/openmpi/opal/mca/btl/btl.h ] ||
+  skip_or_fail "Open MPI's internal headers not found (libopenmpi-dev)"
+m4ver=$(/usr/bin/python3 -c 'import mpi4py; print(mpi4py.__version__)' 2>/dev/null) ||
+  skip_or_fail "mpi4py not importable by /usr/bin/python3 (scripts/setup.sh installs python3-mpi4py)"
+sdist=${BTL_CACHE:-$HOME/.cache/btl}/mpi4py-$m4ver.tar.gz
+[ -f "$sdist" ] || skip_or_fail "$sdist missing (scripts/setup.sh downloads mpi4py's source release)"
+
+bash scripts/ompi-components.sh >/dev/null
+cargo build --release --locked -p btl-linux --bin btl 2>/dev/null
+work=$root/target/ompi-test
+rm -rf "$work"
+mkdir -p "$work"
+sysdir=$(ompi_info --param mca base --level 9 --parsable |
+  sed -n 's/^mca:mca:base:param:mca_base_component_path:value:"\{0,1\}\([^:"]*\).*/\1/p')
+[ -n "$sysdir" ] || sysdir=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+export OMPI_MCA_mca_base_component_path=$sysdir:$root/target/ompi
+mpicc -O2 -Wall -Werror -o "$work/mpi_check" platform-linux/ompi/tests/mpi_check.c -lpthread
+tar -C "$work" -xzf "$sdist"
+suite=$work/mpi4py-$m4ver
+tests=platform-linux/ompi/tests
+
+passed=0 failed=0
+ok() { passed=$((passed + 1)); printf 'ok   %s\n' "$1"; }
+bad() {
+  failed=$((failed + 1)); printf 'FAIL %s\n' "$1"
+  if [ -n "${2:-}" ] && [ -f "$2" ]; then tail -40 "$2"; fi
+  return 0
+}
+# mpirun with the options every run here has; TCP on loopback for Open
+# MPI's own tcp BTL (ours keeps a one-node job on loopback by itself).
+mpi() {
+  timeout "${T:-300}" mpirun --oversubscribe --mca pml ob1 --mca btl_tcp_if_include lo \
+    --mca oob_tcp_if_include lo "$@"
+}
+shm_files() { ls /dev/shm 2>/dev/null | grep '^btl-' | sort || true; }
+
+# ---------------------------------------------------------------- basic
+if [[ $groups == *" basic "* ]]; then
+  # ompi_info: both components, every btl parameter with its help
+  ompi_info >"$work/info.txt" 2>&1
+  for c in rsm rtcp; do
+    if grep -q "MCA btl: $c (MCA v2.1.0, API v3.1.0" "$work/info.txt"; then
+      ok "ompi_info lists $c"
+    else
+      bad "ompi_info lists $c" "$work/info.txt"
+    fi
+  done
+  for pair in rsm:sm rtcp:tcp; do
+    c=${pair%:*} b=${pair#*:}
+    ompi_info --param btl "$c" --level 9 --parsable >"$work/param-$c.txt"
+    missing=$("$root/target/release/btl" info --json 2>/dev/null |
+      /usr/bin/python3 -c '
+import json, sys
+comp, names = sys.argv[1], set()
+for l in open(sys.argv[2]):
+    parts = l.split(":")
+    if len(parts) > 4 and parts[3] == "param" and parts[5] == "help":
+        names.add(parts[4])
+for l in sys.stdin:
+    d = json.loads(l)
+    if d.get("component") == comp[1] and "btl_%s_%s" % (comp[0], d["name"]) not in names:
+        print(d["name"])
+' "$c $b" "$work/param-$c.txt" | tr '\n' ' ') || missing="(btl info failed)"
+    n=$(grep -c ":param:btl_${c}_[a-z0-9_]*:help:" "$work/param-$c.txt" || true)
+    if [ -z "$missing" ] && [ "$n" -ge 20 ]; then
+      ok "ompi_info --param btl $c --level 9: $n parameters with help, every btl $b parameter"
+    else
+      bad "ompi_info --param btl $c: missing [$missing] ($n with help)" "$work/param-$c.txt"
+    fi
+  done
+  # a value through --mca and one through the environment reach btl
+  log=$work/set.log
+  if OMPI_MCA_btl_rsm_fifo_lazy_free=60 mpi -n 2 --mca btl self,rsm --mca btl_rsm_fifo_size 8192 \
+      --mca btl_base_verbose 10 "$work/mpi_check" --quick >"$log" 2>&1 &&
+    [ "$(grep -c 'btl_rsm_fifo_size = 8192 (from .*) goes to btl as sm.fifo_size' "$log")" = 2 ] &&
+    [ "$(grep -c 'btl_rsm_fifo_lazy_free = 60 (from .*) goes to btl as sm.fifo_lazy_free' "$log")" = 2 ]; then
+    ok "--mca btl_rsm_fifo_size / OMPI_MCA_btl_rsm_fifo_lazy_free reach btl"
+  else
+    bad "--mca btl_rsm_fifo_size / OMPI_MCA_btl_rsm_fifo_lazy_free reach btl" "$log"
+  fi
+  # selection and the checked program
+  for c in rsm rtcp; do
+    for n in 2 4; do
+      log=$work/sel-$c-$n.log
+      if mpi -n "$n" --mca btl self,$c --mca btl_base_verbose 100 "$work/mpi_check" --quick \
+          >"$log" 2>&1 &&
+        [ "$(grep -c 'mpi_check: rank [0-9]*: [0-9]* passed, 0 failed' "$log")" = "$n" ] &&
+        [ "$(grep -c "select: init of component $c returned success" "$log")" = "$n" ] &&
+        [ "$(grep -c "mca: bml: Using $c btl for send to" "$log")" = $((n * (n - 1))) ] &&
+        ! grep -q 'mca: bml: Using \(vader\|tcp\|sm\|openib\|ofi\|uct\) btl' "$log"; then
+        ok "selection + mpi_check over self,$c -n $n"
+      else
+        bad "selection + mpi_check over self,$c -n $n" "$log"
+      fi
+    done
+  done
+  # the full (not --quick) checked program once per component
+  for c in rsm rtcp; do
+    log=$work/full-$c.log
+    if mpi -n 3 --mca btl self,$c "$work/mpi_check" >"$log" 2>&1 &&
+      [ "$(grep -c 'passed, 0 failed' "$log")" = 3 ]; then
+      ok "mpi_check (full) over self,$c -n 3"
+    else
+      bad "mpi_check (full) over self,$c -n 3" "$log"
+    fi
+  done
+  # one-sided (osc pt2pt, single-threaded: see mpi_check.c)
+  for c in rsm rtcp; do
+    log=$work/rma-$c.log
+    if mpi -n 3 --mca btl self,$c --mca osc pt2pt "$work/mpi_check" --rma >"$log" 2>&1 &&
+      [ "$(grep -c 'passed, 0 failed' "$log")" = 3 ]; then
+      ok "mpi_check --rma (one-sided over osc pt2pt) over self,$c -n 3"
+    else
+      bad "mpi_check --rma over self,$c -n 3" "$log"
+    fi
+  done
+  # bad input: reported by name, rsm declines, vader carries the job
+  for bad_value in "fifo_size=abc:btl_rsm_fifo_size = \"abc\" is refused" \
+      "free_list_max=2:parameters refused"; do
+    var=${bad_value%%:*} want=${bad_value#*:}
+    log=$work/badparam-${var%%=*}.log
+    if (export "OMPI_MCA_btl_rsm_${var%%=*}=${var#*=}"
+      mpi -n 2 --mca btl self,rsm,vader --mca btl_base_verbose 100 "$work/mpi_check" --quick) \
+        >"$log" 2>&1 &&
+      grep -q "$want" "$log" && grep -q "btl_rsm_${var%%=*}\|${var%%=*}" "$log" &&
+      [ "$(grep -c 'select: init of component rsm returned failure' "$log")" = 2 ] &&
+      [ "$(grep -c 'mca: bml: Using vader btl for send to' "$log")" = 2 ] &&
+      [ "$(grep -c 'passed, 0 failed' "$log")" = 2 ]; then
+      ok "OMPI_MCA_btl_rsm_$var: named, rsm declines, the job runs over vader"
+    else
+      bad "OMPI_MCA_btl_rsm_$var: named, rsm declines, the job runs over vader" "$log"
+    fi
+  done
+fi
+
+# ---------------------------------------------------------------- kill
+if [[ $groups == *" kill "* ]]; then
+  for c in rsm rtcp; do
+    log=$work/kill-$c.log
+    before=$(shm_files)
+    mpirun --oversubscribe --mca pml ob1 --mca btl self,$c --mca oob_tcp_if_include lo \
+      -n 3 "$work/mpi_check" --seconds 60 >"$log" 2>&1 &
+    mp=$!
+    victim=
+    for _ in $(seq 100); do
+      # the ranks are mpirun's children once they run MPI (their first
+      # output is late, so wait a little once they exist)
+      kids=$(pgrep -P "$mp" -x mpi_check || true)
+      if [ "$(wc -w <<<"$kids")" = 3 ]; then victim=$(awk '{print $2}' <<<"$(echo $kids)"); break; fi
+      sleep 0.1
+    done
+    sleep 2
+    t0=$(date +%s.%N)
+    if [ -n "$victim" ] && ! kill -9 "$victim" 2>/dev/null; then victim="$victim (gone before the kill)"; fi
+    ended=0
+    for _ in $(seq 300); do
+      if ! kill -0 "$mp" 2>/dev/null; then ended=1; break; fi
+      sleep 0.1
+    done
+    t1=$(date +%s.%N)
+    if [ "$ended" = 0 ]; then kill -9 "$mp" 2>/dev/null || true; fi
+    wait "$mp" 2>/dev/null || true
+    sleep 0.5
+    left=$(comm -13 <(echo "$before") <(shm_files) | tr '\n' ' ')
+    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')
+    if [ -n "$victim" ] && [ "${victim#* }" = "$victim" ] && [ "$ended" = 1 ] && [ -z "${left// /}" ] &&
+      awk -v s="$secs" 'BEGIN{exit !(s < 10)}'; then
+      ok "a rank of 3 SIGKILLed over $c: the job ended ${secs}s later, nothing left in /dev/shm"
+    else
+      bad "a rank SIGKILLed over $c (victim ${victim:-none}, ended $ended after ${secs}s, left: $left)" "$log"
+    fi
+  done
+fi
+
+# ---------------------------------------------------------------- mpi4py
+# one suite run: NAME NP BTLS [runtests options]; results in $work/m4/NAME
+# (mpirun options, then -- and runtests.py options)
+m4run() {
+  local name=$1 np=$2 btls=$3; shift 3
+  local d=$work/m4/$name opts=()
+  while [ $# -gt 0 ] && [ "$1" != -- ] && [ "$1" != -i ] && [ "$1" != -e ]; do
+    opts+=("$1"); shift
+  done
+  [ "${1:-}" = -- ] && shift
+  mkdir -p "$d"
+  local t0=$SECONDS
+  T=900 mpi -n "$np" --mca btl "$btls" "${opts[@]}" "$root/$tests/mpi4py-rank.sh" "$suite" "$d" \
+    "$@" >"$d/mpirun.log" 2>&1 || true
+  local s
+  s=$(/usr/bin/python3 "$tests/mpi4py_results.py" summary "$d")
+  printf '  %-24s %s (%ss)\n' "$name" "$(head -1 <<<"$s")" $((SECONDS - t0)) | tee -a "$work/m4/matrix.txt"
+  tail -n +2 <<<"$s" | head -20
+}
+if [[ $groups == *" mpi4py "* ]]; then
+  mkdir -p "$work/m4"
+  : >"$work/m4/matrix.txt"
+  # Spawning (test_spawn, test_dynproc) is excluded for every BTL: the
+  # children are another Open MPI job, which none of these BTLs reach
+  # (vader and tcp fail the same way: "unreachable" in dpm.c).
+  all=(-e test_spawn -e test_dynproc)
+  # The one-sided modules once more, single-threaded over osc pt2pt: under
+  # mpi4py's default MPI_THREAD_MULTIPLE its one-sided tests disable
+  # themselves over every BTL here (see the README).
+  rma=(--thread-level single -i test_rma -i test_win)
+  echo "mpi4py $m4ver test suite:"
+  for b in vader rsm tcp rtcp; do m4run "$b-n2" 2 "self,$b" "${all[@]}"; done
+  for b in vader rsm tcp rtcp; do m4run "$b-n5-p2p,cco" 5 "self,$b" -i test_p2p -i test_cco; done
+  for b in vader rsm tcp rtcp; do
+    m4run "$b-n5-rma-pt2pt" 5 "self,$b" --mca osc pt2pt -- "${rma[@]}"
+  done
+  for pair in vader:rsm tcp:rtcp; do
+    ref=${pair%:*} ours=${pair#*:}
+    for run in n2 n5-p2p,cco n5-rma-pt2pt; do
+      if /usr/bin/python3 "$tests/mpi4py_results.py" compare "$work/m4/$ref-$run" \
+          "$work/m4/$ours-$run" >"$work/m4/cmp-$ours-$run.txt" &&
+        grep -q "passed=[1-9]" <<<"$(/usr/bin/python3 "$tests/mpi4py_results.py" summary "$work/m4/$ours-$run")"; then
+        ok "mpi4py $run: every test passing over $ref passes over $ours"
+      else
+        bad "mpi4py $run: tests passing over $ref but not over $ours" "$work/m4/cmp-$ours-$run.txt"
+      fi
+    done
+  done
+fi
+
+# ---------------------------------------------------------------- hosts
+if [[ $groups == *" hosts "* ]]; then
+  if ! ip netns add btlompiprobe$$ 2>/dev/null; then
+    [ -n "${CI:-}" ] && { bad "network namespaces cannot be made here (needs root)"; }
+    [ -z "${CI:-}" ] && echo "ompi-test: SKIPPED the 3-host run: cannot make network namespaces"
+  else
+    ip netns del btlompiprobe$$
+    br=btlob$$ net=10.78.$(($$ % 200 + 20))
+    hdir=$work/hosts
+    mkdir -p "$hdir"
+    cleanup_hosts() {
+      for i in 1 2 3; do ip netns del "bo$$h$i" 2>/dev/null || true; done
+      ip link del "$br" 2>/dev/null || true
+    }
+    trap cleanup_hosts EXIT
+    ip link add "$br" type bridge
+    ip addr add "$net.254/24" dev "$br"
+    ip link set "$br" up
+    printf '127.0.0.1 localhost\n%s.254 head\n' "$net" >"$hdir/hosts"
+    hl=
+    for i in 1 2 3; do
+      h=bo$$h$i
+      ip netns add "$h"
+      ip link add "bo$$v$i" type veth peer name eth0 netns "$h"
+      ip link set "bo$$v$i" master "$br" up
+      ip -n "$h" addr add "$net.$i/24" dev eth0
+      ip -n "$h" link set eth0 up
+      ip -n "$h" link set lo up
+      printf '%s.%s %s\n' "$net" "$i" "$h" >>"$hdir/hosts"
+      hl="$hl${hl:+,}$h:2"
+    done
+    # 6 ranks on this machine's 2 cores, in hosts Open MPI believes are
+    # separate: without mpi_yield_when_idle the busy-polling ranks starve
+    # the kernel's softirq work that moves packets across the veths (each
+    # message then waits for a timer tick; Open MPI's own tcp BTL stalls
+    # the same way), so yield when idle, as Open MPI does by itself when
+    # it knows a node is oversubscribed.
+    d=$work/m4/hosts
+    mkdir -p "$d"
+    log=$d/mpirun.log
+    t0=$SECONDS
+    # (OMPI_HOSTS_BTL / OMPI_HOSTS_TESTS change what runs, by hand)
+    # shellcheck disable=SC2086
+    BTL_NETNS_HOSTS=$hdir/hosts timeout "${T:-900}" mpirun --host "$hl" -n 6 \
+      --mca plm_rsh_agent "$root/scripts/netns-agent.sh" \
+      --mca oob_tcp_if_include "$net.0/24" -x OMPI_MCA_mca_base_component_path \
+      -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
+      --mca pml ob1 --mca btl "${OMPI_HOSTS_BTL:-self,rsm,rtcp}" \
+      --mca btl_rtcp_if_include "$net.0/24" --mca btl_tcp_if_include "$net.0/24" \
+      --mca btl_base_verbose 10 --mca mpi_yield_when_idle 1 \
+      "$root/$tests/mpi4py-rank.sh" "$suite" "$d" ${OMPI_HOSTS_TESTS:--i test_p2p -i test_cco} \
+      >"$log" 2>&1 || true
+    s=$(/usr/bin/python3 "$tests/mpi4py_results.py" summary "$d")
+    printf '  %-24s %s (%ss)\n' "3 hosts x 2, rsm+rtcp" "$(head -1 <<<"$s")" $((SECONDS - t0)) |
+      tee -a "$work/m4/matrix.txt"
+    # rsm to the host-mate, rtcp to the 4 others, from every rank
+    # (each rank's verbose lines are in its own log, between test lines)
+    uses=$(cat "$d"/rank.* | grep -o '\[[^]:]*:[0-9]*\] mca: bml: Using r[a-z]* btl for send to [^ ]* on node [^ ]*' || true)
+    nrsm=$(grep -c 'Using rsm btl' <<<"$uses" || true)
+    nrtcp=$(grep -c 'Using rtcp btl' <<<"$uses" || true)
+    wrong=$(awk '{ src = $1; sub(/^\[/, "", src); sub(/:.*/, "", src); dst = $NF
+        if (($0 ~ /rsm btl/) != (src == dst)) print }' <<<"$uses" | head -3)
+    if grep -q '^passed=[1-9][0-9]* failed=0 ' <<<"$s" && [ "$nrsm" = 6 ] && [ "$nrtcp" = 24 ] &&
+      [ -z "$wrong" ]; then
+      ok "3 hosts x 2 ranks over self,rsm,rtcp: mpi4py p2p+cco pass; rsm inside a host (6), rtcp between hosts (24)"
+    else
+      bad "3 hosts x 2 ranks over self,rsm,rtcp (rsm $nrsm, rtcp $nrtcp, wrong: $wrong; $s)" "$log"
+    fi
+    cleanup_hosts
+    trap - EXIT
+  fi
+fi
+
+[ -f "$work/m4/matrix.txt" ] && { echo "mpi4py matrix:"; cat "$work/m4/matrix.txt"; }
+printf 'ompi: %d passed, %d failed\n' "$passed" "$failed"
+[ "$failed" = 0 ]
