@@ -682,30 +682,15 @@ impl Fbox {
         size: u32,
         sender: u32,
     ) -> Result<FboxReader<'a>, FboxError> {
-        let (mem, found) = attach_mem(region, offset)?;
+        let mem = claim_fresh(
+            region,
+            offset,
+            sender,
+            |m| &m.reader,
+            FboxError::ReaderClaimed,
+        )?;
         if mem.size != size {
             return Err(FboxError::InvalidSize { size: mem.size });
-        }
-        if found != sender {
-            return Err(FboxError::WrongSender {
-                expected: sender,
-                found,
-            });
-        }
-        // Acquire: pairs with the Release of the magic (acquired above); the
-        // claim only has to be exclusive.
-        if mem
-            .header
-            .meta
-            .reader
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(FboxError::ReaderClaimed);
-        }
-        let tail = mem.tail().load(Ordering::Relaxed);
-        if tail != 0 {
-            return Err(FboxError::NotFresh { tail });
         }
         Ok(FboxReader {
             mem,
@@ -833,6 +818,39 @@ fn attach_mem<'a>(region: &Region<'a>, offset: u64) -> Result<(BoxMem<'a>, u32),
     Ok((BoxMem { header, data, size }, sender))
 }
 
+/// Attaches to the box at `offset` for `sender`, checks it is fresh and
+/// claims one of its two sides (the claim word `side` picks; `claimed` if
+/// taken): what [`FboxWriter::attach`] and [`Fbox::claim_reader`] share.
+fn claim_fresh<'a>(
+    region: &Region<'a>,
+    offset: u64,
+    sender: u32,
+    side: fn(&Meta) -> &AtomicU32,
+    claimed: FboxError,
+) -> Result<BoxMem<'a>, FboxError> {
+    let (mem, found) = attach_mem(region, offset)?;
+    if found != sender {
+        return Err(FboxError::WrongSender {
+            expected: sender,
+            found,
+        });
+    }
+    // Acquire: pairs with the Release of the magic (already acquired in
+    // `attach_mem`) — the claim only has to be exclusive.
+    if side(&mem.header.meta)
+        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return Err(claimed);
+    }
+    // Acquire: pairs with the reader's Release stores of its tail.
+    let tail = mem.tail().load(Ordering::Acquire);
+    if tail != 0 {
+        return Err(FboxError::NotFresh { tail });
+    }
+    Ok(mem)
+}
+
 /// The sender's handle on a peer's box. `Send`; one per box, for the box's
 /// whole life.
 pub struct FboxWriter<'a> {
@@ -864,29 +882,13 @@ impl<'a> FboxWriter<'a> {
     /// version, size and sender the receiver wrote, that the box is fresh,
     /// and claims its one writer.
     pub fn attach(region: &Region<'a>, offset: u64, sender: u32) -> Result<Self, FboxError> {
-        let (mem, found) = attach_mem(region, offset)?;
-        if found != sender {
-            return Err(FboxError::WrongSender {
-                expected: sender,
-                found,
-            });
-        }
-        // Acquire: pairs with the Release of the magic (already acquired
-        // above) — the claim only has to be exclusive.
-        if mem
-            .header
-            .meta
-            .writer
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(FboxError::WriterClaimed);
-        }
-        // Acquire: pairs with the reader's Release stores of its tail.
-        let tail = mem.tail().load(Ordering::Acquire);
-        if tail != 0 {
-            return Err(FboxError::NotFresh { tail });
-        }
+        let mem = claim_fresh(
+            region,
+            offset,
+            sender,
+            |m| &m.writer,
+            FboxError::WriterClaimed,
+        )?;
         Ok(Self {
             mem,
             head: 0,
