@@ -99,6 +99,21 @@ fn message(i: u64) -> (u8, Vec<u8>) {
     )
 }
 
+/// A two-rank segment for `params`, both parts initialised.
+fn segment(params: &SmParams) -> (SegmentLayout, Arc<SegmentMemory>) {
+    let layout = segment_layout(params, 2).unwrap();
+    let mem = Arc::new(SegmentMemory::new(layout.total_bytes));
+    {
+        // SAFETY: no other thread yet; `mem` outlives the region.
+        let region = unsafe { mem.region() };
+        for r in 0..2 {
+            // SAFETY: nothing else touches the parts yet.
+            unsafe { init_part(&region, &layout, params, r) }.unwrap();
+        }
+    }
+    (layout, mem)
+}
+
 /// Rank 0 (this thread) sends `n` messages to rank 1 (a model thread),
 /// each only after the previous one's ACK, so every message after the
 /// first reuses the fragment the previous one came back in (free lists are
@@ -106,16 +121,7 @@ fn message(i: u64) -> (u8, Vec<u8>) {
 /// be an infinite execution to it.
 fn handover(n: u64) {
     let params = tiny();
-    let layout = segment_layout(&params, 2).unwrap();
-    let mem = Arc::new(SegmentMemory::new(layout.total_bytes));
-    {
-        // SAFETY: no other thread yet; `mem` outlives the region.
-        let region = unsafe { mem.region() };
-        for r in 0..2 {
-            // SAFETY: nothing else touches the parts yet.
-            unsafe { init_part(&region, &layout, &params, r) }.unwrap();
-        }
-    }
+    let (layout, mem) = segment(&params);
     let receiver = {
         let mem = mem.clone();
         spawn(move || {
@@ -206,16 +212,7 @@ fn owner(
 /// ring SEND is dispatched.
 fn boxed() {
     let params = tiny_boxed();
-    let layout = segment_layout(&params, 2).unwrap();
-    let mem = Arc::new(SegmentMemory::new(layout.total_bytes));
-    {
-        // SAFETY: no other thread yet; `mem` outlives the region.
-        let region = unsafe { mem.region() };
-        for r in 0..2 {
-            // SAFETY: nothing else touches the parts yet.
-            unsafe { init_part(&region, &layout, &params, r) }.unwrap();
-        }
-    }
+    let (layout, mem) = segment(&params);
     let msgs: [(u8, &[u8], u64); 3] = [(1, b"box", 0), (2, b"ring", 1), (3, b"after", 0)];
     let receiver = {
         let mem = mem.clone();
