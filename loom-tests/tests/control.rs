@@ -31,7 +31,7 @@ fn control_memory() -> Arc<SegmentMemory> {
         version: u32s(),
         state: u32s(),
         nprocs: AtomicU32::new(RANKS),
-        attached: u32s(),
+        fbox_size: u32s(),
         fifo_size: u32s(),
         num_fifos: u32s(),
         lazy_free: u32s(),

@@ -10,8 +10,10 @@
 //!
 //! - writes random values into the ranks' ring slots (random words, and
 //!   plausible SEND/ACK slots naming real fragments), ring headers (the
-//!   head / freed / tail counters and the geometry), fragment headers, or
-//!   control records (pid, start time, state, probe, verdict); or
+//!   head / freed / tail counters and the geometry), fragment headers,
+//!   control records (pid, start time, state, probe, verdict), or fast
+//!   boxes (the word at the reader's position — the next record's header
+//!   or the terminator —, the reader's tail, the meta line); or
 //! - tries to truncate the segment (shrinking is refused by the seal) and
 //!   grows it (allowed, harmless).
 //!
@@ -34,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use btl_core::shm::{Region, ShmOffset};
 use btl_core::sm::control::{Control, RANK_READY};
+use btl_core::sm::fbox::Fbox;
 use btl_core::sm::frag::{FragType, Slot, FRAG_HEADER_SIZE};
 use btl_core::sm::layout::{segment_layout, SegmentLayout, CONTROL_HEADER, CONTROL_RECORD};
 use btl_core::sm::params::SmParams;
@@ -54,7 +57,7 @@ const ATTACK: Duration = Duration::from_millis(1500);
 const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Every structure a victim may name (`btl_core::sm::control::Structure`).
-const STRUCTURES: [&str; 7] = [
+const STRUCTURES: [&str; 8] = [
     "ring slot",
     "ring header",
     "fragment header",
@@ -62,6 +65,7 @@ const STRUCTURES: [&str; 7] = [
     "acknowledgement",
     "control record",
     "message protocol",
+    "fast box",
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +78,8 @@ enum Attack {
     FragHeaders,
     /// Random fields in the ranks' control records.
     ControlRecords,
+    /// Random words in the fast boxes' headers and the reader's tail.
+    FastBoxes,
     /// Shrinking the segment (refused), then growing it.
     Truncate,
 }
@@ -99,6 +105,10 @@ impl Attack {
             ],
             Attack::FragHeaders => &["fragment header"],
             Attack::ControlRecords => &["control record"],
+            // A plausible tail lets the writer overwrite unread records:
+            // the reader then finds a record out of sequence, after
+            // perhaps a payload it cannot tell from a malformed message.
+            Attack::FastBoxes => &["fast box", "message protocol"],
             Attack::Truncate => &[],
         }
     }
@@ -272,6 +282,38 @@ fn attack(region: &Region<'_>, layout: &SegmentLayout, how: Attack, rng: &mut Rn
             };
             poke(region, rec + field, &value.to_le_bytes());
         }
+        Attack::FastBoxes => {
+            let at = layout.fbox_offset(rank, other).unwrap();
+            let size = u64::from(layout.fbox_size);
+            match rng.below(3) {
+                0 => {
+                    // The word at the reader's position: never zero (a
+                    // zero there would hide a published record, which the
+                    // box cannot tell from "nothing yet"; no process of
+                    // the job ever stores it over a published header).
+                    let mut tail = [0u8; 8];
+                    let _ = region.read_bytes((at + Fbox::TAIL_OFFSET) as u64, &mut tail);
+                    let pos = u64::from_ne_bytes(tail) & (size - 1);
+                    let value = rng.next() | 1;
+                    poke(
+                        region,
+                        at + Fbox::DATA_OFFSET + pos as usize,
+                        &value.to_ne_bytes(),
+                    );
+                }
+                1 => {
+                    let value = match rng.below(2) {
+                        0 => rng.next(),
+                        _ => rng.below(1 << 20),
+                    };
+                    poke(region, at + Fbox::TAIL_OFFSET, &value.to_ne_bytes());
+                }
+                _ => {
+                    let field = 4 * rng.below(6) as usize;
+                    poke(region, at + field, &(rng.next() as u32).to_ne_bytes());
+                }
+            }
+        }
         Attack::Truncate => {}
     }
 }
@@ -398,6 +440,16 @@ fn hostile(how: Attack) {
         eprintln!("{how:?}: rank {r} {status}; stderr ends with:\n{tail}");
         check_outcome(how, r as u32, status, out, err);
     }
+    if how == Attack::FastBoxes {
+        // A non-zero word at a reader's position is always caught: some
+        // rank must have named the fast box.
+        assert!(
+            outcomes
+                .iter()
+                .any(|(_, _, err)| err.contains("corrupted shared memory: fast box")),
+            "{how:?}: no rank caught the corrupted fast box"
+        );
+    }
 }
 
 /// Exit 0 with every message intact, or an error line naming the other
@@ -476,6 +528,11 @@ fn random_fragment_headers_end_the_conversation() {
 #[test]
 fn random_control_records_end_the_conversation() {
     hostile(Attack::ControlRecords);
+}
+
+#[test]
+fn random_fast_box_words_end_the_conversation() {
+    hostile(Attack::FastBoxes);
 }
 
 #[test]

@@ -4,8 +4,8 @@ use std::process::{Command, Output};
 
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
-/// The 22 parameters of the `sm` component, in table order.
-const SM_PARAMS: [&str; 22] = [
+/// The 23 parameters of the `sm` component, in table order.
+const SM_PARAMS: [&str; 23] = [
     "use_knem",
     "knem_dma_min",
     "knem_max_simultaneous",
@@ -18,6 +18,7 @@ const SM_PARAMS: [&str; 22] = [
     "num_fifos",
     "fifo_lazy_free",
     "sm_extra_procs",
+    "fbox_size",
     "exclusivity",
     "flags",
     "rndv_eager_limit",
@@ -156,6 +157,30 @@ fn a_malformed_value_is_an_error_naming_the_variable() {
         stderr.contains("it accepts an integer between 2 and 2^30"),
         "{stderr}"
     );
+}
+
+#[test]
+fn fast_box_sizes_are_checked() {
+    for bad in ["100", "32", "131072", "-1"] {
+        let out = info(&["--json"], &[("BTL_SM_FBOX_SIZE", bad)]);
+        let stderr = text(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{bad}");
+        assert!(stderr.contains("BTL_SM_FBOX_SIZE"), "{bad}: {stderr}");
+        assert!(
+            stderr.contains("0 (no fast boxes) or a power of two between 64 and 65536"),
+            "{bad}: {stderr}"
+        );
+    }
+    for (good, value) in [("4k", "4096"), ("0", "0"), ("64", "64"), ("65536", "65536")] {
+        let out = info(&["--json"], &[("BTL_SM_FBOX_SIZE", good)]);
+        assert_eq!(out.status.code(), Some(0), "{good}: {}", text(&out.stderr));
+        let line = text(&out.stdout)
+            .lines()
+            .find(|l| l.contains("\"fbox_size\""))
+            .map(parse_line)
+            .unwrap();
+        assert_eq!((line.1.as_str(), line.2.as_str()), (value, "environment"));
+    }
 }
 
 #[test]

@@ -27,6 +27,7 @@
 use core::fmt;
 
 use crate::shm::{Region, ResolveError, ShmSafe};
+use crate::sm::fbox::Fbox;
 use crate::sm::layout::{CONTROL_HEADER, CONTROL_RECORD};
 use crate::sm::params::SmParams;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -34,7 +35,7 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 /// "BTLSEG01", little endian.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"BTLSEG01");
 /// Layout version of the control area.
-pub const CONTROL_VERSION: u32 = 1;
+pub const CONTROL_VERSION: u32 = 2;
 
 /// Segment state: the creator is still writing the header.
 pub const SEG_CREATING: u32 = 0;
@@ -70,6 +71,9 @@ pub enum Structure {
     /// A transport message inside a valid fragment (malformed header of a
     /// large message, a one-sided request, a barrier).
     MessageProtocol = 7,
+    /// A fast box: a record header, or the reader's tail as its writer
+    /// sees it.
+    FastBox = 8,
 }
 
 impl Structure {
@@ -83,6 +87,7 @@ impl Structure {
             Self::Acknowledgement => "acknowledgement",
             Self::ControlRecord => "control record",
             Self::MessageProtocol => "message protocol",
+            Self::FastBox => "fast box",
         }
     }
 
@@ -96,6 +101,7 @@ impl Structure {
             5 => Self::Acknowledgement,
             6 => Self::ControlRecord,
             7 => Self::MessageProtocol,
+            8 => Self::FastBox,
             _ => return None,
         })
     }
@@ -160,9 +166,9 @@ pub struct ControlHeader {
     pub state: AtomicU32,
     /// Number of local ranks.
     pub nprocs: AtomicU32,
-    /// Reserved (counted the ranks that had attached when segments were
-    /// files, unlinked by the last one; memfds need no unlinking).
-    pub attached: AtomicU32,
+    /// `fbox_size` (0: no fast boxes). Since version 2; in version 1 this
+    /// word counted the ranks that had attached when segments were files.
+    pub fbox_size: AtomicU32,
     /// `fifo_size` the layout was computed with.
     pub fifo_size: AtomicU32,
     /// `num_fifos` (power of two).
@@ -392,7 +398,7 @@ impl<'a> Control<'a> {
         h.creator_start.store(creator_start, r);
         h.version.store(CONTROL_VERSION, r);
         h.nprocs.store(nprocs, r);
-        h.attached.store(0, r);
+        h.fbox_size.store(params.fbox_size, r);
         h.fifo_size.store(params.fifo_size, r);
         h.num_fifos.store(params.num_fifos as u32, r);
         h.lazy_free.store(params.fifo_lazy_free, r);
@@ -443,6 +449,10 @@ impl<'a> Control<'a> {
             i32::try_from(h.free_list_inc.load(r)).map_err(|_| ControlError::Corrupted {
                 what: "free_list_inc",
             })?;
+        p.fbox_size = h.fbox_size.load(r);
+        if p.fbox_size != 0 && Fbox::check_size(p.fbox_size).is_err() {
+            return Err(ControlError::Corrupted { what: "fbox_size" });
+        }
         let nprocs = h.nprocs.load(r);
         let max_procs = h.max_procs.load(r);
         if nprocs == 0 || max_procs < nprocs {
@@ -501,9 +511,19 @@ mod tests {
         let mut p = SmParams::default();
         p.fifo_size = 64;
         p.num_fifos = 2;
+        p.fbox_size = 1024;
         c.publish(&p, 3, 6, 1 << 20, 42, 7);
         let (q, n, m) = c.read_params(&SmParams::default()).unwrap();
         assert_eq!((q.fifo_size, q.num_fifos, n, m), (64, 2, 3, 6));
+        assert_eq!(q.fbox_size, 1024, "the creator's, not the default");
+        // A box size no layout has is a corrupted header.
+        c.header().fbox_size.store(1000, Ordering::Relaxed);
+        assert_eq!(
+            c.read_params(&SmParams::default()).unwrap_err(),
+            ControlError::Corrupted { what: "fbox_size" }
+        );
+        c.header().fbox_size.store(0, Ordering::Relaxed);
+        assert_eq!(c.read_params(&SmParams::default()).unwrap().0.fbox_size, 0);
         assert!(c.record(2).is_ok());
         assert!(matches!(
             c.record(3),
@@ -586,10 +606,10 @@ mod tests {
             );
             assert_eq!(rec.take_verdict(1, 3), None, "cleared");
         }
-        for code in 1..=7 {
+        for code in 1..=8 {
             assert_eq!(Structure::from_code(code).map(|s| s as u16), Some(code));
         }
         assert_eq!(Structure::from_code(0), None);
-        assert_eq!(Structure::from_code(8), None);
+        assert_eq!(Structure::from_code(9), None);
     }
 }

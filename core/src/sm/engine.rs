@@ -35,6 +35,22 @@
 //!
 //! It returns the number of events, never blocks and never allocates.
 //!
+//! # Fast boxes
+//!
+//! When the layout has them (`fbox_size` > 0), each rank also has a fast
+//! box in every peer's part ([`crate::sm::fbox`]): [`SmEngine::send`]
+//! puts a message there — no fragment, no slot, no ACK — when it needs no
+//! completion (`cookie` 0), fits the box's record limit, the box has room,
+//! and no SEND of ours to that peer is waiting for its ACK (the hand-off
+//! rule); otherwise it takes the ring as above. [`SmEngine::progress`]
+//! polls every peer's box in our part before the rings and drains a
+//! sender's box before dispatching a ring SEND from it, so per-peer order
+//! holds across the two paths; box messages reach [`Dispatch::recv`] like
+//! fragments, in place. A record that fails validation, or a reader's tail
+//! our writer finds impossible, is [`PeerError::FastBox`], blamed on that
+//! peer (it is the box's only other party). A rank that leaves waits for
+//! its boxes to be read ([`SmEngine::fboxes_drained`]) as for its ACKs.
+//!
 //! # Corruption ends the conversation
 //!
 //! Anything else — a slot that does not decode, a SEND or ACK naming a
@@ -85,9 +101,10 @@ use core::fmt;
 
 use crate::shm::{Region, ResolveError, SegmentTable, ShmOffset};
 use crate::sm::control::Structure;
+use crate::sm::fbox::{self, Corruption, Fbox, FboxError, FboxReader, FboxWriter};
 use crate::sm::fifo::{fifo_map, Consumer, Fifo, FifoError, Producer, RingFault};
 use crate::sm::frag::{
-    read_frag, FragError, FragHeader, FragType, FragView, Slot, SlotError, STATUS_BIT,
+    read_frag, FragError, FragHeader, FragInfo, FragType, FragView, Slot, SlotError, STATUS_BIT,
 };
 use crate::sm::layout::{SegmentLayout, SizeError};
 use crate::sm::params::SmParams;
@@ -128,6 +145,10 @@ pub struct PeerSlot<'a> {
     /// Sequence number expected on this peer's next SEND.
     recv_seq: u32,
     state: PeerState,
+    /// Our fast box in this peer's part (we write it).
+    fbox_out: Option<FboxWriter<'a>>,
+    /// This peer's fast box in our part (we read it).
+    fbox_in: Option<FboxReader<'a>>,
 }
 
 impl PeerSlot<'_> {
@@ -143,6 +164,8 @@ impl PeerSlot<'_> {
             send_seq: 0,
             recv_seq: 0,
             state: PeerState::Failed,
+            fbox_out: None,
+            fbox_in: None,
         }
     }
 }
@@ -201,6 +224,11 @@ pub trait Dispatch {
     /// A SEND from `peer` with `tag` arrived; `frag.payload` holds exactly
     /// `frag.info.len` validated bytes. Return `false` to make the ACK carry
     /// the error status (no handler for the tag, handler failed).
+    ///
+    /// Messages from a peer's fast box come the same way, in order with
+    /// its ring messages, with `frag.header` `None` and the payload in
+    /// place in the box (valid during the call); they have no ACK, so the
+    /// return value is dropped: report what is refused another way.
     fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool;
     /// A fragment we sent to `peer` with `cookie` came back; `ok` is false if
     /// the receiver reported an error or the peer failed.
@@ -296,6 +324,15 @@ pub enum PeerError {
         /// What is wrong with it.
         fault: RingFault,
     },
+    /// A fast box shared with this peer is corrupt: a record header in its
+    /// box in our part (it writes them), or the tail of our box in its
+    /// part (it writes that).
+    FastBox {
+        /// The peer.
+        peer: u32,
+        /// What is wrong.
+        error: Corruption,
+    },
 }
 
 impl PeerError {
@@ -310,6 +347,7 @@ impl PeerError {
             | Self::ForgedAck { .. }
             | Self::AckOutOfOrder { .. } => Structure::Acknowledgement,
             Self::Ring { .. } => Structure::RingHeader,
+            Self::FastBox { .. } => Structure::FastBox,
         }
     }
 
@@ -326,7 +364,8 @@ impl PeerError {
             | Self::UnexpectedAck { peer, .. }
             | Self::ForgedAck { peer, .. }
             | Self::AckOutOfOrder { peer, .. }
-            | Self::PendingOverflow { peer } => Blame::Peer { peer },
+            | Self::PendingOverflow { peer }
+            | Self::FastBox { peer, .. } => Blame::Peer { peer },
         }
     }
 }
@@ -398,6 +437,9 @@ impl fmt::Display for PeerError {
                 )
             }
             Self::Ring { ring, fault } => write!(f, "ring {ring}: {fault}"),
+            Self::FastBox { peer, error } => {
+                write!(f, "fast box shared with rank {peer}: {error}")
+            }
         }
     }
 }
@@ -418,6 +460,15 @@ pub enum SetupError {
         ring: u32,
         /// Why.
         error: FifoError,
+    },
+    /// A fast box could not be initialised or attached.
+    Fbox {
+        /// Whose part the box is in (the receiver).
+        receiver: u32,
+        /// The box's sender.
+        sender: u32,
+        /// Why.
+        error: FboxError,
     },
     /// A part or fragment is outside the segment.
     Resolve(ResolveError),
@@ -445,6 +496,14 @@ impl fmt::Display for SetupError {
         match *self {
             Self::Size(e) => write!(f, "segment layout: {e}"),
             Self::Fifo { rank, ring, error } => write!(f, "ring {ring} of rank {rank}: {error}"),
+            Self::Fbox {
+                receiver,
+                sender,
+                error,
+            } => write!(
+                f,
+                "fast box from rank {sender} in the part of rank {receiver}: {error}"
+            ),
             Self::Resolve(e) => write!(f, "segment: {e}"),
             Self::Mismatch { what } => write!(f, "engine set-up: {what}"),
         }
@@ -565,6 +624,20 @@ pub unsafe fn init_part(
             },
         )?;
     }
+    if layout.fboxes_per_rank > 0 {
+        for sender in (0..layout.max_procs).filter(|&s| s != me) {
+            let at = (layout.fbox_offset(me, sender)? - part_at) as u64;
+            // SAFETY: as above; the reader is dropped at once (the engine
+            // claims it in `attach`, `Fbox::claim_reader`).
+            unsafe { Fbox::init(&part, at, layout.fbox_size, sender) }.map_err(|error| {
+                SetupError::Fbox {
+                    receiver: me,
+                    sender,
+                    error,
+                }
+            })?;
+        }
+    }
     for i in 0..layout.eager_frags {
         let at = (layout.eager_frag_offset(me, i)? - part_at) as u64;
         // SAFETY: as above.
@@ -610,6 +683,12 @@ where
     outstanding: u32,
     pending_total: u32,
     queued_total: u64,
+    /// Messages sent and received through fast boxes.
+    fbox_sent: u64,
+    fbox_received: u64,
+    /// Peers whose box a send found corrupt (failed at the next
+    /// progress, which has the dispatcher).
+    fbox_faults: u32,
 }
 
 impl<'a, P, C, D, Q> fmt::Debug for SmEngine<'a, P, C, D, Q>
@@ -752,6 +831,24 @@ where
                 error,
             })?;
             slot.producer = Some(fifo.producer());
+            if layout.fboxes_per_rank > 0 {
+                let fbox_err = |receiver, sender| {
+                    move |error| SetupError::Fbox {
+                        receiver,
+                        sender,
+                        error,
+                    }
+                };
+                // Its box in our part: we read it.
+                let at = (layout.fbox_offset(me, rank)? as u64) - part_at;
+                slot.fbox_in = Some(
+                    Fbox::claim_reader(&my_part, at, layout.fbox_size, rank)
+                        .map_err(fbox_err(me, rank))?,
+                );
+                // Ours in its part: we write it.
+                let at = (layout.fbox_offset(rank, me)? - layout.part_offset(rank)?) as u64;
+                slot.fbox_out = Some(FboxWriter::attach(part, at, me).map_err(fbox_err(rank, me))?);
+            }
             slot.state = PeerState::Connected;
         }
         // Our fragments: eager ones first, then max-size ones.
@@ -813,6 +910,9 @@ where
             outstanding: 0,
             pending_total: 0,
             queued_total: 0,
+            fbox_sent: 0,
+            fbox_received: 0,
+            fbox_faults: 0,
         })
     }
 
@@ -856,6 +956,37 @@ where
     /// an earlier pending value to the same peer).
     pub fn queued_total(&self) -> u64 {
         self.queued_total
+    }
+
+    /// Messages sent through fast boxes (no fragment, no ACK).
+    pub fn fbox_sent(&self) -> u64 {
+        self.fbox_sent
+    }
+
+    /// Messages received through fast boxes.
+    pub fn fbox_received(&self) -> u64 {
+        self.fbox_received
+    }
+
+    /// True when every fast box we write to a connected peer has been read
+    /// to its end (a rank that leaves waits for this as for its ACKs). A
+    /// box found corrupt here fails its peer at the next progress pass.
+    pub fn fboxes_drained(&mut self) -> bool {
+        let mut all = true;
+        for p in self.peers.as_mut().iter_mut() {
+            if p.state != PeerState::Connected {
+                continue;
+            }
+            match p.fbox_out.as_mut().map(FboxWriter::drained) {
+                None | Some(Ok(true)) => {}
+                Some(Ok(false)) => all = false,
+                Some(Err(_)) => {
+                    self.fbox_faults += 1;
+                    all = false;
+                }
+            }
+        }
+        all
     }
 
     /// The seed's flow-control test: more than half a ring's worth of our
@@ -902,7 +1033,7 @@ where
         let pslot = self
             .peers
             .as_mut()
-            .get(peer as usize)
+            .get_mut(peer as usize)
             .ok_or(SendError::InvalidPeer { peer })?;
         match pslot.state {
             PeerState::Me => return Err(SendError::InvalidPeer { peer }),
@@ -914,6 +1045,30 @@ where
                 len,
                 max: max_capacity,
             });
+        }
+        // The fast box first: a message that needs no ACK (cookie 0), small
+        // enough, with nothing of ours to this peer in flight by the ring
+        // (the hand-off rule, `fbox` module docs).
+        if cookie == 0 {
+            if let Some(w) = pslot.fbox_out.as_mut() {
+                match w.try_send_vectored(tag, parts, pslot.in_flight) {
+                    Ok(()) => {
+                        self.fbox_sent += 1;
+                        return Ok(());
+                    }
+                    Err(fbox::SendError::Corrupt(_)) => {
+                        // The peer is failed by the next progress pass (it
+                        // has the dispatcher).
+                        self.fbox_faults += 1;
+                        return Err(SendError::PeerFailed { peer });
+                    }
+                    Err(
+                        fbox::SendError::Full
+                        | fbox::SendError::TooLarge { .. }
+                        | fbox::SendError::RingBusy { .. },
+                    ) => {}
+                }
+            }
         }
         // Our own queue to this peer must have room for the SEND.
         if pslot.pending_len >= pending_cap {
@@ -1062,12 +1217,21 @@ where
     /// number of events (slots handled and pending values sent).
     pub fn progress<H: Dispatch>(&mut self, d: &mut H) -> usize {
         let mut events = 0;
+        if self.fbox_faults > 0 {
+            self.fail_fbox_faults(d);
+        }
         if self.pending_total > 0 {
             for peer in 0..self.nprocs {
                 if self.peers.as_mut()[peer as usize].pending_len > 0 {
                     events += self.flush_pending(peer);
                 }
             }
+        }
+        // The fast boxes, before the rings: every record in a box is older
+        // than every ring SEND of its sender not yet dispatched (the
+        // hand-off rule), and `on_send` drains the box before a ring SEND.
+        for peer in 0..self.nprocs {
+            events += self.poll_fbox(peer, d);
         }
         let rings = self.consumers.as_mut().len();
         for ring in 0..rings {
@@ -1125,7 +1289,84 @@ where
         }
     }
 
+    /// Delivers up to [`POLL_BATCH`] messages from `peer`'s fast box;
+    /// returns how many. A corrupt box fails the peer.
+    fn poll_fbox<H: Dispatch>(&mut self, peer: u32, d: &mut H) -> usize {
+        let part = self.my_part;
+        let mut n = 0;
+        let p = &mut self.peers.as_mut()[peer as usize];
+        let Some(reader) = p
+            .fbox_in
+            .as_mut()
+            .filter(|_| p.state == PeerState::Connected)
+        else {
+            return 0;
+        };
+        let error = loop {
+            if n == POLL_BATCH {
+                break None;
+            }
+            match reader.poll() {
+                Ok(None) => break None,
+                Ok(Some(rec)) => {
+                    let delivered = deliver_boxed(&part, peer, rec.tag(), rec.payload(), d);
+                    drop(rec);
+                    if let Err(e) = delivered {
+                        break Some(e);
+                    }
+                    n += 1;
+                }
+                Err(e) => break Some(e),
+            }
+        };
+        self.fbox_received += n as u64;
+        if let Some(error) = error {
+            self.corrupted(PeerError::FastBox { peer, error }, d);
+        }
+        n
+    }
+
+    /// Delivers every message in `peer`'s fast box (before one of its ring
+    /// SENDs: the hand-off rule). False if the box was corrupt (the peer
+    /// is then failed).
+    fn drain_fbox<H: Dispatch>(&mut self, peer: u32, d: &mut H) -> bool {
+        let part = self.my_part;
+        let Some(reader) = self.peers.as_mut()[peer as usize].fbox_in.as_mut() else {
+            return true;
+        };
+        let mut bad = None;
+        let drained = reader.drain(|tag, payload| {
+            if bad.is_none() {
+                bad = deliver_boxed(&part, peer, tag, payload, d).err();
+            }
+        });
+        let error = match (drained, bad) {
+            (Ok(n), None) => {
+                self.fbox_received += u64::from(n);
+                return true;
+            }
+            (_, Some(e)) | (Err(e), None) => e,
+        };
+        self.corrupted(PeerError::FastBox { peer, error }, d);
+        false
+    }
+
+    /// Fails the peers whose box a send found corrupt.
+    fn fail_fbox_faults<H: Dispatch>(&mut self, d: &mut H) {
+        self.fbox_faults = 0;
+        for peer in 0..self.nprocs {
+            let p = &self.peers.as_mut()[peer as usize];
+            let fault = p.fbox_out.as_ref().and_then(FboxWriter::failure);
+            if let (Some(error), PeerState::Connected) = (fault, p.state) {
+                self.corrupted(PeerError::FastBox { peer, error }, d);
+            }
+        }
+    }
+
     fn on_send<H: Dispatch>(&mut self, owner: u32, slot: Slot, d: &mut H) {
+        if !self.drain_fbox(owner, d) {
+            return;
+        }
         let view = match read_frag(&self.table, slot.frag, self.max_capacity) {
             Ok(view) => view,
             Err(error) => {
@@ -1252,6 +1493,8 @@ where
         }
         p.state = PeerState::Failed;
         p.producer = None;
+        p.fbox_out = None;
+        p.fbox_in = None;
         self.pending_total -= p.pending_len;
         p.pending_len = 0;
         p.pending_head = 0;
@@ -1269,6 +1512,57 @@ where
         }
         completed
     }
+}
+
+/// Hands a fast-box message to `d` as a [`FragView`] without a header:
+/// in place (a sub-region of our part, `part`), or, under loom (whose
+/// atomics are not plain words), copied.
+fn deliver_boxed<H: Dispatch>(
+    part: &Region<'_>,
+    peer: u32,
+    tag: u8,
+    payload: fbox::Payload<'_>,
+    d: &mut H,
+) -> Result<(), Corruption> {
+    let len = payload.len() as u32;
+    let info = FragInfo {
+        owner: peer,
+        capacity: len,
+        tag,
+        len,
+        seq: 0,
+        flags: 0,
+    };
+    #[cfg(not(loom))]
+    let region = payload.region_in(part);
+    #[cfg(loom)]
+    let mut buf = [0u8; fbox::MAX_SIZE as usize / 4];
+    #[cfg(loom)]
+    let region = {
+        let _ = part;
+        let dst = buf.get_mut(..payload.len());
+        dst.and_then(|dst| {
+            payload.copy_to(dst).ok()?;
+            Some(Region::from_mut_slice(dst))
+        })
+    };
+    // Unreachable: the reader's box lies in our part and its records inside
+    // the box (validated); reported rather than assumed.
+    let Some(payload) = region else {
+        return Err(Corruption::CrossesEnd {
+            pos: 0,
+            len,
+            size: 0,
+        });
+    };
+    let view = FragView {
+        header: None,
+        info,
+        payload,
+    };
+    // No ACK carries a refusal back: the adapter reports what it refuses.
+    d.recv(peer, tag, &view);
+    Ok(())
 }
 
 #[cfg(test)]

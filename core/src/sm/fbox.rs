@@ -171,12 +171,13 @@
 //!   more than half the box even with a wrap, so the box still takes small
 //!   messages while a large one waits, and messages above that go by
 //!   fragments, whose single copy the box could not beat anyway.
-//! - Parameters: the box is the core structure only; the adapter
-//!   integration (issue 13, items 1–2) registers `fbox_size`,
-//!   `fbox_threshold` and `fbox_max` in [`crate::sm::params`] (vader's
-//!   names and defaults: 4 KiB, a box after 16 messages to a peer, at most
-//!   32 boxes per receiver), their verify rule calling [`Fbox::check_size`].
-//!   They are not registered yet because nothing would read them.
+//! - Parameters: `fbox_size` is registered in [`crate::sm::params`]
+//!   (0 disables the boxes; its verify rule calls [`Fbox::check_size`]);
+//!   the engine gives every pair of ranks its box up front
+//!   ([`crate::sm::layout`], [`crate::sm::engine`]). `fbox_threshold` and
+//!   `fbox_max` (vader's names and defaults: a box after 16 messages to a
+//!   peer, at most 32 boxes per receiver) come with the hand-out below
+//!   (issue 13, item 2), when something reads them.
 //!
 //! # Hand-out: boxes only for peers actually talked to
 //!
@@ -264,7 +265,9 @@ struct Meta {
     size: AtomicU32,
     sender: AtomicU32,
     writer: AtomicU32,
-    _reserved: AtomicU32,
+    /// Claimed by [`Fbox::claim_reader`] (not by [`Fbox::init`], whose
+    /// reader is exclusive by its contract).
+    reader: AtomicU32,
 }
 
 /// The reader's line: how far it has consumed.
@@ -318,6 +321,8 @@ pub enum FboxError {
     },
     /// The box already has its writer (a box has one for its whole life).
     WriterClaimed,
+    /// The box's reader was claimed already.
+    ReaderClaimed,
     /// The reader's tail is not at the start: the box was used already.
     NotFresh {
         /// The tail found.
@@ -350,6 +355,7 @@ impl fmt::Display for FboxError {
                 "fast box is for sender {found}, not for sender {expected}"
             ),
             Self::WriterClaimed => write!(f, "the fast box already has its writer"),
+            Self::ReaderClaimed => write!(f, "the fast box already has its reader"),
             Self::NotFresh { tail } => {
                 write!(f, "fast box was used already (reader at byte {tail})")
             }
@@ -605,7 +611,7 @@ impl Fbox {
     /// Nothing else may access `[offset, offset + memory_size(size))` while
     /// this runs (a box is initialised before its offset is published), and
     /// while the returned reader lives no other reader of this box may
-    /// exist and the memory may be written only through its [`FboxWriter`]
+    /// exist (in particular none from [`Fbox::claim_reader`]) and the memory may be written only through its [`FboxWriter`]
     /// (within this address space; other processes are the protocol's
     /// business).
     pub unsafe fn init<'a>(
@@ -625,7 +631,7 @@ impl Fbox {
                 size: u32_(size),
                 sender: u32_(sender),
                 writer: u32_(0),
-                _reserved: u32_(0),
+                reader: u32_(0),
             }),
             reader: CachePadded(ReaderLine {
                 tail: AtomicU64::new(0),
@@ -653,6 +659,41 @@ impl Fbox {
         header.meta.magic.store(MAGIC, Ordering::Release);
         Ok(FboxReader {
             mem: BoxMem { header, data, size },
+            sender,
+            tail: 0,
+            seq: 0,
+            failed: None,
+        })
+    }
+}
+
+impl Fbox {
+    /// Claims the one reader of the box at `offset` of `region`, which
+    /// this process initialised earlier ([`Fbox::init`], whose reader it
+    /// dropped unused) for `size` and `sender`: a receiver initialises its
+    /// boxes before it publishes its part, and takes their readers once its
+    /// engine is built. Checks that the box still says what it was
+    /// initialised with and that nothing was consumed yet, and claims the
+    /// reader with a compare-and-swap on the meta line (once for the box's
+    /// life, as the writer). The reader starts at the box's beginning.
+    pub fn claim_reader<'a>(
+        region: &Region<'a>,
+        offset: u64,
+        size: u32,
+        sender: u32,
+    ) -> Result<FboxReader<'a>, FboxError> {
+        let mem = claim_fresh(
+            region,
+            offset,
+            sender,
+            |m| &m.reader,
+            FboxError::ReaderClaimed,
+        )?;
+        if mem.size != size {
+            return Err(FboxError::InvalidSize { size: mem.size });
+        }
+        Ok(FboxReader {
+            mem,
             sender,
             tail: 0,
             seq: 0,
@@ -777,6 +818,39 @@ fn attach_mem<'a>(region: &Region<'a>, offset: u64) -> Result<(BoxMem<'a>, u32),
     Ok((BoxMem { header, data, size }, sender))
 }
 
+/// Attaches to the box at `offset` for `sender`, checks it is fresh and
+/// claims one of its two sides (the claim word `side` picks; `claimed` if
+/// taken): what [`FboxWriter::attach`] and [`Fbox::claim_reader`] share.
+fn claim_fresh<'a>(
+    region: &Region<'a>,
+    offset: u64,
+    sender: u32,
+    side: fn(&Meta) -> &AtomicU32,
+    claimed: FboxError,
+) -> Result<BoxMem<'a>, FboxError> {
+    let (mem, found) = attach_mem(region, offset)?;
+    if found != sender {
+        return Err(FboxError::WrongSender {
+            expected: sender,
+            found,
+        });
+    }
+    // Acquire: pairs with the Release of the magic (already acquired in
+    // `attach_mem`) — the claim only has to be exclusive.
+    if side(&mem.header.meta)
+        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return Err(claimed);
+    }
+    // Acquire: pairs with the reader's Release stores of its tail.
+    let tail = mem.tail().load(Ordering::Acquire);
+    if tail != 0 {
+        return Err(FboxError::NotFresh { tail });
+    }
+    Ok(mem)
+}
+
 /// The sender's handle on a peer's box. `Send`; one per box, for the box's
 /// whole life.
 pub struct FboxWriter<'a> {
@@ -808,29 +882,13 @@ impl<'a> FboxWriter<'a> {
     /// version, size and sender the receiver wrote, that the box is fresh,
     /// and claims its one writer.
     pub fn attach(region: &Region<'a>, offset: u64, sender: u32) -> Result<Self, FboxError> {
-        let (mem, found) = attach_mem(region, offset)?;
-        if found != sender {
-            return Err(FboxError::WrongSender {
-                expected: sender,
-                found,
-            });
-        }
-        // Acquire: pairs with the Release of the magic (already acquired
-        // above) — the claim only has to be exclusive.
-        if mem
-            .header
-            .meta
-            .writer
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(FboxError::WriterClaimed);
-        }
-        // Acquire: pairs with the reader's Release stores of its tail.
-        let tail = mem.tail().load(Ordering::Acquire);
-        if tail != 0 {
-            return Err(FboxError::NotFresh { tail });
-        }
+        let mem = claim_fresh(
+            region,
+            offset,
+            sender,
+            |m| &m.writer,
+            FboxError::WriterClaimed,
+        )?;
         Ok(Self {
             mem,
             head: 0,
@@ -936,6 +994,24 @@ impl<'a> FboxWriter<'a> {
         self.seq = (self.seq + 1) & SEQ_MASK;
         self.head += rec;
         Ok(())
+    }
+
+    /// True when the reader has consumed everything written so far (the
+    /// box is empty): reloads and validates the reader's tail. A sender
+    /// that leaves waits for this, as it waits for its fragments' ACKs.
+    pub fn drained(&mut self) -> Result<bool, Corruption> {
+        if let Some(c) = self.failed {
+            return Err(c);
+        }
+        if self.cached_tail == self.head {
+            return Ok(true);
+        }
+        match self.load_tail() {
+            Ok(tail) => Ok(tail == self.head),
+            Err(SendError::Corrupt(c)) => Err(c),
+            // load_tail fails only with Corrupt.
+            Err(_) => Ok(false),
+        }
     }
 
     /// Reloads the reader's tail and validates it; a bad one fails the
@@ -1249,6 +1325,15 @@ impl<'p> Payload<'p> {
         // before the reader's Acquire load of the header, so this read does
         // not race them.
         unsafe { core::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), len) }
+    }
+
+    /// The payload as a sub-region of `region`, the receiver's memory the
+    /// box lives in (for code that reads messages through a
+    /// [`Region`], in place); `None` if the box is not inside `region`.
+    #[cfg(not(loom))]
+    pub fn region_in(&self, region: &Region<'p>) -> Option<Region<'p>> {
+        let at = (self.words.as_ptr() as usize).checked_sub(region.base_addr())?;
+        region.subregion(at as u64, self.len).ok()
     }
 
     /// Copies the payload into `dst[..len]`; fails if `dst` is shorter.

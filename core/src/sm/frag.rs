@@ -417,13 +417,18 @@ impl fmt::Display for FragError {
 
 impl core::error::Error for FragError {}
 
-/// A validated fragment: its header snapshot and its payload bytes.
+/// A validated message: a fragment's header snapshot and its payload
+/// bytes, or a record of a fast box ([`crate::sm::fbox`]) seen the same
+/// way.
 #[derive(Clone, Copy, Debug)]
 pub struct FragView<'a> {
-    /// The header in shared memory (for the owner to reuse).
-    pub header: &'a FragHeader,
+    /// The header in shared memory; `None` for a message from a fast box
+    /// (it has no fragment).
+    pub header: Option<&'a FragHeader>,
     /// The snapshot the checks were made on: use these values, not fresh
-    /// reads of the header.
+    /// reads of the header. For a fast-box message: the sender as owner,
+    /// the length as capacity, sequence number and flags 0 (the box keeps
+    /// its own sequence).
     pub info: FragInfo,
     /// Exactly `info.len` payload bytes.
     pub payload: Region<'a>,
@@ -491,7 +496,7 @@ pub fn read_frag<'a, const N: usize>(
             })?;
     let payload = region.subregion(payload_at, len as usize)?;
     Ok(FragView {
-        header,
+        header: Some(header),
         info: FragInfo {
             owner,
             capacity,

@@ -18,9 +18,19 @@
 //! 1. its receive rings: [`fifo_map_num`]`(num_fifos, max_procs)` of them,
 //!    each [`Fifo::memory_size`]`(fifo_size)` bytes rounded up to
 //!    [`CACHE_LINE`];
-//! 2. its eager fragments: `2 * max_procs + free_list_inc` of them, each
-//!    `FRAG_HEADER + eager_limit` bytes rounded up to [`CACHE_LINE`];
-//! 3. its max-size fragments: `free_list_num + free_list_inc` of them (the
+//! 2. its fast boxes (unless `fbox_size` is 0): one per other rank it may
+//!    receive from, `max_procs - 1` of them, each
+//!    [`Fbox::memory_size`]`(fbox_size)` bytes; the box of sender `s` in
+//!    the part of receiver `r` is number `s` if `s < r`, else `s - 1`
+//!    ([`SegmentLayout::fbox_offset`]);
+//! 3. its eager fragments: `2 * max_procs + free_list_inc` of them, each
+//!    `FRAG_HEADER + eager_limit` bytes rounded up to [`CACHE_LINE`], less
+//!    as many as the fast boxes take the room of (rounded up), but at
+//!    least `free_list_inc`: the boxes carry the small messages that the
+//!    two eager fragments per peer were for, so with the default sizes
+//!    (4 KiB boxes, 4 KiB eager fragments) a part with boxes is no larger
+//!    than one without; larger boxes than eager fragments grow it;
+//! 4. its max-size fragments: `free_list_num + free_list_inc` of them (the
 //!    seed's free list after one growth step), at most `free_list_max` when
 //!    that is not -1, each `FRAG_HEADER + max_send_size` bytes rounded up to
 //!    [`CACHE_LINE`];
@@ -38,6 +48,7 @@
 use core::fmt;
 
 use crate::params::{ParamError, ParamKey};
+use crate::sm::fbox::Fbox;
 use crate::sm::fifo::{fifo_map_num, Fifo};
 use crate::sm::frag::FragHeader;
 use crate::sm::params::{ParamId, SmParams, COMPONENT, MAX_FIFO_SIZE, MIN_EAGER_LIMIT};
@@ -113,6 +124,12 @@ pub struct SegmentLayout {
     pub rings_per_rank: u32,
     /// Stride of the rings: the ring's memory size rounded up to a cache line.
     pub ring_bytes: usize,
+    /// Data bytes of each fast box (0: no boxes).
+    pub fbox_size: u32,
+    /// Fast boxes per part: `max_procs - 1`, or 0 without boxes.
+    pub fboxes_per_rank: u32,
+    /// Stride of the fast boxes ([`Fbox::memory_size`]; 0 without boxes).
+    pub fbox_bytes: usize,
     /// Eager fragments per part.
     pub eager_frags: u32,
     /// Stride of the eager fragments (header + eager limit, cache-line
@@ -268,12 +285,25 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     let ring_bytes = round_up(ring_bytes, CACHE_LINE, "ring")?;
     let rings = mul(ring_bytes, rings_per_rank, "rings")?;
 
-    // Eager fragments: two per peer plus one growth increment, as the seed.
+    // Fast boxes: one per other rank.
+    let (fbox_size, fboxes_per_rank, fbox_bytes) = match params.fbox_size {
+        0 => (0, 0, 0),
+        size => match Fbox::memory_size(size) {
+            Some(bytes) => (size, max_procs - 1, bytes),
+            None => return invalid("fbox_size must be 0 or a power of two between 64 and 65536"),
+        },
+    };
+    let fboxes = mul(fbox_bytes, fboxes_per_rank, "fast boxes")?;
+
+    // Eager fragments: two per peer plus one growth increment, as the seed,
+    // less the room the fast boxes take (module docs).
     let eager_frags = max_procs
         .checked_mul(2)
         .and_then(|n| n.checked_add(free_list_inc))
         .ok_or(overflow("eager fragment count"))?;
     let eager_frag_bytes = frag_bytes(params.eager_limit, "eager fragment")?;
+    let boxed_out = u32::try_from(fboxes.div_ceil(eager_frag_bytes)).unwrap_or(u32::MAX);
+    let eager_frags = eager_frags.saturating_sub(boxed_out).max(free_list_inc);
     let eager = mul(eager_frag_bytes, eager_frags, "eager fragments")?;
 
     // Max-size fragments: the seed's free list starts with free_list_num and
@@ -290,7 +320,11 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     let max_frag_bytes = frag_bytes(params.max_send_size, "max-size fragment")?;
     let max = mul(max_frag_bytes, max_frags, "max-size fragments")?;
 
-    let part = add(add(rings, eager, "part")?, max, "part")?;
+    let part = add(
+        add(add(rings, fboxes, "part")?, eager, "part")?,
+        max,
+        "part",
+    )?;
     let part_bytes = fits_isize(round_up(part, PART_ALIGN, "part")?, "part")?;
 
     let control = control_segment_size(max_procs)?;
@@ -303,6 +337,9 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
         max_procs,
         rings_per_rank,
         ring_bytes,
+        fbox_size,
+        fboxes_per_rank,
+        fbox_bytes,
         eager_frags,
         eager_frag_bytes,
         max_frags,
@@ -333,6 +370,31 @@ impl SegmentLayout {
             .ok_or(overflow("segment"))
     }
 
+    /// Offset of the fast box in `receiver`'s part that `sender` writes
+    /// (see the module docs); an error without boxes or for `sender ==
+    /// receiver`.
+    pub fn fbox_offset(&self, receiver: u32, sender: u32) -> Result<usize, SizeError> {
+        let start = self.fbox_start(receiver)?;
+        check_index("sender", sender, self.max_procs)?;
+        if sender == receiver {
+            return Err(SizeError::IndexOutOfRange {
+                what: "fast box (a rank has none for itself)",
+                index: sender,
+                limit: self.max_procs,
+            });
+        }
+        let i = if sender < receiver {
+            sender
+        } else {
+            sender - 1
+        };
+        let i = check_index("fast box", i, self.fboxes_per_rank)?;
+        self.fbox_bytes
+            .checked_mul(i)
+            .and_then(|o| o.checked_add(start))
+            .ok_or(overflow("segment"))
+    }
+
     /// Offset of eager fragment `i` of `rank`.
     pub fn eager_frag_offset(&self, rank: u32, i: u32) -> Result<usize, SizeError> {
         let start = self.eager_start(rank)?;
@@ -359,13 +421,23 @@ impl SegmentLayout {
             .ok_or(overflow("segment"))
     }
 
-    /// Offset of the first eager fragment of `rank` (just after its rings).
-    fn eager_start(&self, rank: u32) -> Result<usize, SizeError> {
+    /// Offset of the first fast box of `rank` (just after its rings).
+    fn fbox_start(&self, rank: u32) -> Result<usize, SizeError> {
         let part = self.part_offset(rank)?;
         let rings = usize::try_from(self.rings_per_rank).map_err(|_| overflow("segment"))?;
         self.ring_bytes
             .checked_mul(rings)
             .and_then(|o| o.checked_add(part))
+            .ok_or(overflow("segment"))
+    }
+
+    /// Offset of the first eager fragment of `rank` (just after its boxes).
+    fn eager_start(&self, rank: u32) -> Result<usize, SizeError> {
+        let start = self.fbox_start(rank)?;
+        let boxes = usize::try_from(self.fboxes_per_rank).map_err(|_| overflow("segment"))?;
+        self.fbox_bytes
+            .checked_mul(boxes)
+            .and_then(|o| o.checked_add(start))
             .ok_or(overflow("segment"))
     }
 }
@@ -390,7 +462,9 @@ mod tests {
         let l = segment_layout(&p, n).unwrap();
         assert_eq!(l.max_procs, 4);
         assert_eq!(l.rings_per_rank, 1);
-        assert_eq!(l.eager_frags, 2 * 4 + 64);
+        // 3 fast boxes of 4352 bytes take the room of 4 eager fragments.
+        assert_eq!((l.fboxes_per_rank, l.fbox_bytes), (3, 4352));
+        assert_eq!(l.eager_frags, 2 * 4 + 64 - 4);
         assert_eq!(l.max_frags, 8 + 64);
         assert!(l.ring_bytes >= Fifo::memory_size(4096).unwrap());
         assert!(l.eager_frag_bytes >= FRAG_HEADER + 4096);
@@ -402,7 +476,8 @@ mod tests {
         assert_eq!(l.control_bytes % PART_ALIGN, 0);
         assert_eq!(l.part_bytes % PART_ALIGN, 0);
         assert_eq!(l.total_bytes, l.control_bytes + 4 * l.part_bytes);
-        let used = l.ring_bytes + 72 * l.eager_frag_bytes + 72 * l.max_frag_bytes;
+        let used =
+            l.ring_bytes + 3 * l.fbox_bytes + 68 * l.eager_frag_bytes + 72 * l.max_frag_bytes;
         assert!(used <= l.part_bytes && l.part_bytes < used + PART_ALIGN);
     }
 
@@ -435,6 +510,9 @@ mod tests {
             let mut regions = std::vec::Vec::new();
             for r in 0..l.rings_per_rank {
                 regions.push((l.ring_offset(rank, r).unwrap(), l.ring_bytes));
+            }
+            for sender in (0..3).filter(|&s| s != rank) {
+                regions.push((l.fbox_offset(rank, sender).unwrap(), l.fbox_bytes));
             }
             for i in 0..l.eager_frags {
                 regions.push((l.eager_frag_offset(rank, i).unwrap(), l.eager_frag_bytes));
@@ -491,6 +569,9 @@ mod tests {
             max_procs: u32::MAX,
             rings_per_rank: u32::MAX,
             ring_bytes: usize::MAX,
+            fbox_size: u32::MAX,
+            fboxes_per_rank: u32::MAX,
+            fbox_bytes: usize::MAX,
             eager_frags: u32::MAX,
             eager_frag_bytes: usize::MAX,
             max_frags: u32::MAX,
@@ -503,6 +584,51 @@ mod tests {
         assert!(l.ring_offset(0, 1).is_err());
         assert!(l.eager_frag_offset(0, 1).is_err());
         assert!(l.max_frag_offset(0, 1).is_err());
+        assert!(l.fbox_offset(0, 2).is_err());
+    }
+
+    #[test]
+    fn fast_boxes_take_the_room_of_eager_fragments() {
+        let with = verified(|_| {});
+        let without = verified(|p| p.fbox_size = 0);
+        for max_procs in [1, 2, 3, 8, 32, 128, 256, 1024] {
+            let l = segment_layout(&with, max_procs).unwrap();
+            let l0 = segment_layout(&without, max_procs).unwrap();
+            assert_eq!(l.fboxes_per_rank, max_procs - 1);
+            assert_eq!(l.fbox_bytes, Fbox::memory_size(4096).unwrap());
+            assert_eq!((l0.fboxes_per_rank, l0.fbox_bytes), (0, 0));
+            // The segment never grows with the default sizes.
+            assert!(l.part_bytes <= l0.part_bytes, "max_procs {max_procs}");
+            assert!(l.total_bytes <= l0.total_bytes);
+            assert!(l.eager_frags >= 64 && l.eager_frags <= l0.eager_frags);
+            // Each receiver has one box per other rank, between its rings
+            // and its eager fragments, on cache lines, disjoint.
+            for r in [0, max_procs / 2, max_procs - 1] {
+                let mut at = l.ring_offset(r, l.rings_per_rank - 1).unwrap() + l.ring_bytes;
+                for s in (0..max_procs).filter(|&s| s != r) {
+                    let o = l.fbox_offset(r, s).unwrap();
+                    assert_eq!(o, at);
+                    assert_eq!(o % Fbox::ALIGN, 0);
+                    at += l.fbox_bytes;
+                }
+                assert_eq!(l.eager_frag_offset(r, 0).unwrap(), at);
+                assert!(l.fbox_offset(r, r).is_err());
+                assert!(l.fbox_offset(r, max_procs).is_err());
+                assert!(l0.fbox_offset(r, (r + 1) % max_procs).is_err());
+            }
+        }
+        // Boxes larger than eager fragments grow the part (the user's
+        // choice), never below free_list_inc eager fragments.
+        let big = verified(|p| p.fbox_size = 65536);
+        let l = segment_layout(&big, 64).unwrap();
+        assert_eq!(l.eager_frags, 64);
+        assert!(l.part_bytes > segment_layout(&without, 64).unwrap().part_bytes);
+        let mut bad = without;
+        bad.fbox_size = 100;
+        assert!(matches!(
+            segment_layout(&bad, 4),
+            Err(SizeError::InvalidParams { .. })
+        ));
     }
 
     #[test]

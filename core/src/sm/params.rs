@@ -30,6 +30,7 @@ use crate::params::{
     table, Assign, Component, ParamDef, ParamError, ParamKey, ParamKind, ParamState, Params, Value,
     Verified,
 };
+use crate::sm::fbox::{Fbox, DEFAULT_SIZE as FBOX_DEFAULT_SIZE, MAX_SIZE as FBOX_MAX_SIZE};
 
 /// Name of the component, the middle part of `BTL_SM_FIFO_SIZE`.
 pub const COMPONENT: &str = "sm";
@@ -43,7 +44,7 @@ pub const MIN_EAGER_LIMIT: u32 = 64;
 pub const MAX_FIFO_SIZE: u32 = 1 << 30;
 
 /// Number of parameters of the `sm` component (the length of [`SM_PARAMS`]).
-pub const SM_PARAM_COUNT: usize = 22;
+pub const SM_PARAM_COUNT: usize = 23;
 
 /// Identifies one `sm` parameter; its discriminant indexes [`SM_PARAMS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +75,8 @@ pub enum ParamId {
     FifoLazyFree,
     /// `sm_extra_procs`
     SmExtraProcs,
+    /// `fbox_size` (btl's, after vader's)
+    FboxSize,
     /// `exclusivity`
     Exclusivity,
     /// `flags`
@@ -111,6 +114,7 @@ impl ParamId {
         ParamId::NumFifos,
         ParamId::FifoLazyFree,
         ParamId::SmExtraProcs,
+        ParamId::FboxSize,
         ParamId::Exclusivity,
         ParamId::Flags,
         ParamId::RndvEagerLimit,
@@ -221,6 +225,21 @@ pub static SM_PARAMS: [ParamDef; SM_PARAM_COUNT] = table(
             "Number of extra processes to size the shared segment for when max_procs is -1 \
              (negative = as many as there are local processes).",
         ),
+        ParamDef::number(
+            "fbox_size",
+            ParamKind::Size,
+            FBOX_DEFAULT_SIZE as i64,
+            (0, FBOX_MAX_SIZE as i64),
+        )
+        .doc(
+            4,
+            "0 (no fast boxes) or a power of two between 64 and 65536 (k suffix allowed)",
+            "Bytes of each fast box: a mailbox per sender in each receiver's part of the segment, \
+             for messages up to a quarter of it (minus 8 bytes of header) that travel without a \
+             ring slot, a fragment or an acknowledgement (vader's fbox_size; 4096: messages up \
+             to 1016 bytes). The boxes take the place of eager fragments, so the segment does \
+             not grow at the default size; 0 sends everything through the rings.",
+        ),
         base::exclusivity(65535),
         base::flags(
             FLAG_SEND | FLAG_GET,
@@ -299,6 +318,8 @@ pub struct SmParams {
     pub fifo_lazy_free: u32,
     /// Extra processes to size for when `max_procs` is -1.
     pub sm_extra_procs: i32,
+    /// Bytes of each fast box (0: no fast boxes).
+    pub fbox_size: u32,
     /// BTL exclusivity.
     pub exclusivity: u32,
     /// BTL flags ([`FLAG_SEND`], [`FLAG_PUT`], [`FLAG_GET`]); `sm` has no
@@ -347,6 +368,7 @@ impl SmParams {
             num_fifos: 1,
             fifo_lazy_free: 120,
             sm_extra_procs: 0,
+            fbox_size: FBOX_DEFAULT_SIZE,
             exclusivity: 65535,
             flags: FLAG_SEND | FLAG_GET,
             rndv_eager_limit: 4096,
@@ -376,6 +398,7 @@ impl SmParams {
             ParamId::NumFifos => i64::from(self.num_fifos),
             ParamId::FifoLazyFree => i64::from(self.fifo_lazy_free),
             ParamId::SmExtraProcs => i64::from(self.sm_extra_procs),
+            ParamId::FboxSize => i64::from(self.fbox_size),
             ParamId::Exclusivity => i64::from(self.exclusivity),
             ParamId::Flags => i64::from(self.flags),
             ParamId::RndvEagerLimit => i64::from(self.rndv_eager_limit),
@@ -406,7 +429,8 @@ fn next_pow2(v: i64) -> i64 {
 /// [`Params::verify`] errors (nothing is changed then): a value outside its
 /// own range; `use_knem` > 0 (knem is not available in this build); `flags`
 /// without [`FLAG_SEND`]; `max_send_size` < `eager_limit`; `free_list_max`
-/// not -1 and < `free_list_num`.
+/// not -1 and < `free_list_num`; `fbox_size` neither 0 nor a box size
+/// ([`Fbox::check_size`]: a power of two from 64 to 65536).
 ///
 /// Adjustments (each logged, recorded in the result and in
 /// [`crate::params::ParamInfo::adjusted`]): negative `use_knem` → 0;
@@ -439,6 +463,7 @@ impl Params for SmParams {
             ParamId::NumFifos => self.num_fifos = v.to_i32()?,
             ParamId::FifoLazyFree => self.fifo_lazy_free = v.to_u32()?,
             ParamId::SmExtraProcs => self.sm_extra_procs = v.to_i32()?,
+            ParamId::FboxSize => self.fbox_size = v.to_u32()?,
             ParamId::Exclusivity => self.exclusivity = v.to_u32()?,
             ParamId::Flags => self.flags = v.to_u32()?,
             ParamId::RndvEagerLimit => self.rndv_eager_limit = v.to_u32()?,
@@ -468,6 +493,15 @@ impl Params for SmParams {
                 name: ParamId::UseKnem.def().name,
                 value: i64::from(self.use_knem),
                 reason: "knem support is not available in this build",
+            });
+        }
+        if self.fbox_size != 0 && Fbox::check_size(self.fbox_size).is_err() {
+            let def = ParamId::FboxSize.def();
+            return Err(ParamError::OutOfRange {
+                component: COMPONENT,
+                name: def.name,
+                value: i64::from(self.fbox_size),
+                accepts: def.accepts,
             });
         }
         base::check(self, &BASE)

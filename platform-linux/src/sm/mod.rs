@@ -416,14 +416,13 @@ impl Sm {
     }
 
     /// True when nothing of ours is in flight or queued: every fragment sent
-    /// was acknowledged, every acknowledgement we owe has left, and no
-    /// operation waits for an answer.
-    pub fn is_flushed(&self) -> bool {
-        let e = &self.shm.view().engine;
-        e.outstanding() == 0
-            && e.pending() == 0
-            && self.busy_peers == 0
-            && self.state.waiting.is_empty()
+    /// was acknowledged, every acknowledgement we owe has left, every fast
+    /// box we wrote was read to its end, and no operation waits for an
+    /// answer.
+    pub fn is_flushed(&mut self) -> bool {
+        let (busy, waiting) = (self.busy_peers, self.state.waiting.is_empty());
+        let e = &mut self.shm.get().engine;
+        e.outstanding() == 0 && e.pending() == 0 && busy == 0 && waiting && e.fboxes_drained()
     }
 
     /// Operations posted and not completed yet, towards `peer` (`None`:
@@ -446,6 +445,16 @@ impl Sm {
     /// Sends and acknowledgements that had to wait behind a full ring.
     pub fn queued_total(&self) -> u64 {
         self.shm.view().engine.queued_total()
+    }
+
+    /// Messages sent through fast boxes (no fragment, no ACK) so far.
+    pub fn fbox_sent(&self) -> u64 {
+        self.shm.view().engine.fbox_sent()
+    }
+
+    /// Messages received through fast boxes so far.
+    pub fn fbox_received(&self) -> u64 {
+        self.shm.view().engine.fbox_received()
     }
 
     /// Peer errors seen so far (corrupted slots or fragments), each also

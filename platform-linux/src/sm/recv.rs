@@ -585,21 +585,26 @@ impl Dispatch for Ctx<'_, '_> {
                 true
             }
             t if t <= MAX_USER_TAG => {
-                // In place: the consumer reads the fragment itself.
+                // In place: the consumer reads the fragment (or the fast
+                // box's record) itself.
                 // SAFETY: `frag.payload` is the range `read_frag` checked
                 // (inside the owner's region, after a header whose check
-                // word, owner, capacity and length were validated), and it
-                // is exactly `info.len` bytes; nothing of ours is derived
-                // from the bytes. Nothing writes them while the borrow
-                // lives: it ends with `deliver` (the event's data cannot
-                // outlive the sink call), inside `Dispatch::recv`, and the
-                // engine pushes the ACK that hands the fragment back only
-                // after `recv` returns — the owner does not touch a
-                // fragment between its SEND and our ACK (the protocol), and
-                // no thread of ours writes a peer's fragments. A peer that
-                // breaks the protocol can only change the bytes of its own
-                // message meanwhile (see `Region::borrow_bytes` and the
-                // README's trust boundary).
+                // word, owner, capacity and length were validated) or, for
+                // a fast-box message (`frag.header` is None), the record's
+                // payload inside the box in our part (the engine validated
+                // its header and bounds); it is exactly `info.len` bytes;
+                // nothing of ours is derived from the bytes. Nothing writes
+                // them while the borrow lives: it ends with `deliver` (the
+                // event's data cannot outlive the sink call), inside
+                // `Dispatch::recv`, and the engine hands the memory back
+                // only after `recv` returns — the ACK of a fragment (the
+                // owner does not touch a fragment between its SEND and our
+                // ACK), the box's tail moved past the record (its one
+                // writer writes only below the published tail + size) — and
+                // no thread of ours writes a peer's fragments or our boxes.
+                // A peer that breaks the protocol can only change the bytes
+                // of its own message meanwhile (see `Region::borrow_bytes`,
+                // `btl_core::sm::fbox` and the README's trust boundary).
                 let data = unsafe { frag.payload.borrow_bytes() };
                 self.deliver(peer, t, data);
                 true

@@ -601,7 +601,7 @@ impl<'m> World<'m> {
             &mut None,
             &mut |w| {
                 w.hub.outbox.is_empty()
-                    && w.sm.as_ref().is_none_or(|s| s.is_flushed())
+                    && w.sm.as_mut().is_none_or(|s| s.is_flushed())
                     && w.tcp.as_ref().is_none_or(|t| t.is_flushed())
             },
         )
@@ -664,8 +664,10 @@ impl<'m> World<'m> {
                 .filter(|&p| p != sm.rank() && sm.single_copy_to(p))
                 .count();
             s += &format!(
-                " (sm: single copy to {cma}, {} sends queued behind a full ring)",
-                sm.queued_total()
+                " (sm: single copy to {cma}, {} sends queued behind a full ring, {} messages sent \
+                 by fast box)",
+                sm.queued_total(),
+                sm.fbox_sent()
             );
         }
         if let Some(t) = &self.tcp {

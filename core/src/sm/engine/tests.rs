@@ -22,6 +22,8 @@ fn small_params(fifo_size: u32) -> SmParams {
     p.max_send_size = 256;
     p.free_list_num = 2;
     p.free_list_inc = 4;
+    // The ring protocol on its own; `box_params` adds fast boxes.
+    p.fbox_size = 0;
     p
 }
 
@@ -38,10 +40,6 @@ struct Job {
 }
 
 impl Job {
-    fn new(nprocs: u32, fifo_size: u32) -> Self {
-        Self::with_params(nprocs, small_params(fifo_size))
-    }
-
     fn with_params(nprocs: u32, params: SmParams) -> Self {
         let layout = segment_layout(&params, nprocs).unwrap();
         let lines = layout.total_bytes.div_ceil(CACHE_LINE);
@@ -167,6 +165,189 @@ fn private_rings(fifo_size: u32) -> SmParams {
     let mut p = small_params(fifo_size);
     p.num_fifos = 4;
     p
+}
+
+/// `small_params` with 256-byte fast boxes (payloads up to 56 bytes).
+fn box_params(fifo_size: u32) -> SmParams {
+    let mut p = small_params(fifo_size);
+    p.fbox_size = 256;
+    p
+}
+
+/// Offset of the data of the box `sender` writes in `receiver`'s part.
+fn box_data_at(layout: &SegmentLayout, receiver: u32, sender: u32) -> u64 {
+    (layout.fbox_offset(receiver, sender).unwrap() + Fbox::DATA_OFFSET) as u64
+}
+
+#[test]
+fn small_messages_take_the_box_without_fragment_or_ack() {
+    with_job_params(2, box_params(16), |e, _| {
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        for i in 0..10u8 {
+            e[0].send(1, i, &[&[i; 3], b"xy"], 0).unwrap();
+        }
+        assert_eq!(e[0].fbox_sent(), 10);
+        assert_eq!((e[0].outstanding(), e[0].in_flight_to(1)), (0, 0));
+        assert!(!e[0].fboxes_drained());
+        assert_eq!(e[1].progress(&mut r1), 10);
+        let want: Vec<_> = (0..10u8)
+            .map(|i| (0, i, [i, i, i, b'x', b'y'].to_vec()))
+            .collect();
+        assert_eq!(r1.got, want);
+        assert_eq!(e[1].fbox_received(), 10);
+        // Nothing comes back: no ACK for a box message.
+        assert_eq!(e[0].progress(&mut r0), 0);
+        assert!(r0.done.is_empty() && r0.errors.is_empty() && r1.errors.is_empty());
+        assert!(e[0].fboxes_drained());
+        // A message that needs its completion (cookie), or too large for a
+        // record, goes by the ring.
+        e[0].send(1, 1, &[b"c"], 7).unwrap();
+        e[0].send(1, 2, &[&[5; 57]], 0).unwrap();
+        assert_eq!((e[0].fbox_sent(), e[0].outstanding()), (10, 2));
+        e[1].progress(&mut r1);
+        e[0].progress(&mut r0);
+        assert_eq!(r0.done, vec![(1, 7, true), (1, 0, true)]);
+    });
+}
+
+#[test]
+fn order_holds_across_box_and_ring() {
+    // Small ring, small boxes: the box fills, the ring takes over until
+    // its ACKs are back, and small and large messages alternate.
+    with_job_params(3, box_params(4), |e, _| {
+        let mut recs: Vec<Rec> = (0..3).map(|_| Rec::default()).collect();
+        let per_pair = 400u32;
+        let mut next = [[0u32; 3]; 3];
+        let mut rounds = 0;
+        let size = |seq: u32| -> usize {
+            match seq % 5 {
+                0 => 4,
+                1 => 56,
+                2 => 200,
+                3 => 8,
+                _ => 60,
+            }
+        };
+        loop {
+            rounds += 1;
+            assert!(rounds < 100_000, "no progress");
+            for s in 0..3usize {
+                for d in (0..3usize).filter(|&d| d != s) {
+                    for _ in 0..8 {
+                        let seq = next[s][d];
+                        if seq == per_pair {
+                            break;
+                        }
+                        let mut msg = vec![seq as u8; size(seq)];
+                        msg[..4].copy_from_slice(&seq.to_le_bytes());
+                        match e[s].send(d as u32, 3, &[&msg], 0) {
+                            Ok(()) => next[s][d] += 1,
+                            Err(SendError::NoFragment | SendError::Backlog { .. }) => break,
+                            Err(err) => panic!("{err}"),
+                        }
+                    }
+                }
+            }
+            for (r, rec) in recs.iter_mut().enumerate() {
+                e[r].progress(rec);
+            }
+            let got: usize = recs.iter().map(|r| r.got.len()).sum();
+            if got == 6 * per_pair as usize {
+                break;
+            }
+        }
+        for (r, rec) in recs.iter().enumerate() {
+            assert!(rec.errors.is_empty(), "{:?}", rec.errors);
+            for s in (0..3u32).filter(|&s| s as usize != r) {
+                let seqs: Vec<u32> = rec
+                    .got
+                    .iter()
+                    .filter(|g| g.0 == s)
+                    .map(|(_, _, b)| {
+                        let seq = u32::from_le_bytes(b[..4].try_into().unwrap());
+                        assert_eq!(b.len(), size(seq));
+                        assert!(b[4..].iter().all(|&x| x == seq as u8));
+                        seq
+                    })
+                    .collect();
+                assert_eq!(seqs, (0..per_pair).collect::<Vec<_>>(), "{s} -> {r}");
+            }
+        }
+        for x in e.iter_mut() {
+            // Both paths were taken.
+            assert!(x.fbox_sent() > 0 && x.fbox_sent() < 2 * u64::from(per_pair));
+        }
+    });
+}
+
+#[test]
+fn a_corrupt_box_record_fails_its_writer() {
+    with_job_params(3, box_params(16), |e, region| {
+        let layout = segment_layout(&box_params(16), 3).unwrap();
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        e[1].send(0, 1, &[b"ok"], 0).unwrap();
+        e[2].send(0, 1, &[b"ok"], 0).unwrap();
+        // Rank 1's next record, scribbled on: reserved bits in the header.
+        e[1].send(0, 1, &[b"bad"], 0).unwrap();
+        let at = box_data_at(&layout, 0, 1) + 16;
+        let mut word = [0u8; 8];
+        region.read_bytes(at, &mut word).unwrap();
+        let word = u64::from_ne_bytes(word) | 1 << 37;
+        region.write_bytes(at, &word.to_ne_bytes()).unwrap();
+        e[0].progress(&mut r0);
+        assert_eq!(r0.got, vec![(1, 1, b"ok".to_vec()), (2, 1, b"ok".to_vec())]);
+        assert!(matches!(
+            r0.failed[..],
+            [(
+                1,
+                PeerError::FastBox {
+                    peer: 1,
+                    error: fbox::Corruption::ReservedBits { .. }
+                }
+            )]
+        ));
+        assert_eq!(r0.failed[0].1.structure(), Structure::FastBox);
+        assert_eq!(e[0].peer_state(1), Some(PeerState::Failed));
+        assert_eq!(e[0].peer_state(2), Some(PeerState::Connected));
+        // Rank 2 goes on.
+        e[2].send(0, 1, &[b"on"], 0).unwrap();
+        e[0].progress(&mut r0);
+        assert_eq!(r0.got.last(), Some(&(2, 1, b"on".to_vec())));
+        assert!(r1.failed.is_empty());
+        e[1].progress(&mut r1);
+    });
+}
+
+#[test]
+fn an_impossible_reader_tail_fails_the_reader() {
+    with_job_params(2, box_params(16), |e, region| {
+        let layout = segment_layout(&box_params(16), 2).unwrap();
+        let mut r0 = Rec::default();
+        e[0].send(1, 1, &[b"x"], 0).unwrap();
+        // Rank 1's tail of our box, beyond anything we wrote.
+        let tail_at = (layout.fbox_offset(1, 0).unwrap() + Fbox::TAIL_OFFSET) as u64;
+        region.write_bytes(tail_at, &4096u64.to_ne_bytes()).unwrap();
+        assert!(!e[0].fboxes_drained());
+        e[0].progress(&mut r0);
+        assert!(matches!(
+            r0.failed[..],
+            [(
+                1,
+                PeerError::FastBox {
+                    peer: 1,
+                    error: fbox::Corruption::TailBeyondHead { .. }
+                }
+            )]
+        ));
+        assert_eq!(
+            e[0].send(1, 1, &[b"y"], 0),
+            Err(SendError::PeerFailed { peer: 1 })
+        );
+        assert!(
+            e[0].fboxes_drained(),
+            "a failed peer's box is not waited for"
+        );
+    });
 }
 
 #[test]
@@ -759,8 +940,28 @@ impl Job {
 /// documentation).
 #[test]
 fn two_engines_in_two_threads_hand_fragments_over() {
+    hand_over_in_two_threads(small_params(4));
+}
+
+/// The same with fast boxes: two messages in three need no completion and
+/// take the box when the hand-off rule allows; the rest (and whatever
+/// does not fit) the ring. Order holds across both, every byte arrives.
+#[test]
+fn two_engines_in_two_threads_hand_over_through_boxes_and_rings() {
+    hand_over_in_two_threads(box_params(4));
+}
+
+fn hand_over_in_two_threads(params: SmParams) {
     const N: u32 = if cfg!(miri) { 24 } else { 5_000 };
-    let mut job = Job::new(2, 4);
+    let boxes = params.fbox_size > 0;
+    let cookie = move |i: u32| {
+        if boxes && i % 3 != 0 {
+            0
+        } else {
+            u64::from(i) + 1
+        }
+    };
+    let mut job = Job::with_params(2, params);
     let shape = job.shape;
     let mem = job.shared();
     {
@@ -773,7 +974,12 @@ fn two_engines_in_two_threads_hand_fragments_over() {
         }
     }
     let payload = |i: u32| -> Vec<u8> {
-        let len = (i as usize * 37) % (shape.params.max_send_size as usize + 1);
+        let len = if boxes && i % 3 != 0 {
+            // Up to the box's record limit and one beyond.
+            (i as usize * 7) % 58
+        } else {
+            (i as usize * 37) % (shape.params.max_send_size as usize + 1)
+        };
         (0..len).map(|k| (i as usize + k) as u8).collect()
     };
     std::thread::scope(|s| {
@@ -800,9 +1006,12 @@ fn two_engines_in_two_threads_hand_fragments_over() {
                 let mut rec = Rec::default();
                 let (mut sent, mut spins) = (0u32, 0u64);
                 loop {
-                    if me == 0 && sent < N {
+                    // With boxes, every 16th message waits for the ring's
+                    // ACKs, so the box gets its turns (the hand-off rule).
+                    let wait = boxes && sent % 16 == 0 && e.outstanding() > 0;
+                    if me == 0 && sent < N && !wait {
                         let p = payload(sent);
-                        match e.send(1, (sent % 200) as u8, &[&p], u64::from(sent)) {
+                        match e.send(1, (sent % 200) as u8, &[&p], cookie(sent)) {
                             Ok(()) => sent += 1,
                             Err(SendError::NoFragment | SendError::Backlog { .. }) => {}
                             Err(err) => panic!("{err}"),
@@ -813,7 +1022,7 @@ fn two_engines_in_two_threads_hand_fragments_over() {
                         std::thread::yield_now();
                     }
                     let done = if me == 0 {
-                        sent == N && e.outstanding() == 0
+                        sent == N && e.outstanding() == 0 && e.fboxes_drained()
                     } else {
                         rec.got.len() == N as usize && e.pending() == 0
                     };
@@ -826,8 +1035,16 @@ fn two_engines_in_two_threads_hand_fragments_over() {
                 assert!(rec.errors.is_empty(), "rank {me}: {:?}", rec.errors);
                 if me == 0 {
                     assert!(rec.done.iter().all(|&(_, _, ok)| ok));
-                    assert_eq!(rec.done.len(), N as usize);
+                    // Every message that asked for its completion got it,
+                    // in order; every other went by the box or the ring.
+                    let acked: Vec<u64> =
+                        rec.done.iter().map(|d| d.1).filter(|&c| c != 0).collect();
+                    let want: Vec<u64> = (0..N).map(cookie).filter(|&c| c != 0).collect();
+                    assert!(acked == want, "completions out of order or missing");
+                    assert_eq!(e.fbox_sent() + rec.done.len() as u64, u64::from(N));
+                    assert_eq!(e.fbox_sent() > 0, boxes, "boxes used iff configured");
                 } else {
+                    assert_eq!(e.fbox_received() > 0, boxes);
                     for (i, (peer, tag, data)) in rec.got.iter().enumerate() {
                         assert_eq!((*peer, *tag), (0, (i % 200) as u8));
                         assert_eq!(*data, payload(i as u32), "message {i}");

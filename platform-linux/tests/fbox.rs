@@ -1,0 +1,200 @@
+//! Fast boxes end to end, through real processes: `btl stress` over 2, 4,
+//! 8 and 16 ranks with the box path in use (every rank says how many
+//! messages it sent by fast box), and per-peer order across box and ring
+//! when small and large messages alternate between two ranks in both
+//! directions (the ranks are this test binary, re-run with
+//! `BTL_TEST_ROLE`, as in `world_api.rs`).
+
+use std::process::{Command, Output};
+
+use btl_linux::world::{Builder, Choice, Event, Flow, World};
+
+const BTL: &str = env!("CARGO_BIN_EXE_btl");
+const TAG_SEQ: u8 = 5;
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The count in `... N messages sent by fast box)` of a stress summary.
+fn boxed(line: &str) -> Option<u64> {
+    let end = line.find(" messages sent by fast box")?;
+    line[..end].rsplit(' ').next()?.parse().ok()
+}
+
+#[test]
+fn stress_2_4_8_and_16_ranks_through_fast_boxes() {
+    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+        return;
+    }
+    for n in [2u32, 4, 8, 16] {
+        // `--timeout 240` is the hang bound (16 ranks on a loaded 2-core
+        // machine take seconds).
+        let o = Command::new(BTL)
+            .args(["run", "--timeout", "240", "-n", &n.to_string(), "--", BTL])
+            .args(["stress", "--messages", "150", "--max-size", "65536"])
+            .env_remove("BTL_RANK")
+            .env_remove("BTL_SM_FBOX_SIZE")
+            .output()
+            .expect("run btl");
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "n={n}: {:?}\n{out}\n{err}", o.status);
+        let lines: Vec<&str> = out.lines().filter(|l| l.ends_with("all intact")).collect();
+        assert_eq!(lines.len(), n as usize, "n={n}:\n{out}\n{err}");
+        for l in lines {
+            let k = boxed(l).unwrap_or_else(|| panic!("n={n}: no fast-box count in {l}"));
+            assert!(k > 0, "n={n}: a rank sent nothing by fast box: {l}");
+        }
+    }
+}
+
+#[test]
+fn stress_without_fast_boxes_sends_none_by_box() {
+    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+        return;
+    }
+    let o = Command::new(BTL)
+        .args(["run", "--timeout", "240", "-n", "3", "--", BTL])
+        .args(["stress", "--messages", "100", "--max-size", "65536"])
+        .env_remove("BTL_RANK")
+        .env("BTL_SM_FBOX_SIZE", "0")
+        .output()
+        .expect("run btl");
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{:?}\n{out}\n{err}", o.status);
+    let lines: Vec<&str> = out.lines().filter(|l| l.ends_with("all intact")).collect();
+    assert_eq!(lines.len(), 3, "{out}\n{err}");
+    assert!(lines.iter().all(|l| boxed(l) == Some(0)), "{out}");
+}
+
+/// Sizes cycling through the box's range (up to 1016 bytes at 4 KiB),
+/// just above it, eager and max-size fragments, and the bulk protocols.
+const SIZES: [usize; 10] = [8, 1016, 5000, 0, 1017, 64, 200_000, 16, 40_000, 300];
+
+fn message(from: u32, seq: u64) -> Vec<u8> {
+    let len = SIZES[(seq % SIZES.len() as u64) as usize].max(8);
+    let mut m: Vec<u8> = (0..len)
+        .map(|i| (seq as usize * 31 + i * 7 + from as usize) as u8)
+        .collect();
+    m[..8].copy_from_slice(&seq.to_le_bytes());
+    m
+}
+
+/// Both ranks send `N` messages to each other, small and large in turn,
+/// waiting for their acknowledgements every ten (so the box is free
+/// again); each checks the other's arrive complete and in order.
+fn alternate(w: &mut World<'_>) -> Result<String, String> {
+    const N: u64 = 600;
+    let e = |x: &dyn std::fmt::Display| x.to_string();
+    let me = w.rank();
+    let peer = 1 - me;
+    let mut next = 0u64;
+    let mut errors: Vec<String> = Vec::new();
+    let mut check = |next: &mut u64, from: u32, tag: u8, data: &[u8]| {
+        if tag != TAG_SEQ || from != peer {
+            errors.push(format!("tag {tag} from {from}"));
+            return;
+        }
+        if data != message(peer, *next).as_slice() {
+            let got = data
+                .get(..8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+            errors.push(format!(
+                "expected message {}, got {got:?} ({} bytes)",
+                next,
+                data.len()
+            ));
+        }
+        *next += 1;
+    };
+    w.barrier().map_err(|x| e(&x))?;
+    for seq in 0..N {
+        w.send(peer, TAG_SEQ, &message(me, seq))
+            .map_err(|x| e(&x))?;
+        if seq % 10 == 9 {
+            w.flush().map_err(|x| e(&x))?;
+        }
+        w.poll(|_, ev| {
+            if let Event::Message { from, tag, data } = ev {
+                check(&mut next, from, tag, data);
+            }
+        });
+    }
+    if next < N {
+        w.drive("every message from the peer", Some(peer), |_, ev| {
+            if let Event::Message { from, tag, data } = ev {
+                check(&mut next, from, tag, data);
+            }
+            if next >= N {
+                Flow::Done
+            } else {
+                Flow::Continue
+            }
+        })
+        .map_err(|x| e(&x))?;
+    }
+    w.flush().map_err(|x| e(&x))?;
+    w.barrier().map_err(|x| e(&x))?;
+    if let Some(first) = errors.first() {
+        return Err(format!("{} errors, the first: {first}", errors.len()));
+    }
+    let sm = w.sm().ok_or("no shared-memory transport")?;
+    let (sent, got) = (sm.fbox_sent(), sm.fbox_received());
+    // Both paths carried messages, and what one sent by box the other got.
+    if sent == 0 || sent >= N || got == 0 {
+        return Err(format!("fast box sent {sent}, received {got} of {N}"));
+    }
+    Ok(format!(
+        "{N} messages in order, {sent} sent and {got} received by fast box"
+    ))
+}
+
+#[test]
+fn role() {
+    let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
+        return;
+    };
+    let r = Builder::new()
+        .transports(Choice::parse("sm").unwrap())
+        .init()
+        .map_err(|e| e.to_string())
+        .and_then(|mut w| match role.as_str() {
+            "alternate" => alternate(&mut w),
+            other => Err(format!("unknown role {other}")),
+        });
+    match r {
+        Ok(line) => println!("OK {role}: {line}"),
+        Err(err) => panic!("rank failed in {role}: {err}"),
+    }
+}
+
+#[test]
+fn order_holds_across_box_and_ring() {
+    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let o = Command::new(BTL)
+        .args(["run", "-n", "2", "--timeout", "120", "--"])
+        .arg(&exe)
+        .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
+        .env("BTL_TEST_ROLE", "alternate")
+        .env("BTL_TIMEOUT", "60")
+        .env_remove("BTL_RANK")
+        .env_remove("BTL_SM_FBOX_SIZE")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{:?}\n{out}\n{err}", o.status);
+    assert_eq!(out.matches("OK alternate:").count(), 2, "{out}\n{err}");
+    eprintln!(
+        "{}",
+        out.lines()
+            .filter(|l| l.contains("OK "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
