@@ -13,8 +13,14 @@
 # >= 1.0x tcp's at every size). The machine's load shows in the numbers:
 # run it on a quiet machine.
 #
+# BASELINE=DIR adds rsm and rtcp from another build's components
+# (mca_btl_rsm.so, mca_btl_rtcp.so in DIR, e.g. a copy of an earlier
+# target/ompi) to every round, as rsm@base and rtcp@base: before and after
+# a change, interleaved on the same machine.
+#
 #   bash scripts/ompi-bench.sh            # REPS=3
 #   REPS=5 SIZES="8 4194304" bash scripts/ompi-bench.sh
+#   BASELINE=/tmp/ompi-before bash scripts/ompi-bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -29,7 +35,8 @@ mkdir -p "$out"
 mpicc -O2 -o "$out/mpi_pingpong" "$src"
 sysdir=$(ompi_info --param mca base --level 9 --parsable |
   sed -n 's/^mca:mca:base:param:mca_base_component_path:value:"\{0,1\}\([^:"]*\).*/\1/p')
-export OMPI_MCA_mca_base_component_path=${sysdir:-/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3}:$root/target/ompi
+sysdir=${sysdir:-/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3}
+export OMPI_MCA_mca_base_component_path=$sysdir:$root/target/ompi
 
 configs=(
   "vader-cma|--mca btl self,vader --mca btl_vader_single_copy_mechanism cma"
@@ -38,6 +45,18 @@ configs=(
   "tcp|--mca btl self,tcp --mca btl_tcp_if_include lo"
   "rtcp|--mca btl self,rtcp"
 )
+names="vader-cma vader-none rsm tcp rtcp"
+if [ -n "${BASELINE:-}" ]; then
+  for f in mca_btl_rsm.so mca_btl_rtcp.so; do
+    [ -f "$BASELINE/$f" ] || { echo "ompi-bench: $BASELINE/$f not found (BASELINE)" >&2; exit 1; }
+  done
+  base=$(cd "$BASELINE" && pwd)
+  configs+=(
+    "rsm@base|--mca mca_base_component_path $sysdir:$base --mca btl self,rsm"
+    "rtcp@base|--mca mca_base_component_path $sysdir:$base --mca btl self,rtcp"
+  )
+  names="$names rsm@base rtcp@base"
+fi
 res=$out/results.tsv
 : >"$res"
 echo "ompi-bench: $reps rounds, sizes $sizes; load: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -61,13 +80,13 @@ for rep in $(seq "$reps"); do
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-/usr/bin/python3 - "$res" <<'PY'
+/usr/bin/python3 - "$res" "$names" <<'PY'
 import statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
 data = {}
 for rep, name, size, lat, bw in rows:
     data.setdefault((name, int(size)), []).append((float(lat), float(bw)))
-names = ["vader-cma", "vader-none", "rsm", "tcp", "rtcp"]
+names = sys.argv[2].split()
 sizes = sorted({s for (_, s) in data})
 def med(name, size, i):
     v = data.get((name, size))
@@ -96,4 +115,11 @@ if sizes:
         rb = ratio(med("rtcp", s, 1), med("tcp", s, 1))
         ok = rl is not None and rb is not None and rl <= 1.0 and rb >= 1.0
         print(f"  rtcp/tcp at {s} B: latency {fmt(rl)}, bandwidth {fmt(rb)} ({'met' if ok else 'NOT met'})")
+if "rsm@base" in names:
+    print("\nagainst the baseline build (latency new/base, bandwidth new/base):")
+    for c in ("rsm", "rtcp"):
+        for s in sizes:
+            rl = ratio(med(c, s, 0), med(c + "@base", s, 0))
+            rb = ratio(med(c, s, 1), med(c + "@base", s, 1))
+            print(f"  {c} at {s} B: latency {fmt(rl)}, bandwidth {fmt(rb)}")
 PY
