@@ -51,6 +51,24 @@
 //! copy it can only make us read torn bytes (the hardware gives no stronger
 //! failure for plain copies of `u8`s), and the protocol layers above treat
 //! payload bytes as untrusted data.
+//!
+//! - **borrowed bytes** — [`Region::borrow_bytes`] (`unsafe`) lends the
+//!   bytes themselves as a `&[u8]`, for handing a received payload to its
+//!   consumer in place. Its caller promises what a `&[u8]` means: nothing
+//!   writes the bytes while the borrow lives. Within this process the rules
+//!   of byte copies apply (the region stays in its thread; other threads'
+//!   regions over the memory are ordered by the protocol). For other
+//!   processes the promise is the protocol's: the engine lends a payload
+//!   only between a SEND and its ACK, when the owner does not touch the
+//!   fragment. A peer that writes it anyway changes the bytes of its own
+//!   message, never anything outside the checked range, and nothing of
+//!   ours is derived from those bytes without the receiver's own checks —
+//!   the trust every shared-memory transport puts in a peer of the same
+//!   user (which can, with single copy, write our memory directly). Such
+//!   a peer can make the borrowed bytes change under their consumer, as
+//!   with the fast boxes' in-place payloads ([`crate::sm::fbox`]): a
+//!   consumer that bases memory-safety decisions on payload bytes (an index
+//!   it checks, then uses) copies them first.
 #![allow(unsafe_code)]
 
 use core::fmt;
@@ -442,6 +460,30 @@ impl<'a> Region<'a> {
         })
     }
 
+    /// The region's bytes themselves, borrowed (zero copy): a payload handed
+    /// to its consumer in place. The region is already bounds-checked (it is
+    /// a [`Region::subregion`] or a whole mapping), so the slice covers
+    /// exactly `base..base + len`; the borrow is tied to `&self`, so it
+    /// cannot outlive the region value it came from.
+    ///
+    /// # Safety
+    ///
+    /// While the returned slice lives, nothing may write its bytes: no
+    /// thread of this process (through any region over the memory or
+    /// otherwise), and no other process mapping the memory. The engine
+    /// keeps this for an honest peer by lending a payload only between its
+    /// SEND and the ACK that returns it (the owner does not touch a
+    /// fragment in flight); what a peer breaking the protocol can do is
+    /// described in the module's concurrency model ("borrowed bytes").
+    pub unsafe fn borrow_bytes(&self) -> &[u8] {
+        // SAFETY: `base..base + len` is live and readable for 'a
+        // (Region's contract), which outlives the `&self` borrow; `len <=
+        // isize::MAX` (from_raw_parts' contract, or a Rust slice); `u8` is
+        // valid for any bytes; nothing writes the range while the slice
+        // lives (this function's contract).
+        unsafe { core::slice::from_raw_parts(self.base.as_ptr(), self.len) }
+    }
+
     /// Copies `dst.len()` bytes from `offset` into `dst`.
     pub fn read_bytes(&self, offset: u64, dst: &mut [u8]) -> Result<(), ResolveError> {
         let start = self.check(offset, dst.len(), 1)?;
@@ -617,6 +659,22 @@ mod tests {
         sub.read_bytes(0, &mut out).unwrap();
         assert_eq!(&out, b"hello");
         assert!(region.subregion(30, 5).is_err());
+    }
+
+    #[test]
+    fn borrowed_bytes_are_the_region_itself() {
+        let mut buf = vec![0u8; 32];
+        let base = buf.as_ptr() as usize;
+        let region = Region::from_mut_slice(&mut buf);
+        region.write_bytes(4, b"in place").unwrap();
+        let sub = region.subregion(4, 8).unwrap();
+        // SAFETY: nothing writes the buffer while the slice lives.
+        let b = unsafe { sub.borrow_bytes() };
+        assert_eq!(b, b"in place");
+        assert_eq!(b.as_ptr() as usize, base + 4);
+        let empty = region.subregion(32, 0).unwrap();
+        // SAFETY: as above.
+        assert!(unsafe { empty.borrow_bytes() }.is_empty());
     }
 
     #[test]

@@ -178,9 +178,28 @@ fn overlap(w: &mut World<'_>) -> R<String> {
 }
 
 /// Messages are handed out in place: the payload lies in the TCP read
-/// buffer or the shared segment, not in a fresh allocation.
+/// buffer or the shared segment (a fragment of the mapping), not in a fresh
+/// allocation — for every size up to the largest single-fragment message
+/// over shared memory. Messages larger than that (chunks, single copy) are
+/// reassembled into a receive buffer and must arrive intact.
 fn inplace(w: &mut World<'_>, tcp: bool) -> R<String> {
-    let sizes = [64usize, 4096, 16 << 10];
+    let peer = 1 - w.rank();
+    let limits = w.limits(peer).ok_or("no limits for the peer")?;
+    let max_send = usize::try_from(limits.max_send).map_err(e)?;
+    let eager = usize::try_from(limits.eager).map_err(e)?;
+    // In place: every size a single fragment (sm) or the read-ahead buffer
+    // (tcp) holds; then larger ones, reassembled.
+    let small: Vec<usize> = if tcp {
+        vec![64, 4096, 16 << 10]
+    } else {
+        vec![1, 64, eager, eager + 1, 16 << 10, max_send - 1, max_send]
+    };
+    let large: Vec<usize> = if tcp {
+        vec![100 << 10, 256 << 10]
+    } else {
+        vec![max_send + 1, 3 * max_send + 17, 256 << 10]
+    };
+    let sizes: Vec<usize> = small.iter().chain(&large).copied().collect();
     w.barrier().map_err(e)?;
     if w.rank() == 0 {
         // Rank 1 says when it listens (messages that arrive during a
@@ -195,28 +214,54 @@ fn inplace(w: &mut World<'_>, tcp: bool) -> R<String> {
         }
     } else if w.rank() == 1 {
         w.isend(0, TAG_REQ, b"go").map_err(e)?;
-        let mut seen: Vec<(usize, usize)> = Vec::new();
+        // (address, length, intact) of each message, checked while the
+        // borrow lasts (the callback).
+        let mut seen: Vec<(usize, usize, bool)> = Vec::new();
         while seen.len() < sizes.len() {
             w.poll(|_, ev| {
-                if let Event::Message { data, .. } = ev {
-                    seen.push((data.as_ptr() as usize, data.len()));
+                if let Event::Message {
+                    tag: TAG_DATA,
+                    data,
+                    ..
+                } = ev
+                {
+                    let i = seen.len();
+                    let intact = sizes
+                        .get(i)
+                        .is_some_and(|&s| data == pattern(0, i as u64, s).as_slice());
+                    seen.push((data.as_ptr() as usize, data.len(), intact));
                 }
             });
         }
-        let want = if tcp {
-            PayloadLocation::TcpReadBuffer
-        } else {
-            PayloadLocation::SharedMemory
-        };
-        for (ptr, len) in seen {
+        for (i, &(ptr, len, intact)) in seen.iter().enumerate() {
+            if len != sizes[i] || !intact {
+                return Err(format!(
+                    "message {i} ({} bytes) arrived as {len} bytes{}",
+                    sizes[i],
+                    if intact { "" } else { ", damaged" }
+                ));
+            }
             let at = w.payload_location(ptr as *const u8, len);
-            if at != want {
+            let want = match (i < small.len(), tcp) {
+                (true, true) => Some(PayloadLocation::TcpReadBuffer),
+                (true, false) => Some(PayloadLocation::SharedMemory),
+                // Over TCP a large payload is read straight into a
+                // connection buffer (also "in place"); over shared memory
+                // it is reassembled into the per-sender receive buffer.
+                (false, true) => None,
+                (false, false) => Some(PayloadLocation::Elsewhere),
+            };
+            if want.is_some_and(|want| at != want) {
                 return Err(format!("a {len}-byte message was handed out from {at:?}"));
             }
         }
     }
     w.barrier().map_err(e)?;
-    Ok("messages handed out in place".into())
+    Ok(format!(
+        "messages up to {} bytes handed out in place, {} larger ones intact",
+        small.iter().max().unwrap_or(&0),
+        large.len()
+    ))
 }
 
 /// Sends our key to every peer (as bytes) and gathers theirs.
@@ -419,6 +464,7 @@ fn posted_sends_overlap_with_computation() {
 #[test]
 fn messages_are_handed_out_in_place() {
     if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(2, "inplace", "sm");
         run_job(2, "inplace", "tcp");
     }
 }

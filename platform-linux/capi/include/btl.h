@@ -191,8 +191,11 @@ typedef struct btl_event_t {
   uint8_t tag;
   // Done: BTL_OK or the operation's error (BTL_ERR_REFUSED, ...).
   int status;
-  // Message: its bytes, in place (in the shared-memory fragment or the
-  // TCP read buffer): valid during the callback only, read-only.
+  // Message: its bytes, in place (in the shared-memory fragment, which
+  // goes back to the sender only when the callback returns, or the TCP
+  // read buffer; a message larger than one fragment, or one kept from
+  // btl_barrier or a NULL-callback btl_progress, is a buffer of btl's):
+  // valid until the callback returns, read-only. Copy what you keep.
   const void *data;
   // Message: its length.
   size_t len;

@@ -198,8 +198,11 @@ pub struct btl_event_t {
     pub tag: u8,
     /// Done: BTL_OK or the operation's error (BTL_ERR_REFUSED, ...).
     pub status: c_int,
-    /// Message: its bytes, in place (in the shared-memory fragment or the
-    /// TCP read buffer): valid during the callback only, read-only.
+    /// Message: its bytes, in place (in the shared-memory fragment, which
+    /// goes back to the sender only when the callback returns, or the TCP
+    /// read buffer; a message larger than one fragment, or one kept from
+    /// btl_barrier or a NULL-callback btl_progress, is a buffer of btl's):
+    /// valid until the callback returns, read-only. Copy what you keep.
     pub data: *const c_void,
     /// Message: its length.
     pub len: usize,

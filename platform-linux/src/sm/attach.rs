@@ -313,7 +313,7 @@ fn attach<'r>(
         }
     }
 
-    let state = State::new(nprocs, params.max_send_size as usize, peers, cma_ok);
+    let state = State::new(nprocs, peers, cma_ok);
     Ok((Shm { engine, control }, Rest { state, probe }))
 }
 

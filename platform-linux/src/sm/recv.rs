@@ -85,7 +85,6 @@ pub(super) struct State {
     /// grows), so large messages do not pay allocation and page faults each
     /// time.
     pub(super) bufs: Vec<Vec<u8>>,
-    pub(super) scratch: Vec<u8>,
     /// Every local rank's identity (ours included).
     pub(super) peers: Vec<PeerId>,
     pub(super) cma_ok: Vec<bool>,
@@ -117,11 +116,10 @@ pub(super) struct State {
 }
 
 impl State {
-    pub(super) fn new(nprocs: u32, max_send: usize, peers: Vec<PeerId>, cma_ok: Vec<bool>) -> Self {
+    pub(super) fn new(nprocs: u32, peers: Vec<PeerId>, cma_ok: Vec<bool>) -> Self {
         Self {
             partial: (0..nprocs).map(|_| None).collect(),
             bufs: (0..nprocs).map(|_| Vec::new()).collect(),
-            scratch: vec![0; max_send],
             peers,
             cma_ok,
             peer_failed: vec![false; nprocs as usize],
@@ -587,14 +585,24 @@ impl Dispatch for Ctx<'_, '_> {
                 true
             }
             t if t <= MAX_USER_TAG => {
-                let len = frag.info.len as usize;
-                let mut scratch = std::mem::take(&mut self.st.scratch);
-                let ok = frag.copy_payload(&mut scratch[..len]).is_ok();
-                if ok {
-                    self.deliver(peer, t, &scratch[..len]);
-                }
-                self.st.scratch = scratch;
-                ok
+                // In place: the consumer reads the fragment itself.
+                // SAFETY: `frag.payload` is the range `read_frag` checked
+                // (inside the owner's region, after a header whose check
+                // word, owner, capacity and length were validated), and it
+                // is exactly `info.len` bytes; nothing of ours is derived
+                // from the bytes. Nothing writes them while the borrow
+                // lives: it ends with `deliver` (the event's data cannot
+                // outlive the sink call), inside `Dispatch::recv`, and the
+                // engine pushes the ACK that hands the fragment back only
+                // after `recv` returns — the owner does not touch a
+                // fragment between its SEND and our ACK (the protocol), and
+                // no thread of ours writes a peer's fragments. A peer that
+                // breaks the protocol can only change the bytes of its own
+                // message meanwhile (see `Region::borrow_bytes` and the
+                // README's trust boundary).
+                let data = unsafe { frag.payload.borrow_bytes() };
+                self.deliver(peer, t, data);
+                true
             }
             t => {
                 violation!(self.st, peer, "message with reserved tag {t}");

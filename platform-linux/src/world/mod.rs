@@ -21,7 +21,10 @@
 //!
 //! [`World::poll`] runs one progress pass of every transport and hands
 //! out [`Event`]s: messages in place (the bytes borrow the shared-memory
-//! fragment or the TCP read buffer), completions, peer failures. Replies
+//! fragment or the TCP read buffer, valid during the callback only; a
+//! message larger than one fragment — `max_send_size` over shared memory —
+//! is reassembled into a receive buffer first), completions, peer
+//! failures. Replies
 //! go through the [`Outbox`] the callback gets, posted when it returns —
 //! no interior mutability needed. Per-tag handlers ([`World::on`]) are
 //! served on the same path. Each completion is reported exactly once: by
@@ -369,7 +372,10 @@ pub enum Event<'a> {
         from: u32,
         /// Its tag.
         tag: u8,
-        /// Its bytes, valid during the callback.
+        /// Its bytes, valid during the callback: in place in the
+        /// shared-memory fragment or the TCP read buffer (see
+        /// [`World::payload_location`]); a message larger than one
+        /// fragment, or one kept from a blocking call, is a buffer of ours.
         data: &'a [u8],
     },
     /// A request completed.
