@@ -21,6 +21,12 @@
 #   bash scripts/ompi-bench.sh            # REPS=3
 #   REPS=5 SIZES="8 4194304" bash scripts/ompi-bench.sh
 #   BASELINE=/tmp/ompi-before bash scripts/ompi-bench.sh
+#
+# MIN=1 also runs, per round and configuration, two measures that a loaded
+# machine disturbs less (platform-linux/ompi/bench): ppmin.c, the half
+# round trip of the fastest of many short ping-pong batches (and their
+# mean), and pollcost.c, the time of one idle progress pass (MPI_Test on a
+# receive that never completes: every BTL's progress function once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -33,6 +39,10 @@ bash scripts/ompi-components.sh >/dev/null
 out=$root/target/ompi-bench
 mkdir -p "$out"
 mpicc -O2 -o "$out/mpi_pingpong" "$src"
+if [ -n "${MIN:-}" ]; then
+  mpicc -O2 -o "$out/ppmin" platform-linux/ompi/bench/ppmin.c
+  mpicc -O2 -o "$out/pollcost" platform-linux/ompi/bench/pollcost.c
+fi
 sysdir=$(ompi_info --param mca base --level 9 --parsable |
   sed -n 's/^mca:mca:base:param:mca_base_component_path:value:"\{0,1\}\([^:"]*\).*/\1/p')
 sysdir=${sysdir:-/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3}
@@ -58,7 +68,9 @@ if [ -n "${BASELINE:-}" ]; then
   names="$names rsm@base rtcp@base"
 fi
 res=$out/results.tsv
+mins=$out/min.tsv
 : >"$res"
+: >"$mins"
 echo "ompi-bench: $reps rounds, sizes $sizes; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for rep in $(seq "$reps"); do
   for c in "${configs[@]}"; do
@@ -77,12 +89,32 @@ for rep in $(seq "$reps"); do
       printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$name" "$sz" "$lat" "$bw" >>"$res"
       echo "round $rep $name $l"
     done <<<"$lines"
+    if [ -n "${MIN:-}" ]; then
+      # shellcheck disable=SC2086
+      ml=$(timeout 600 mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
+        --mca oob_tcp_if_include lo $opts "$out/ppmin" $sizes 2>&1 | grep '^size=' || true)
+      # shellcheck disable=SC2086
+      pl=$(timeout 120 mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
+        --mca oob_tcp_if_include lo $opts "$out/pollcost" 2>&1 |
+        sed -n 's/.*idle pass \([0-9.]*\) ns.*/\1/p' | sort -n | tail -1)
+      while read -r l; do
+        [ -n "$l" ] || continue
+        sz=$(sed 's/.*size=\([0-9]*\).*/\1/' <<<"$l")
+        mn=$(sed 's/.*min_us=\([0-9.]*\).*/\1/' <<<"$l")
+        me=$(sed 's/.*mean_us=\([0-9.]*\).*/\1/' <<<"$l")
+        printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$name" "$sz" "$mn" "$me" >>"$mins"
+        echo "round $rep $name min-of-batches $l"
+      done <<<"$ml"
+      [ -z "$pl" ] || printf '%s\t%s\tpass\t%s\t0\n' "$rep" "$name" "$pl" >>"$mins"
+      echo "round $rep $name idle pass (slower rank) ${pl:-?} ns"
+    fi
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-/usr/bin/python3 - "$res" "$names" <<'PY'
+/usr/bin/python3 - "$res" "$names" "$mins" <<'PY'
 import statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
+mrows = [l.rstrip("\n").split("\t") for l in open(sys.argv[3]) if l.strip()]
 data = {}
 for rep, name, size, lat, bw in rows:
     data.setdefault((name, int(size)), []).append((float(lat), float(bw)))
@@ -122,4 +154,18 @@ if "rsm@base" in names:
             rl = ratio(med(c, s, 0), med(c + "@base", s, 0))
             rb = ratio(med(c, s, 1), med(c + "@base", s, 1))
             print(f"  {c} at {s} B: latency {fmt(rl)}, bandwidth {fmt(rb)}")
+if mrows:
+    mdata = {}
+    for rep, name, size, a, b in mrows:
+        mdata.setdefault((name, size), []).append((float(a), float(b)))
+    def mmed(name, size, i):
+        v = mdata.get((name, size))
+        return statistics.median(x[i] for x in v) if v else None
+    print("\nmin of batches (half round trip us, min / mean of batches; medians over rounds) and idle pass (ns):")
+    print("| size | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for s in sizes:
+        cells = [f"{fmt(mmed(n, str(s), 0), 3)} / {fmt(mmed(n, str(s), 1))}" for n in names]
+        print(f"| {s} | " + " | ".join(cells) + " |")
+    print("| idle pass | " + " | ".join(fmt(mmed(n, "pass", 0), 1) for n in names) + " |")
 PY
