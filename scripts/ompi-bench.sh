@@ -67,6 +67,27 @@ if [ -n "${BASELINE:-}" ]; then
   )
   names="$names rsm@base rtcp@base"
 fi
+# launch SECONDS PROGRAM ARGS...: the configuration's mpirun (uses $opts)
+launch() {
+  local t=$1
+  shift
+  # shellcheck disable=SC2086
+  timeout "$t" mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
+    --mca oob_tcp_if_include lo $opts "$@" 2>&1
+}
+# record FILE KEY1 KEY2 LABEL < lines: "size=N KEY1=a KEY2=b" as
+# round, configuration, size, a, b
+record() {
+  local l sz a b
+  while read -r l; do
+    [ -n "$l" ] || continue
+    sz=$(sed 's/.*size=\([0-9]*\).*/\1/' <<<"$l")
+    a=$(sed "s/.*$2=\([0-9.]*\).*/\1/" <<<"$l")
+    b=$(sed "s/.*$3=\([0-9.]*\).*/\1/" <<<"$l")
+    printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$name" "$sz" "$a" "$b" >>"$1"
+    echo "round $rep $name $4$l"
+  done
+}
 res=$out/results.tsv
 mins=$out/min.tsv
 : >"$res"
@@ -76,35 +97,18 @@ for rep in $(seq "$reps"); do
   for c in "${configs[@]}"; do
     name=${c%%|*} opts=${c#*|}
     # shellcheck disable=SC2086
-    lines=$(timeout 600 mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
-      --mca oob_tcp_if_include lo $opts "$out/mpi_pingpong" $sizes 2>&1 | grep '^size=' || true)
+    lines=$(launch 600 "$out/mpi_pingpong" $sizes | grep '^size=' || true)
     if [ -z "$lines" ]; then
       echo "round $rep $name: no output (failed)"
       continue
     fi
-    while read -r l; do
-      sz=$(sed 's/.*size=\([0-9]*\).*/\1/' <<<"$l")
-      lat=$(sed 's/.*latency_us=\([0-9.]*\).*/\1/' <<<"$l")
-      bw=$(sed 's/.*bandwidth_MBps=\([0-9.]*\).*/\1/' <<<"$l")
-      printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$name" "$sz" "$lat" "$bw" >>"$res"
-      echo "round $rep $name $l"
-    done <<<"$lines"
+    record "$res" latency_us bandwidth_MBps "" <<<"$lines"
     if [ -n "${MIN:-}" ]; then
       # shellcheck disable=SC2086
-      ml=$(timeout 600 mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
-        --mca oob_tcp_if_include lo $opts "$out/ppmin" $sizes 2>&1 | grep '^size=' || true)
-      # shellcheck disable=SC2086
-      pl=$(timeout 120 mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
-        --mca oob_tcp_if_include lo $opts "$out/pollcost" 2>&1 |
+      ml=$(launch 600 "$out/ppmin" $sizes | grep '^size=' || true)
+      pl=$(launch 120 "$out/pollcost" |
         sed -n 's/.*idle pass \([0-9.]*\) ns.*/\1/p' | sort -n | tail -1)
-      while read -r l; do
-        [ -n "$l" ] || continue
-        sz=$(sed 's/.*size=\([0-9]*\).*/\1/' <<<"$l")
-        mn=$(sed 's/.*min_us=\([0-9.]*\).*/\1/' <<<"$l")
-        me=$(sed 's/.*mean_us=\([0-9.]*\).*/\1/' <<<"$l")
-        printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$name" "$sz" "$mn" "$me" >>"$mins"
-        echo "round $rep $name min-of-batches $l"
-      done <<<"$ml"
+      record "$mins" min_us mean_us "min-of-batches " <<<"$ml"
       [ -z "$pl" ] || printf '%s\t%s\tpass\t%s\t0\n' "$rep" "$name" "$pl" >>"$mins"
       echo "round $rep $name idle pass (slower rank) ${pl:-?} ns"
     fi
