@@ -13,8 +13,20 @@
 # >= 1.0x tcp's at every size). The machine's load shows in the numbers:
 # run it on a quiet machine.
 #
+# BASELINE=DIR adds rsm and rtcp from another build's components
+# (mca_btl_rsm.so, mca_btl_rtcp.so in DIR, e.g. a copy of an earlier
+# target/ompi) to every round, as rsm@base and rtcp@base: before and after
+# a change, interleaved on the same machine.
+#
 #   bash scripts/ompi-bench.sh            # REPS=3
 #   REPS=5 SIZES="8 4194304" bash scripts/ompi-bench.sh
+#   BASELINE=/tmp/ompi-before bash scripts/ompi-bench.sh
+#
+# MIN=1 also runs, per round and configuration, two measures that a loaded
+# machine disturbs less (platform-linux/ompi/bench): ppmin.c, the half
+# round trip of the fastest of many short ping-pong batches (and their
+# mean), and pollcost.c, the time of one idle progress pass (MPI_Test on a
+# receive that never completes: every BTL's progress function once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -27,9 +39,14 @@ bash scripts/ompi-components.sh >/dev/null
 out=$root/target/ompi-bench
 mkdir -p "$out"
 mpicc -O2 -o "$out/mpi_pingpong" "$src"
+if [ -n "${MIN:-}" ]; then
+  mpicc -O2 -o "$out/ppmin" platform-linux/ompi/bench/ppmin.c
+  mpicc -O2 -o "$out/pollcost" platform-linux/ompi/bench/pollcost.c
+fi
 sysdir=$(ompi_info --param mca base --level 9 --parsable |
   sed -n 's/^mca:mca:base:param:mca_base_component_path:value:"\{0,1\}\([^:"]*\).*/\1/p')
-export OMPI_MCA_mca_base_component_path=${sysdir:-/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3}:$root/target/ompi
+sysdir=${sysdir:-/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3}
+export OMPI_MCA_mca_base_component_path=$sysdir:$root/target/ompi
 
 configs=(
   "vader-cma|--mca btl self,vader --mca btl_vader_single_copy_mechanism cma"
@@ -38,36 +55,74 @@ configs=(
   "tcp|--mca btl self,tcp --mca btl_tcp_if_include lo"
   "rtcp|--mca btl self,rtcp"
 )
+names="vader-cma vader-none rsm tcp rtcp"
+if [ -n "${BASELINE:-}" ]; then
+  for f in mca_btl_rsm.so mca_btl_rtcp.so; do
+    [ -f "$BASELINE/$f" ] || { echo "ompi-bench: $BASELINE/$f not found (BASELINE)" >&2; exit 1; }
+  done
+  base=$(cd "$BASELINE" && pwd)
+  configs+=(
+    "rsm@base|--mca mca_base_component_path $sysdir:$base --mca btl self,rsm"
+    "rtcp@base|--mca mca_base_component_path $sysdir:$base --mca btl self,rtcp"
+  )
+  names="$names rsm@base rtcp@base"
+fi
+# launch SECONDS PROGRAM ARGS...: the configuration's mpirun (uses $opts)
+launch() {
+  local t=$1
+  shift
+  # shellcheck disable=SC2086
+  timeout "$t" mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
+    --mca oob_tcp_if_include lo $opts "$@" 2>&1
+}
+# record FILE KEY1 KEY2 LABEL < lines: "size=N KEY1=a KEY2=b" as
+# round, configuration, size, a, b
+record() {
+  local l sz a b
+  while read -r l; do
+    [ -n "$l" ] || continue
+    sz=$(sed 's/.*size=\([0-9]*\).*/\1/' <<<"$l")
+    a=$(sed "s/.*$2=\([0-9.]*\).*/\1/" <<<"$l")
+    b=$(sed "s/.*$3=\([0-9.]*\).*/\1/" <<<"$l")
+    printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$name" "$sz" "$a" "$b" >>"$1"
+    echo "round $rep $name $4$l"
+  done
+}
 res=$out/results.tsv
+mins=$out/min.tsv
 : >"$res"
+: >"$mins"
 echo "ompi-bench: $reps rounds, sizes $sizes; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for rep in $(seq "$reps"); do
   for c in "${configs[@]}"; do
     name=${c%%|*} opts=${c#*|}
     # shellcheck disable=SC2086
-    lines=$(timeout 600 mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
-      --mca oob_tcp_if_include lo $opts "$out/mpi_pingpong" $sizes 2>&1 | grep '^size=' || true)
+    lines=$(launch 600 "$out/mpi_pingpong" $sizes | grep '^size=' || true)
     if [ -z "$lines" ]; then
       echo "round $rep $name: no output (failed)"
       continue
     fi
-    while read -r l; do
-      sz=$(sed 's/.*size=\([0-9]*\).*/\1/' <<<"$l")
-      lat=$(sed 's/.*latency_us=\([0-9.]*\).*/\1/' <<<"$l")
-      bw=$(sed 's/.*bandwidth_MBps=\([0-9.]*\).*/\1/' <<<"$l")
-      printf '%s\t%s\t%s\t%s\t%s\n' "$rep" "$name" "$sz" "$lat" "$bw" >>"$res"
-      echo "round $rep $name $l"
-    done <<<"$lines"
+    record "$res" latency_us bandwidth_MBps "" <<<"$lines"
+    if [ -n "${MIN:-}" ]; then
+      # shellcheck disable=SC2086
+      ml=$(launch 600 "$out/ppmin" $sizes | grep '^size=' || true)
+      pl=$(launch 120 "$out/pollcost" |
+        sed -n 's/.*idle pass \([0-9.]*\) ns.*/\1/p' | sort -n | tail -1)
+      record "$mins" min_us mean_us "min-of-batches " <<<"$ml"
+      [ -z "$pl" ] || printf '%s\t%s\tpass\t%s\t0\n' "$rep" "$name" "$pl" >>"$mins"
+      echo "round $rep $name idle pass (slower rank) ${pl:-?} ns"
+    fi
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-/usr/bin/python3 - "$res" <<'PY'
+/usr/bin/python3 - "$res" "$names" "$mins" <<'PY'
 import statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
+mrows = [l.rstrip("\n").split("\t") for l in open(sys.argv[3]) if l.strip()]
 data = {}
 for rep, name, size, lat, bw in rows:
     data.setdefault((name, int(size)), []).append((float(lat), float(bw)))
-names = ["vader-cma", "vader-none", "rsm", "tcp", "rtcp"]
+names = sys.argv[2].split()
 sizes = sorted({s for (_, s) in data})
 def med(name, size, i):
     v = data.get((name, size))
@@ -96,4 +151,25 @@ if sizes:
         rb = ratio(med("rtcp", s, 1), med("tcp", s, 1))
         ok = rl is not None and rb is not None and rl <= 1.0 and rb >= 1.0
         print(f"  rtcp/tcp at {s} B: latency {fmt(rl)}, bandwidth {fmt(rb)} ({'met' if ok else 'NOT met'})")
+if "rsm@base" in names:
+    print("\nagainst the baseline build (latency new/base, bandwidth new/base):")
+    for c in ("rsm", "rtcp"):
+        for s in sizes:
+            rl = ratio(med(c, s, 0), med(c + "@base", s, 0))
+            rb = ratio(med(c, s, 1), med(c + "@base", s, 1))
+            print(f"  {c} at {s} B: latency {fmt(rl)}, bandwidth {fmt(rb)}")
+if mrows:
+    mdata = {}
+    for rep, name, size, a, b in mrows:
+        mdata.setdefault((name, size), []).append((float(a), float(b)))
+    def mmed(name, size, i):
+        v = mdata.get((name, size))
+        return statistics.median(x[i] for x in v) if v else None
+    print("\nmin of batches (half round trip us, min / mean of batches; medians over rounds) and idle pass (ns):")
+    print("| size | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for s in sizes:
+        cells = [f"{fmt(mmed(n, str(s), 0), 3)} / {fmt(mmed(n, str(s), 1))}" for n in names]
+        print(f"| {s} | " + " | ".join(cells) + " |")
+    print("| idle pass | " + " | ".join(fmt(mmed(n, "pass", 0), 1) for n in names) + " |")
 PY

@@ -491,6 +491,7 @@ impl Drop for BusyGuard<'_> {
 ///
 /// `h` is NULL, or a pointer btl_init / btl_open returned (finalized or
 /// not).
+#[inline]
 unsafe fn handle<'a>(h: *const btl_t) -> Result<&'a btl_t, Fail> {
     need(h, "the handle")?;
     // SAFETY: not NULL, aligned; the caller's promise that it came from
@@ -533,6 +534,7 @@ impl btl_t {
         let _ = self.peers.set(peers);
     }
 
+    #[inline]
     fn not_busy(&self) -> Result<(), Fail> {
         match self.busy.get() {
             Busy::No => Ok(()),
@@ -543,6 +545,7 @@ impl btl_t {
 
     /// The world, outside callbacks.
     #[allow(clippy::mut_from_ref)]
+    #[inline]
     fn world(&self) -> Result<&mut World<'static>, Fail> {
         self.not_busy()?;
         // SAFETY: one thread at a time calls a handle (btl.h); `busy` is
@@ -556,6 +559,7 @@ impl btl_t {
     ///
     /// No other reference into `state` may be live.
     #[allow(clippy::mut_from_ref)]
+    #[inline]
     unsafe fn world_unchecked(&self) -> Result<&mut World<'static>, Fail> {
         // SAFETY: the caller's promise.
         match unsafe { &mut *self.state.get() } {
@@ -1521,7 +1525,7 @@ pub unsafe extern "C" fn btl_progress(h: *mut btl_t, cb: btl_event_fn, ctx: *mut
     entry("btl_progress", || {
         // SAFETY: the caller's handle.
         let h = unsafe { handle(h) }?;
-        h.world()?;
+        h.not_busy()?;
         h.busy.set(Busy::Callback);
         let _guard = BusyGuard(h);
         let mut n = {
@@ -1533,7 +1537,12 @@ pub unsafe extern "C" fn btl_progress(h: *mut btl_t, cb: btl_event_fn, ctx: *mut
                 Some(cb) => w.poll_with(|cx, ev| h.deliver(Some(cx), cb, ctx, ev)),
                 None => w.progress(),
             };
-            n + h.drain(w)
+            // Most passes queued nothing: no call for an empty queue.
+            if h.side.borrow().deferred.is_empty() {
+                n
+            } else {
+                n + h.drain(w)
+            }
         };
         let Some(cb) = cb else {
             return Ok(n.min(i32::MAX as usize) as c_int);

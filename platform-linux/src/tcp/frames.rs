@@ -277,30 +277,30 @@ impl Tcp {
     ) -> Result<Posted, PostError> {
         let hdr = repr.to_bytes();
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let mut body = Vec::with_capacity(len);
         if parts.len() <= 1 {
-            // The common case: try the socket first, copy only what is left.
+            // The common case: try the socket first, copy only what is left
+            // (memory is taken only for that).
             let data = parts.first().copied().unwrap_or(&[]);
             if let Some(written) = self.write_now(peer, &hdr, data)? {
                 if written == hdr.len() + data.len() {
                     return Ok(Posted::Done);
                 }
                 let mut rest = OutBuf::frame(&[], Body::Owned(Vec::new()), op);
-                if written < hdr.len() {
+                let body = if written < hdr.len() {
                     rest.head[..hdr.len() - written].copy_from_slice(&hdr[written..]);
                     rest.head_len = hdr.len() - written;
-                    body.extend_from_slice(data);
+                    data.to_vec()
                 } else {
-                    body.extend_from_slice(&data[written - hdr.len()..]);
-                }
+                    data[written - hdr.len()..].to_vec()
+                };
                 rest.body = Body::Owned(body);
                 return self.queue_on_conn(peer, rest);
             }
-            body.extend_from_slice(data);
-        } else {
-            for p in parts {
-                body.extend_from_slice(p);
-            }
+            return self.post_buf(peer, OutBuf::frame(&[&hdr], Body::Owned(data.to_vec()), op));
+        }
+        let mut body = Vec::with_capacity(len);
+        for p in parts {
+            body.extend_from_slice(p);
         }
         self.post_buf(peer, OutBuf::frame(&[&hdr], Body::Owned(body), op))
     }
@@ -583,8 +583,9 @@ impl Tcp {
     /// established connections, a non-blocking pass reads each of them
     /// directly (one `recv` that usually says "nothing", instead of
     /// `epoll_wait` and then `recv`: one system call less per message).
-    /// Every [`DIRECT_POLL_EVERY`]-th pass goes through epoll as usual, for
-    /// accepts, connects, writability and hang-ups. `None` when the fast
+    /// Connections with queued output are written on too. Every
+    /// [`DIRECT_POLL_EVERY`]-th pass goes through epoll as usual, for
+    /// accepts, connects, writability of the others and hang-ups. `None` when the fast
     /// path does not apply.
     pub(super) fn poll_direct(&mut self, pass: &mut Pass<'_, '_>) -> Option<usize> {
         let mut ids = std::mem::take(&mut self.direct);
@@ -603,6 +604,13 @@ impl Tcp {
         if usable {
             for &id in &ids {
                 n += self.read_conn(id, pass);
+                // Output waiting for room (a large frame, a get's answer)
+                // goes on at once rather than at the next epoll pass: the
+                // socket drains while we poll, and a pass every
+                // DIRECT_POLL_EVERY would leave it idle meanwhile.
+                if self.conns.get(&id.0).is_some_and(|c| !c.out.is_empty()) {
+                    self.flush_conn(id);
+                }
             }
         }
         self.direct = ids;

@@ -170,15 +170,19 @@ impl Tcp {
         let range = parsed
             .ok()
             .and_then(|r| regions.range_mut(r.region, r.offset, r.len).ok());
-        let (reply_kind, ok, data): (FrameType, bool, Vec<u8>) = match (h.kind, range) {
+        // A get is answered straight from the region: `post` writes what
+        // the socket takes at once from it and copies only the rest (no
+        // copy of the whole range first: on a 1 MiB get that copy, into
+        // fresh pages, was a fifth of the target's time).
+        let (reply_kind, ok, data): (FrameType, bool, &[u8]) = match (h.kind, range) {
             (FrameType::Put, Some(dst)) => match payload.get(RMA_HEADER_LEN..) {
                 Some(src) if src.len() == dst.len() => {
                     dst.copy_from_slice(src);
-                    (FrameType::PutAck, true, Vec::new())
+                    (FrameType::PutAck, true, &[])
                 }
-                _ => (FrameType::PutAck, false, Vec::new()),
+                _ => (FrameType::PutAck, false, &[]),
             },
-            (FrameType::Get, Some(src)) => (FrameType::GetResp, true, src.to_vec()),
+            (FrameType::Get, Some(src)) => (FrameType::GetResp, true, src),
             (kind, None) => {
                 log::warn!("tcp: refused a {kind:?} from {peer} outside our registered regions");
                 let k = if kind == FrameType::Put {
@@ -186,7 +190,7 @@ impl Tcp {
                 } else {
                     FrameType::GetResp
                 };
-                (k, false, Vec::new())
+                (k, false, &[])
             }
             _ => return,
         };
@@ -199,7 +203,7 @@ impl Tcp {
         };
         // Answers are never refused for queue bounds: they are bounded by
         // the peer's own requests.
-        if let Err(e) = self.post(peer, reply, &[&data], None) {
+        if let Err(e) = self.post(peer, reply, &[data], None) {
             log::warn!("tcp: cannot answer {peer}'s request: {e}");
         }
     }
