@@ -162,6 +162,7 @@ fn engine_pingpong(iters: u64) -> f64 {
             (0..sizes.consumers).map(|_| None).collect(),
             vec![FragDesc::new(); sizes.descs],
             vec![0; sizes.pending],
+            btl_core::sm::engine::Backed,
         )
         .unwrap()
     }

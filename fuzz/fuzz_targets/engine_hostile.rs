@@ -213,6 +213,10 @@ fn params(fifo_log2: u8, fifos: u8) -> SmParams {
     p.max_send_size = 256;
     p.free_list_num = 2;
     p.free_list_inc = 4;
+    // Boxes handed out early, and not to everyone: the hand-out, the
+    // offer and both paths get exercised.
+    p.fbox_threshold = 2;
+    p.fbox_max = 2;
     p
 }
 
@@ -248,6 +252,7 @@ fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: 
                 (0..sizes.consumers).map(|_| None).collect(),
                 vec![FragDesc::new(); sizes.descs],
                 vec![0; sizes.pending],
+                btl_core::sm::engine::Backed,
             )
             .unwrap()
         })

@@ -40,6 +40,8 @@ fn control_memory() -> Arc<SegmentMemory> {
         free_list_num: u32s(),
         free_list_inc: u32s(),
         max_procs: u32s(),
+        fbox_max: u32s(),
+        free_list_max: u32s(),
         total_bytes: u64s(),
     };
     // SAFETY: nothing else accesses the memory yet.

@@ -15,14 +15,20 @@
 //!
 //! The guarantees of the old files, kept:
 //!
-//! - **never SIGBUS**: every page is reserved with `fallocate` when the
-//!   segment is created (a sparse memfd would kill a rank later, when the
-//!   memory it needs is no longer there), and the memory available to us —
-//!   `MemAvailable`, and the cgroup v2 limit when there is one — is checked
-//!   first ([`SegmentError::NoSpace`] says how much is needed and
-//!   available). A memfd lives in the kernel's internal tmpfs, so the size
-//!   of `/dev/shm` (a container's 64 MiB, for instance) does not limit it;
-//!   the memory cgroup does;
+//! - **never SIGBUS, and no surprise out-of-memory**: a page is reserved
+//!   with `fallocate` before it is first used — the control area when the
+//!   segment is created ([`Segment::create_lazy`]), each rank's rings and
+//!   box directory before it initialises them ([`Segment::reserve`]),
+//!   fragments and fast boxes when the engine first needs them
+//!   ([`Reserver`], btl-core's `Reserve` seam) — and the memory available
+//!   to us (`MemAvailable`, and the cgroup v2 limit when there is one) is
+//!   checked first: what the job needs at least (every rank's first
+//!   pieces) when the segment is created ([`SegmentError::NoSpace`] says
+//!   how much is needed and available), each later piece before it is
+//!   reserved (refused: the engine does without it). So a part costs what
+//!   its rank used, not what it might use. A memfd lives in the kernel's
+//!   internal tmpfs, so the size of `/dev/shm` (a container's 64 MiB, for
+//!   instance) does not limit it; the memory cgroup does;
 //! - **nothing left behind after `kill -9`**: a memfd has no name in any
 //!   file system; the kernel frees it when the last process holding it (an
 //!   fd or a mapping) is gone. Nothing is ever stale, so nothing needs
@@ -57,9 +63,12 @@
 //! - this module never creates Rust references into the mapping; all access
 //!   goes through btl-core's [`Region`] (atomics of `ShmSafe` types and byte
 //!   copies) or the raw pointer of [`Segment::as_ptr`];
-//! - every page is reserved before it is mapped, and the file cannot shrink
+//! - the file's size is set before it is mapped, and the file cannot shrink
 //!   (`F_SEAL_SHRINK`, checked by [`Segment::from_fd`] on segments it did not
-//!   create), so every access inside the mapping finds its page.
+//!   create), so every access inside the mapping is inside the file (a
+//!   page nobody reserved yet — a peer scribbling where btl does not look
+//!   — is allocated on first touch, never a SIGBUS: the kernel's internal
+//!   tmpfs has no size limit).
 #![allow(unsafe_code)]
 
 use std::fmt;
@@ -287,6 +296,78 @@ pub fn segment_name(uid: u32, job: &str, node: &str) -> Result<String, SegmentEr
     Ok(name)
 }
 
+/// `fallocate` of `[offset, offset + len)` (retried on EINTR); ENOSPC and
+/// ENOMEM are [`SegmentError::NoSpace`].
+fn fallocate(fd: &OwnedFd, name: &str, offset: u64, len: u64) -> Result<(), SegmentError> {
+    if len == 0 {
+        return Ok(());
+    }
+    loop {
+        match rustix::fs::fallocate(fd, FallocateFlags::KEEP_SIZE, offset, len) {
+            Ok(()) => return Ok(()),
+            Err(Errno::INTR) => continue,
+            Err(Errno::NOSPC) | Err(Errno::NOMEM) => {
+                return Err(SegmentError::NoSpace {
+                    name: name.to_owned(),
+                    needed: len,
+                    available: available_memory().unwrap_or(0),
+                })
+            }
+            Err(e) => return Err(SegmentError::io("fallocate", name, e)),
+        }
+    }
+}
+
+/// [`Segment::reserve`] on a descriptor of a segment of `size` bytes.
+fn reserve_range(
+    fd: &OwnedFd,
+    name: &str,
+    size: usize,
+    offset: u64,
+    len: u64,
+) -> Result<(), SegmentError> {
+    if offset.checked_add(len).is_none_or(|end| end > size as u64) {
+        return Err(SegmentError::io("fallocate", name, Errno::INVAL));
+    }
+    if let Some(available) = available_memory().filter(|&a| a < len) {
+        return Err(SegmentError::NoSpace {
+            name: name.to_owned(),
+            needed: len,
+            available,
+        });
+    }
+    fallocate(fd, name, offset, len)
+}
+
+/// Reserves parts of a segment for the shared-memory engine as it first
+/// uses them ([`Segment::reserver`]). A refusal is logged once (the engine
+/// then keeps its pools as they are and senders keep the rings).
+#[derive(Debug)]
+pub struct Reserver {
+    fd: OwnedFd,
+    name: String,
+    len: usize,
+    refused: bool,
+}
+
+impl btl_core::sm::engine::Reserve for Reserver {
+    fn reserve(&mut self, offset: u64, len: u64) -> bool {
+        match reserve_range(&self.fd, &self.name, self.len, offset, len) {
+            Ok(()) => true,
+            Err(e) => {
+                if !self.refused {
+                    self.refused = true;
+                    log::warn!(
+                        "shared memory: {e}; this rank's fragment pools and fast boxes stay as \
+                         they are (messages wait for fragments to come back)"
+                    );
+                }
+                false
+            }
+        }
+    }
+}
+
 /// Bytes of memory a new segment may take: `MemAvailable` of
 /// `/proc/meminfo`, or, when this process is in a cgroup v2 with a memory
 /// limit, that limit minus the cgroup's current use if less. `None` if
@@ -347,12 +428,36 @@ impl Segment {
     /// `fallocate` (which also sets the size; `ENOSPC`/`ENOMEM` are
     /// [`SegmentError::NoSpace`]), seals it ([`SEALS`]) and maps it shared.
     pub fn create(name: &str, len: usize) -> Result<Segment, SegmentError> {
+        Self::create_reserving(name, len, len as u64, len as u64)
+    }
+
+    /// `Segment::create_lazy(name, len, upfront, needed)` — creates a
+    /// segment of `len` bytes of which only the first `upfront` are
+    /// reserved now; the rest is reserved piece by piece as it is first
+    /// used ([`Segment::reserve`], [`Reserver`]). `needed` is what the job
+    /// needs at least (every rank's first pieces): less memory available
+    /// than that is [`SegmentError::NoSpace`] now rather than at a rank's
+    /// first reservation.
+    pub fn create_lazy(
+        name: &str,
+        len: usize,
+        upfront: u64,
+        needed: u64,
+    ) -> Result<Segment, SegmentError> {
+        Self::create_reserving(name, len, upfront.min(len as u64), needed)
+    }
+
+    fn create_reserving(
+        name: &str,
+        len: usize,
+        upfront: u64,
+        needed: u64,
+    ) -> Result<Segment, SegmentError> {
         if len == 0 {
             return Err(SegmentError::ZeroLength {
                 name: name.to_owned(),
             });
         }
-        let needed = len as u64;
         if let Some(available) = available_memory().filter(|&a| a < needed) {
             return Err(SegmentError::NoSpace {
                 name: name.to_owned(),
@@ -362,25 +467,49 @@ impl Segment {
         }
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .map_err(|e| SegmentError::io("memfd_create", name, e))?;
-        loop {
-            match rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, needed) {
-                Ok(()) => break,
-                Err(Errno::INTR) => continue,
-                Err(Errno::NOSPC) | Err(Errno::NOMEM) => {
-                    return Err(SegmentError::NoSpace {
-                        name: name.to_owned(),
-                        needed,
-                        available: available_memory().unwrap_or(0),
-                    })
-                }
-                Err(e) => return Err(SegmentError::io("fallocate", name, e)),
-            }
-        }
+        rustix::fs::ftruncate(&fd, len as u64)
+            .map_err(|e| SegmentError::io("ftruncate", name, e))?;
+        fallocate(&fd, name, 0, upfront)?;
         rustix::fs::fcntl_add_seals(&fd, SEALS)
             .map_err(|e| SegmentError::io("F_ADD_SEALS", name, e))?;
         let segment = Self::map(fd, name, len)?;
         debug!("created shared segment {name} ({len} bytes, sealed against shrinking)");
         Ok(segment)
+    }
+
+    /// Reserves memory for the bytes `[offset, offset + len)` of the
+    /// segment (whole pages; pages reserved already cost nothing), after
+    /// checking that much memory is available: from then on no write there
+    /// can fail for want of memory. [`SegmentError::NoSpace`] otherwise.
+    pub fn reserve(&self, offset: u64, len: u64) -> Result<(), SegmentError> {
+        reserve_range(&self.fd, &self.name, self.len, offset, len)
+    }
+
+    /// Bytes of the segment backed by memory now (`st_blocks` of the
+    /// memfd: what every process's reservations and writes took), if
+    /// `fstat` answers.
+    pub fn reserved_bytes(&self) -> Option<u64> {
+        let st = rustix::fs::fstat(&self.fd).ok()?;
+        u64::try_from(st.st_blocks).ok()?.checked_mul(512)
+    }
+
+    /// A handle that reserves parts of this segment for btl-core's engine
+    /// ([`btl_core::sm::engine::Reserve`]), holding its own duplicate of
+    /// the descriptor.
+    pub fn reserver(&self) -> Result<Reserver, SegmentError> {
+        let fd = self.fd.try_clone().map_err(|e| {
+            SegmentError::io(
+                "dup",
+                &self.name,
+                Errno::from_io_error(&e).unwrap_or(Errno::IO),
+            )
+        })?;
+        Ok(Reserver {
+            fd,
+            name: self.name.clone(),
+            len: self.len,
+            refused: false,
+        })
     }
 
     /// `Segment::from_fd(fd, name, min_len)` — maps a segment another

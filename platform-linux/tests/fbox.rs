@@ -3,7 +3,8 @@
 //! messages it sent by fast box), and per-peer order across box and ring
 //! when small and large messages alternate between two ranks in both
 //! directions (the ranks are this test binary, re-run with
-//! `BTL_TEST_ROLE`, as in `world_api.rs`).
+//! `BTL_TEST_ROLE`, as in `world_api.rs`); and the shared memory they
+//! hold, bounded per rank.
 
 use std::process::{Command, Output};
 
@@ -48,6 +49,66 @@ fn stress_2_4_8_and_16_ranks_through_fast_boxes() {
             let k = boxed(l).unwrap_or_else(|| panic!("n={n}: no fast-box count in {l}"));
             assert!(k > 0, "n={n}: a rank sent nothing by fast box: {l}");
         }
+    }
+}
+
+/// The number before `what` in a stress summary line.
+fn count_before(line: &str, what: &str) -> Option<u64> {
+    let end = line.find(what)?;
+    line[..end].trim_end().rsplit(' ').next()?.parse().ok()
+}
+
+/// Issue 13's bounded shared memory, as outcomes: under `btl stress`
+/// (every rank to every other, mixed sizes up to 64 KiB) the memory the
+/// node's segment holds grows at most linearly with the ranks — at most
+/// a constant per rank, whatever N — each rank's pools stay within their
+/// limits (with single copy to every peer, at most 4 max-size fragments;
+/// without it they grow by use to the room, 72), and no rank hands out
+/// more than `fbox_max` boxes.
+#[test]
+fn shared_memory_grows_linearly_with_the_ranks() {
+    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+        return;
+    }
+    // Rings (32 KiB), directory, 32 eager fragments of 4 KiB, 4 max-size
+    // ones of 32 KiB and 32 boxes: 0.6 MiB; without single copy up to 72
+    // max-size fragments: 2.8 MiB. The control area once.
+    const KIB: u64 = 1024;
+    for (n, cma, fbox_max, max_frags, per_rank) in [
+        (4u32, "1", "32", 4u64, 640 * KIB),
+        (16, "1", "32", 4, 640 * KIB),
+        (8, "1", "2", 4, 640 * KIB),
+        (4, "0", "32", 72, 2900 * KIB),
+    ] {
+        let o = Command::new(BTL)
+            .args(["run", "--timeout", "240", "-n", &n.to_string(), "--", BTL])
+            .args(["stress", "--messages", "40", "--max-size", "65536"])
+            .env_remove("BTL_RANK")
+            .env_remove("BTL_SM_FBOX_SIZE")
+            .env("BTL_SM_USE_CMA", cma)
+            .env("BTL_SM_FBOX_MAX", fbox_max)
+            .output()
+            .expect("run btl");
+        let (out, err) = text(&o);
+        let ctx = format!("n={n} use_cma={cma} fbox_max={fbox_max}");
+        assert!(o.status.success(), "{ctx}: {:?}\n{out}\n{err}", o.status);
+        let lines: Vec<&str> = out.lines().filter(|l| l.ends_with("all intact")).collect();
+        assert_eq!(lines.len(), n as usize, "{ctx}:\n{out}\n{err}");
+        let fbox_max: u64 = fbox_max.parse().unwrap();
+        let mut reserved = 0;
+        for l in lines {
+            let get =
+                |what| count_before(l, what).unwrap_or_else(|| panic!("{ctx}: no {what} in {l}"));
+            reserved = reserved.max(get("KiB reserved") * 1024);
+            assert!(get("box(es) handed out") <= fbox_max, "{ctx}: {l}");
+            assert!(get("eager +") <= 32, "{ctx}: {l}");
+            assert!(get("max-size,") <= max_frags, "{ctx}: {l}");
+        }
+        assert!(reserved > 0, "{ctx}: nothing reserved?\n{out}");
+        assert!(
+            reserved <= u64::from(n) * per_rank + 64 * KIB,
+            "{ctx}: the segment holds {reserved} bytes, more than {n} × {per_rank}\n{out}"
+        );
     }
 }
 

@@ -283,7 +283,26 @@ fn attack(region: &Region<'_>, layout: &SegmentLayout, how: Attack, rng: &mut Rn
             poke(region, rec + field, &value.to_le_bytes());
         }
         Attack::FastBoxes => {
-            let at = layout.fbox_offset(rank, other).unwrap();
+            // The box `other` writes in `rank`'s part, as `rank`'s box
+            // directory offers it; or, before there is one (and now and
+            // then after), the offer itself: a forged directory word.
+            let dir = layout.fbox_dir_offset(rank, other).unwrap();
+            let mut word = [0u8; 8];
+            let _ = region.read_bytes(dir as u64, &mut word);
+            let word = u64::from_ne_bytes(word);
+            let offer = ShmOffset::from_raw(word).ok();
+            let Some(offer) = offer.filter(|_| word != 0 && rng.below(4) != 0) else {
+                let pool =
+                    layout.fbox_pool_offset(rank, 0).unwrap() - layout.part_offset(rank).unwrap();
+                let forged = match rng.below(3) {
+                    0 => rng.next(),
+                    1 => (u64::from(rank) << 48) | (pool as u64 + 8 * rng.below(64)),
+                    _ => (u64::from(other) << 48) | pool as u64,
+                };
+                poke(region, dir, &forged.to_ne_bytes());
+                return;
+            };
+            let at = layout.part_offset(rank).unwrap() + offer.offset() as usize;
             let size = u64::from(layout.fbox_size);
             match rng.below(3) {
                 0 => {

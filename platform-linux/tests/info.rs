@@ -4,8 +4,8 @@ use std::process::{Command, Output};
 
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
-/// The 23 parameters of the `sm` component, in table order.
-const SM_PARAMS: [&str; 23] = [
+/// The 25 parameters of the `sm` component, in table order.
+const SM_PARAMS: [&str; 25] = [
     "use_knem",
     "knem_dma_min",
     "knem_max_simultaneous",
@@ -19,6 +19,8 @@ const SM_PARAMS: [&str; 23] = [
     "fifo_lazy_free",
     "sm_extra_procs",
     "fbox_size",
+    "fbox_threshold",
+    "fbox_max",
     "exclusivity",
     "flags",
     "rndv_eager_limit",

@@ -192,12 +192,16 @@ fn single_copy_refused_falls_back_and_delivers() {
 
 #[test]
 fn out_of_space_is_a_clear_error() {
-    // 8 parts of a 2^30-slot ring: far more than /dev/shm can hold.
+    // Each rank's part starts with 8 rings of 2^30 slots (8 GiB each),
+    // reserved before it is used: far more memory than there is. (Parts
+    // of ranks that do not exist are never reserved, so the job's need is
+    // 2 of them.)
     let before = shm_files();
     let o = run(
         2,
         &[
             ("BTL_SM_FIFO_SIZE", "1073741824"),
+            ("BTL_SM_NUM_FIFOS", "8"),
             ("BTL_SM_MAX_PROCS", "8"),
         ],
         &["stress", "--messages", "1"],

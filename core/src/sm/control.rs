@@ -35,7 +35,7 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 /// "BTLSEG01", little endian.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"BTLSEG01");
 /// Layout version of the control area.
-pub const CONTROL_VERSION: u32 = 2;
+pub const CONTROL_VERSION: u32 = 3;
 
 /// Segment state: the creator is still writing the header.
 pub const SEG_CREATING: u32 = 0;
@@ -185,6 +185,10 @@ pub struct ControlHeader {
     pub free_list_inc: AtomicU32,
     /// `max_procs` after `calc_sm_max_procs`.
     pub max_procs: AtomicU32,
+    /// `fbox_max` (the size of each rank's box pool). Since version 3.
+    pub fbox_max: AtomicU32,
+    /// `free_list_max` (-1 stored as `u32::MAX`). Since version 3.
+    pub free_list_max: AtomicU32,
     /// Total segment size in bytes.
     pub total_bytes: AtomicU64,
 }
@@ -407,6 +411,8 @@ impl<'a> Control<'a> {
         h.free_list_num.store(params.free_list_num as u32, r);
         h.free_list_inc.store(params.free_list_inc as u32, r);
         h.max_procs.store(max_procs, r);
+        h.fbox_max.store(params.fbox_max, r);
+        h.free_list_max.store(params.free_list_max as u32, r);
         h.total_bytes.store(total_bytes, r);
         h.magic.store(SEGMENT_MAGIC, r);
         // Release: pairs with the Acquire load in `read_params`.
@@ -449,6 +455,16 @@ impl<'a> Control<'a> {
             i32::try_from(h.free_list_inc.load(r)).map_err(|_| ControlError::Corrupted {
                 what: "free_list_inc",
             })?;
+        p.free_list_max = h.free_list_max.load(r) as i32;
+        if p.free_list_max < -1 {
+            return Err(ControlError::Corrupted {
+                what: "free_list_max",
+            });
+        }
+        p.fbox_max = h.fbox_max.load(r);
+        if p.fbox_max > crate::sm::params::MAX_FBOX_MAX {
+            return Err(ControlError::Corrupted { what: "fbox_max" });
+        }
         p.fbox_size = h.fbox_size.load(r);
         if p.fbox_size != 0 && Fbox::check_size(p.fbox_size).is_err() {
             return Err(ControlError::Corrupted { what: "fbox_size" });

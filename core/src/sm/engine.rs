@@ -35,15 +35,38 @@
 //!
 //! It returns the number of events, never blocks and never allocates.
 //!
+//! # Fragment pools, sized by use
+//!
+//! The layout gives each pool its room ([`crate::sm::layout`]); the engine
+//! carves it by use: `free_list_num` eager fragments and one max-size one
+//! at [`SmEngine::attach`], then `free_list_num` more whenever a send finds
+//! a pool empty, up to its limit ([`SmEngine::set_pool_limits`], the room
+//! by default). Each step first asks the platform for the memory
+//! ([`Reserve`]); if it is refused the pools stay as they are, and senders
+//! wait for their fragments to come back ([`SendError::NoFragment`]), as
+//! they do at the limit. Free lists are LIFO, so the fragments in use are
+//! the same few hot ones.
+//!
 //! # Fast boxes
 //!
-//! When the layout has them (`fbox_size` > 0), each rank also has a fast
-//! box in every peer's part ([`crate::sm::fbox`]): [`SmEngine::send`]
-//! puts a message there — no fragment, no slot, no ACK — when it needs no
-//! completion (`cookie` 0), fits the box's record limit, the box has room,
-//! and no SEND of ours to that peer is waiting for its ACK (the hand-off
-//! rule); otherwise it takes the ring as above. [`SmEngine::progress`]
-//! polls every peer's box in our part before the rings and drains a
+//! With fast boxes in the layout (`fbox_size` and `fbox_max` > 0), each
+//! rank has a box directory and a pool of boxes in its part, and hands a
+//! box to a sender once it has received `fbox_threshold` small messages
+//! (ones a box would take) from it by ring, at most `fbox_max` boxes in
+//! all (the hand-out protocol of [`crate::sm::fbox`]: the receiver
+//! reserves and initialises the box, polls it from then on, and offers it
+//! in the sender's directory word with a Release store; the sender reads
+//! its word, Acquire, at its small sends until it has a box, checks the
+//! offer names a fresh box of the receiver's pool, and attaches — a bad
+//! offer is [`Corruption::BadOffer`], blamed on the receiver). Progress
+//! polls only the boxes handed out. A box is never taken back; a failed
+//! peer's box is not reused.
+//!
+//! [`SmEngine::send`] puts a message in its box — no fragment, no slot, no
+//! ACK — when it needs no completion (`cookie` 0), fits the box's record
+//! limit, the box has room, and no SEND of ours to that peer is waiting
+//! for its ACK (the hand-off rule); otherwise it takes the ring as above.
+//! [`SmEngine::progress`] polls the boxes before the rings and drains a
 //! sender's box before dispatching a ring SEND from it, so per-peer order
 //! holds across the two paths; box messages reach [`Dispatch::recv`] like
 //! fragments, in place. A record that fails validation, or a reader's tail
@@ -93,8 +116,9 @@
 //! every fragment in flight to that peer with an error, recycles them, drops
 //! its pending queue and ignores its slots from then on.
 //!
-//! `unsafe` here: only [`init_part`], the in-place initialisation of this
-//! rank's part before it is published.
+//! `unsafe` here: the in-place initialisation of this rank's part before
+//! it is published ([`init_part`]), and of fragments and boxes of our part
+//! before they are first handed out (carving, box hand-out).
 #![allow(unsafe_code)]
 
 use core::fmt;
@@ -107,7 +131,8 @@ use crate::sm::frag::{
     read_frag, FragError, FragHeader, FragInfo, FragType, FragView, Slot, SlotError, STATUS_BIT,
 };
 use crate::sm::layout::{SegmentLayout, SizeError};
-use crate::sm::params::SmParams;
+use crate::sm::params::{SmParams, MAX_FBOX_MAX};
+use crate::sync::{AtomicU64, Ordering};
 
 /// Most local ranks one engine can address (size of its segment table).
 pub const MAX_LOCAL_RANKS: usize = 1024;
@@ -145,10 +170,19 @@ pub struct PeerSlot<'a> {
     /// Sequence number expected on this peer's next SEND.
     recv_seq: u32,
     state: PeerState,
-    /// Our fast box in this peer's part (we write it).
+    /// Our fast box in this peer's part (we write it), once it offered one.
     fbox_out: Option<FboxWriter<'a>>,
-    /// This peer's fast box in our part (we read it).
+    /// This peer's fast box in our part (we read it), once we handed it one.
     fbox_in: Option<FboxReader<'a>>,
+    /// Our word in this peer's box directory (where it offers us a box),
+    /// read until we have attached a box.
+    fbox_offer: Option<&'a AtomicU64>,
+    /// Small messages (ones a box would take) received from this peer by
+    /// ring while it has no box of ours.
+    small_in: u32,
+    /// A box offer of this peer's that we found bad (failed at the next
+    /// progress pass, which has the dispatcher).
+    offer_fault: Option<Corruption>,
 }
 
 impl PeerSlot<'_> {
@@ -166,6 +200,9 @@ impl PeerSlot<'_> {
             state: PeerState::Failed,
             fbox_out: None,
             fbox_in: None,
+            fbox_offer: None,
+            small_in: 0,
+            offer_fault: None,
         }
     }
 }
@@ -216,6 +253,37 @@ impl FragDesc {
 impl Default for FragDesc {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The platform's seam for memory: the engine asks for each piece of its
+/// part just before it first uses it (a pool's next fragments, a box it
+/// hands out), so that a part costs what it uses (see
+/// [`crate::sm::layout`]).
+pub trait Reserve {
+    /// Makes the bytes `[offset, offset + len)` of the segment (offsets
+    /// from the segment's start) backed by memory, or returns false if the
+    /// memory is not there. The engine then does without: a pool stays as
+    /// large as it is (senders wait for fragments to come back), a sender
+    /// keeps the rings. Only [`SmEngine::attach`] fails when the first
+    /// fragments cannot be reserved.
+    fn reserve(&mut self, offset: u64, len: u64) -> bool;
+}
+
+/// Memory that is backed already (a buffer, a segment reserved whole): every
+/// reservation succeeds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Backed;
+
+impl Reserve for Backed {
+    fn reserve(&mut self, _offset: u64, _len: u64) -> bool {
+        true
+    }
+}
+
+impl<R: Reserve + ?Sized> Reserve for &mut R {
+    fn reserve(&mut self, offset: u64, len: u64) -> bool {
+        (**self).reserve(offset, len)
     }
 }
 
@@ -472,6 +540,12 @@ pub enum SetupError {
     },
     /// A part or fragment is outside the segment.
     Resolve(ResolveError),
+    /// The memory for the first fragments could not be reserved
+    /// ([`Reserve`]).
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: u64,
+    },
     /// `me`, `nprocs` or the storage sizes do not fit the layout.
     Mismatch {
         /// What does not fit.
@@ -505,6 +579,10 @@ impl fmt::Display for SetupError {
                 "fast box from rank {sender} in the part of rank {receiver}: {error}"
             ),
             Self::Resolve(e) => write!(f, "segment: {e}"),
+            Self::OutOfMemory { bytes } => write!(
+                f,
+                "no memory for the first {bytes} bytes of fragments of our part of the segment"
+            ),
             Self::Mismatch { what } => write!(f, "engine set-up: {what}"),
         }
     }
@@ -597,7 +675,8 @@ impl PartGeometry {
 }
 
 /// Initialises rank `me`'s part of the segment: its receive rings, all
-/// FREE, and the headers of its fragments.
+/// FREE, and its box directory, empty (the part's head,
+/// [`SegmentLayout::head_bytes`], which the platform reserves first).
 ///
 /// # Safety
 ///
@@ -612,7 +691,7 @@ pub unsafe fn init_part(
 ) -> Result<(), SetupError> {
     let part_at = layout.part_offset(me)?;
     let part = segment.subregion(part_at as u64, layout.part_bytes)?;
-    let owner = u16::try_from(me).map_err(|_| SetupError::Mismatch { what: "rank" })?;
+    u16::try_from(me).map_err(|_| SetupError::Mismatch { what: "rank" })?;
     for ring in 0..layout.rings_per_rank {
         let at = (layout.ring_offset(me, ring)? - part_at) as u64;
         // SAFETY: exclusive access to our part (this function's contract).
@@ -624,42 +703,29 @@ pub unsafe fn init_part(
             },
         )?;
     }
-    if layout.fboxes_per_rank > 0 {
-        for sender in (0..layout.max_procs).filter(|&s| s != me) {
-            let at = (layout.fbox_offset(me, sender)? - part_at) as u64;
-            // SAFETY: as above; the reader is dropped at once (the engine
-            // claims it in `attach`, `Fbox::claim_reader`).
-            unsafe { Fbox::init(&part, at, layout.fbox_size, sender) }.map_err(|error| {
-                SetupError::Fbox {
-                    receiver: me,
-                    sender,
-                    error,
-                }
-            })?;
-        }
-    }
-    for i in 0..layout.eager_frags {
-        let at = (layout.eager_frag_offset(me, i)? - part_at) as u64;
+    // The box directory: every word 0, "no box".
+    for sender in 0..layout.max_procs {
+        let Ok(at) = layout.fbox_dir_offset(me, sender) else {
+            break;
+        };
         // SAFETY: as above.
-        unsafe { FragHeader::init(&part, at, owner, params.eager_limit) }?;
+        unsafe { part.write_in_place((at - part_at) as u64, AtomicU64::new(0))? };
     }
-    for i in 0..layout.max_frags {
-        let at = (layout.max_frag_offset(me, i)? - part_at) as u64;
-        // SAFETY: as above.
-        unsafe { FragHeader::init(&part, at, owner, params.max_send_size) }?;
-    }
+    // Boxes and fragments are initialised when the engine first uses them
+    // (`SmEngine::attach`, `grow`, `hand_out_box`).
     Ok(())
 }
 
 /// The shared-memory engine of one local rank. `P`, `C`, `D`, `Q` are the
 /// caller's storage (`Vec`s on Linux, arrays elsewhere), sized with
 /// [`SmEngine::storage_sizes`].
-pub struct SmEngine<'a, P, C, D, Q>
+pub struct SmEngine<'a, P, C, D, Q, R = Backed>
 where
     P: AsMut<[PeerSlot<'a>]>,
     C: AsMut<[Option<Consumer<'a>>]>,
     D: AsMut<[FragDesc]>,
     Q: AsMut<[u64]>,
+    R: Reserve,
 {
     me: u32,
     nprocs: u32,
@@ -689,14 +755,42 @@ where
     /// Peers whose box a send found corrupt (failed at the next
     /// progress, which has the dispatcher).
     fbox_faults: u32,
+    /// The layout (for peers' parts and our pools).
+    layout: SegmentLayout,
+    /// Offset of our part in the segment (for [`Reserve`]).
+    part_at: u64,
+    /// The platform's memory seam.
+    reserve: R,
+    /// Fragments of each pool carved so far (descriptors `0..eager_carved`
+    /// and `eager_count..eager_count + max_carved`), and how far each may
+    /// grow ([`Self::set_pool_limits`]).
+    eager_carved: u32,
+    max_carved: u32,
+    eager_limit: u32,
+    max_limit: u32,
+    /// Fragments a pool grows by when it runs dry.
+    grow_step: u32,
+    /// A reservation failed: the pools stay as they are.
+    pools_stuck: bool,
+    /// Boxes of our pool handed out, and the senders they went to (the
+    /// only boxes progress polls).
+    boxes_out: u32,
+    box_senders: [u16; MAX_FBOX_MAX as usize],
+    /// Small messages by ring before a sender gets a box.
+    fbox_threshold: u32,
+    /// A box could not be reserved or initialised: no more are handed out.
+    boxes_stuck: bool,
+    /// Largest payload a box takes (0: no boxes).
+    fbox_payload: u32,
 }
 
-impl<'a, P, C, D, Q> fmt::Debug for SmEngine<'a, P, C, D, Q>
+impl<'a, P, C, D, Q, R> fmt::Debug for SmEngine<'a, P, C, D, Q, R>
 where
     P: AsMut<[PeerSlot<'a>]>,
     C: AsMut<[Option<Consumer<'a>>]>,
     D: AsMut<[FragDesc]>,
     Q: AsMut<[u64]>,
+    R: Reserve,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SmEngine")
@@ -721,12 +815,13 @@ pub struct StorageSizes {
     pub pending: usize,
 }
 
-impl<'a, P, C, D, Q> SmEngine<'a, P, C, D, Q>
+impl<'a, P, C, D, Q, R> SmEngine<'a, P, C, D, Q, R>
 where
     P: AsMut<[PeerSlot<'a>]>,
     C: AsMut<[Option<Consumer<'a>>]>,
     D: AsMut<[FragDesc]>,
     Q: AsMut<[u64]>,
+    R: Reserve,
 {
     /// Storage lengths for `nprocs` ranks on `layout`.
     pub fn storage_sizes(layout: &SegmentLayout, nprocs: u32) -> Option<StorageSizes> {
@@ -750,7 +845,11 @@ where
 
     /// Builds the engine of rank `me` once every rank's part is initialised
     /// ([`init_part`]) and marked ready: claims our rings, attaches a writer
-    /// to ring `fifo_map(me)` of every peer, and lays out our descriptors.
+    /// to ring `fifo_map(me)` of every peer, lays out our descriptors and
+    /// carves the first fragments (`free_list_num` eager ones and one
+    /// max-size one), reserved through `reserve`
+    /// ([`SetupError::OutOfMemory`] if it refuses). Pools grow by
+    /// `free_list_num` fragments when they run dry.
     #[allow(clippy::too_many_arguments)]
     pub fn attach(
         segment: &Region<'a>,
@@ -762,6 +861,7 @@ where
         mut consumers: C,
         mut descs: D,
         mut pending: Q,
+        reserve: R,
     ) -> Result<Self, SetupError> {
         let sizes = Self::storage_sizes(layout, nprocs).ok_or(SetupError::Mismatch {
             what: "storage size overflows",
@@ -831,23 +931,10 @@ where
                 error,
             })?;
             slot.producer = Some(fifo.producer());
-            if layout.fboxes_per_rank > 0 {
-                let fbox_err = |receiver, sender| {
-                    move |error| SetupError::Fbox {
-                        receiver,
-                        sender,
-                        error,
-                    }
-                };
-                // Its box in our part: we read it.
-                let at = (layout.fbox_offset(me, rank)? as u64) - part_at;
-                slot.fbox_in = Some(
-                    Fbox::claim_reader(&my_part, at, layout.fbox_size, rank)
-                        .map_err(fbox_err(me, rank))?,
-                );
-                // Ours in its part: we write it.
-                let at = (layout.fbox_offset(rank, me)? - layout.part_offset(rank)?) as u64;
-                slot.fbox_out = Some(FboxWriter::attach(part, at, me).map_err(fbox_err(rank, me))?);
+            if layout.fbox_pool > 0 {
+                // Our word in its box directory: where it offers us a box.
+                let at = (layout.fbox_dir_offset(rank, me)? - layout.part_offset(rank)?) as u64;
+                slot.fbox_offer = Some(part.resolve::<AtomicU64>(at)?);
             }
             slot.state = PeerState::Connected;
         }
@@ -864,32 +951,36 @@ where
             max_bytes: layout.max_frag_bytes as u64,
             max_count: layout.max_frags,
         };
-        let (mut free_eager, mut free_max) = (NONE, NONE);
-        for (i, d) in descs.as_mut().iter_mut().enumerate().rev() {
+        for (i, d) in descs.as_mut().iter_mut().enumerate() {
             let i = i as u32;
-            let (offset, capacity, head) = if i < layout.eager_frags {
+            let (offset, capacity) = if i < layout.eager_frags {
                 let o = geometry.eager_start + u64::from(i) * geometry.eager_bytes;
-                (o, params.eager_limit, &mut free_eager)
+                (o, params.eager_limit)
             } else {
                 let j = i - layout.eager_frags;
                 let o = geometry.max_start + u64::from(j) * geometry.max_bytes;
-                (o, params.max_send_size, &mut free_max)
+                (o, params.max_send_size)
             };
             *d = FragDesc {
                 offset,
                 capacity,
-                next: *head,
+                next: NONE,
                 state: DescState::Free,
                 peer: 0,
                 cookie: 0,
             };
-            *head = i;
         }
+        let first = u32::try_from(params.free_list_num).unwrap_or(0).max(1);
+        let fbox_payload = if layout.fbox_pool > 0 {
+            Fbox::max_payload(layout.fbox_size)
+        } else {
+            0
+        };
         let ack_bits = ShmOffset::new(me as u16, 0)
             .map_err(|_| SetupError::Mismatch { what: "rank" })?
             .raw()
             | FragType::Ack as u64;
-        Ok(Self {
+        Self {
             me,
             nprocs,
             num_fifos,
@@ -905,15 +996,151 @@ where
             descs,
             pending,
             pending_cap: sizes.pending as u32 / nprocs,
-            free_eager,
-            free_max,
+            free_eager: NONE,
+            free_max: NONE,
             outstanding: 0,
             pending_total: 0,
             queued_total: 0,
             fbox_sent: 0,
             fbox_received: 0,
             fbox_faults: 0,
-        })
+            layout: *layout,
+            part_at,
+            reserve,
+            eager_carved: 0,
+            max_carved: 0,
+            eager_limit: layout.eager_frags,
+            max_limit: layout.max_frags,
+            grow_step: first,
+            pools_stuck: false,
+            boxes_out: 0,
+            box_senders: [0; MAX_FBOX_MAX as usize],
+            fbox_threshold: params.fbox_threshold.max(1),
+            boxes_stuck: false,
+            fbox_payload,
+        }
+        .with_first_fragments(first)
+    }
+
+    /// Carves the first fragments (`attach`): `n` eager ones, one
+    /// max-size one (the max-size pool grows only for messages that need
+    /// it: they are the big ones, 32 KiB each by default).
+    fn with_first_fragments(mut self, n: u32) -> Result<Self, SetupError> {
+        for eager in [true, false] {
+            let room = if eager {
+                self.geometry.eager_count
+            } else {
+                self.geometry.max_count
+            };
+            let n = if eager { n } else { 1 };
+            if !self.carve(eager, n.min(room)) {
+                let bytes = if eager {
+                    self.geometry.eager_bytes
+                } else {
+                    self.geometry.max_bytes
+                };
+                return Err(SetupError::OutOfMemory {
+                    bytes: bytes * u64::from(n.min(room)),
+                });
+            }
+        }
+        Ok(self)
+    }
+
+    /// Limits how far each pool may grow (by use, up to the layout's room;
+    /// never below what is carved already). The Linux adapter keeps the
+    /// max-size pool at its first fragments when single copy carries large
+    /// messages to every peer (see `btl_linux::sm`).
+    pub fn set_pool_limits(&mut self, eager: u32, max: u32) {
+        self.eager_limit = eager.clamp(self.eager_carved, self.geometry.eager_count);
+        self.max_limit = max.clamp(self.max_carved, self.geometry.max_count);
+    }
+
+    /// Fragments carved so far: (eager, max-size).
+    pub fn pool_sizes(&self) -> (u32, u32) {
+        (self.eager_carved, self.max_carved)
+    }
+
+    /// Boxes of our pool handed out to senders.
+    pub fn boxes_handed_out(&self) -> u32 {
+        self.boxes_out
+    }
+
+    /// True once we attached a box in `peer`'s part (it offered one).
+    pub fn has_box_to(&mut self, peer: u32) -> bool {
+        self.peers
+            .as_mut()
+            .get(peer as usize)
+            .is_some_and(|p| p.fbox_out.is_some())
+    }
+
+    /// Adds the next `n` fragments of a pool (eager or max-size) to its
+    /// free list, after reserving their memory and initialising their
+    /// headers. False if the memory could not be reserved (nothing is
+    /// added then).
+    fn carve(&mut self, eager: bool, n: u32) -> bool {
+        let (carved, start, bytes, base) = if eager {
+            let g = &self.geometry;
+            (self.eager_carved, g.eager_start, g.eager_bytes, 0)
+        } else {
+            let g = &self.geometry;
+            (self.max_carved, g.max_start, g.max_bytes, g.eager_count)
+        };
+        if n == 0 {
+            return true;
+        }
+        let from = start + u64::from(carved) * bytes;
+        let len = u64::from(n) * bytes;
+        if !self.reserve.reserve(self.part_at + from, len) {
+            return false;
+        }
+        let owner = self.me as u16;
+        for i in (carved..carved + n).rev() {
+            let idx = base + i;
+            let Some(d) = self.descs.as_mut().get(idx as usize).copied() else {
+                return false;
+            };
+            // SAFETY: the fragment was never handed out (it is past the
+            // carved end of its pool), so nothing in this process accesses
+            // it, and no honest peer touches a fragment of ours before we
+            // send it.
+            if unsafe { FragHeader::init(&self.my_part, d.offset, owner, d.capacity) }.is_err() {
+                return false;
+            }
+            let head = if eager {
+                &mut self.free_eager
+            } else {
+                &mut self.free_max
+            };
+            let d = &mut self.descs.as_mut()[idx as usize];
+            d.next = *head;
+            *head = idx;
+        }
+        if eager {
+            self.eager_carved += n;
+        } else {
+            self.max_carved += n;
+        }
+        true
+    }
+
+    /// Grows a dry pool by one step, if it may; true if it grew.
+    fn grow(&mut self, eager: bool) -> bool {
+        let (carved, limit) = if eager {
+            (self.eager_carved, self.eager_limit)
+        } else {
+            (self.max_carved, self.max_limit)
+        };
+        if self.pools_stuck || carved >= limit {
+            return false;
+        }
+        let n = self.grow_step.min(limit - carved);
+        if self.carve(eager, n) {
+            true
+        } else {
+            self.pools_stuck = true;
+            false
+        }
     }
 
     /// This rank.
@@ -1050,6 +1277,22 @@ where
         // enough, with nothing of ours to this peer in flight by the ring
         // (the hand-off rule, `fbox` module docs).
         if cookie == 0 {
+            if pslot.fbox_out.is_none() && len <= self.fbox_payload as usize {
+                // Has the peer offered us a box? One Acquire load of a
+                // read-mostly word, only while we have none.
+                let word = pslot.fbox_offer.map_or(0, |w| w.load(Ordering::Acquire));
+                if word != 0 {
+                    pslot.fbox_offer = None;
+                    match offered_box(&self.layout, &self.table, self.me, peer, word) {
+                        Ok(w) => pslot.fbox_out = Some(w),
+                        Err(e) => {
+                            pslot.offer_fault = Some(e);
+                            self.fbox_faults += 1;
+                            return Err(SendError::PeerFailed { peer });
+                        }
+                    }
+                }
+            }
             if let Some(w) = pslot.fbox_out.as_mut() {
                 match w.try_send_vectored(tag, parts, pslot.in_flight) {
                     Ok(()) => {
@@ -1134,6 +1377,12 @@ where
     /// fits, else max-size).
     fn alloc(&mut self, len: usize) -> Option<u32> {
         let use_eager = len <= self.eager_capacity as usize;
+        if use_eager && self.free_eager == NONE {
+            self.grow(true);
+        }
+        if self.free_max == NONE && !(use_eager && self.free_eager != NONE) {
+            self.grow(false);
+        }
         let head = if use_eager && self.free_eager != NONE {
             &mut self.free_eager
         } else if self.free_max != NONE {
@@ -1230,7 +1479,8 @@ where
         // The fast boxes, before the rings: every record in a box is older
         // than every ring SEND of its sender not yet dispatched (the
         // hand-off rule), and `on_send` drains the box before a ring SEND.
-        for peer in 0..self.nprocs {
+        for i in 0..self.boxes_out as usize {
+            let peer = u32::from(self.box_senders[i]);
             events += self.poll_fbox(peer, d);
         }
         let rings = self.consumers.as_mut().len();
@@ -1356,7 +1606,11 @@ where
         self.fbox_faults = 0;
         for peer in 0..self.nprocs {
             let p = &self.peers.as_mut()[peer as usize];
-            let fault = p.fbox_out.as_ref().and_then(FboxWriter::failure);
+            let fault = p
+                .fbox_out
+                .as_ref()
+                .and_then(FboxWriter::failure)
+                .or(p.offer_fault);
             if let (Some(error), PeerState::Connected) = (fault, p.state) {
                 self.corrupted(PeerError::FastBox { peer, error }, d);
             }
@@ -1386,13 +1640,62 @@ where
             );
         }
         p.recv_seq = p.recv_seq.wrapping_add(1);
+        let small = view.info.len <= self.fbox_payload && p.fbox_in.is_none();
         let ok = d.recv(owner, view.info.tag, &view);
         // The same fragment back, naming us: `Slot::into_ack`, with the
         // owner bits computed once.
         let ack = slot.frag.offset() | self.ack_bits | if ok { 0 } else { STATUS_BIT };
         if let Err(e) = self.push_or_queue(owner, ack) {
-            self.corrupted(e, d);
+            return self.corrupted(e, d);
         }
+        // A box for a peer that keeps sending small messages by ring.
+        if small && self.boxes_out < self.layout.fbox_pool && !self.boxes_stuck {
+            let p = &mut self.peers.as_mut()[owner as usize];
+            p.small_in += 1;
+            if p.small_in >= self.fbox_threshold {
+                self.hand_out_box(owner);
+            }
+        }
+    }
+
+    /// Hands the next box of our pool to `sender`: reserves and
+    /// initialises it for `sender`, starts polling it, and offers it in
+    /// `sender`'s word of our box directory (the `fbox` module's hand-out
+    /// protocol). Without memory for it, no more boxes are handed out.
+    fn hand_out_box(&mut self, sender: u32) {
+        let k = self.boxes_out;
+        let layout = self.layout;
+        let (Ok(at), Ok(dir)) = (
+            layout.fbox_pool_offset(self.me, k),
+            layout.fbox_dir_offset(self.me, sender),
+        ) else {
+            self.boxes_stuck = true;
+            return;
+        };
+        if !self.reserve.reserve(at as u64, layout.fbox_bytes as u64) {
+            self.boxes_stuck = true;
+            return;
+        }
+        let local = at as u64 - self.part_at;
+        let dir = dir as u64 - self.part_at;
+        // SAFETY: box `k` of our pool was never handed out (`boxes_out` only
+        // grows), so no reader of it exists in this process, and no honest
+        // peer touches it before the offer below is published.
+        let reader = unsafe { Fbox::init(&self.my_part, local, layout.fbox_size, sender) };
+        let (Ok(reader), Ok(word), Ok(slot)) = (
+            reader,
+            ShmOffset::new(self.me as u16, local),
+            self.my_part.resolve::<AtomicU64>(dir),
+        ) else {
+            self.boxes_stuck = true;
+            return;
+        };
+        self.peers.as_mut()[sender as usize].fbox_in = Some(reader);
+        self.box_senders[k as usize] = sender as u16;
+        self.boxes_out += 1;
+        // Release: pairs with the sender's Acquire load of its word, so a
+        // sender that sees the offer sees the initialised box.
+        slot.store(word.raw(), Ordering::Release);
     }
 
     fn on_ack<H: Dispatch>(&mut self, peer: u32, slot: Slot, d: &mut H) {
@@ -1512,6 +1815,29 @@ where
         }
         completed
     }
+}
+
+/// Attaches the box `receiver` offers `me` in the directory word `word`:
+/// the word must name a box of `receiver`'s own pool, and the box must be
+/// initialised for `me` and fresh ([`FboxWriter::attach`]); anything else
+/// is [`Corruption::BadOffer`].
+fn offered_box<'a>(
+    layout: &SegmentLayout,
+    table: &SegmentTable<'a, MAX_LOCAL_RANKS>,
+    me: u32,
+    receiver: u32,
+    word: u64,
+) -> Result<FboxWriter<'a>, Corruption> {
+    let bad = Corruption::BadOffer { word };
+    let offer = ShmOffset::from_raw(word).map_err(|_| bad)?;
+    if u32::from(offer.owner()) != receiver {
+        return Err(bad);
+    }
+    let part_at = layout.part_offset(receiver).map_err(|_| bad)? as u64;
+    let at = part_at.checked_add(offer.offset()).ok_or(bad)?;
+    layout.fbox_pool_index(receiver, at).ok_or(bad)?;
+    let part = table.region(receiver as u16).map_err(|_| bad)?;
+    FboxWriter::attach(part, offer.offset(), me).map_err(|_| bad)
 }
 
 /// Hands a fast-box message to `d` as a [`FragView`] without a header:

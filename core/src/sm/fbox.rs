@@ -171,43 +171,48 @@
 //!   more than half the box even with a wrap, so the box still takes small
 //!   messages while a large one waits, and messages above that go by
 //!   fragments, whose single copy the box could not beat anyway.
-//! - Parameters: `fbox_size` is registered in [`crate::sm::params`]
-//!   (0 disables the boxes; its verify rule calls [`Fbox::check_size`]);
-//!   the engine gives every pair of ranks its box up front
-//!   ([`crate::sm::layout`], [`crate::sm::engine`]). `fbox_threshold` and
-//!   `fbox_max` (vader's names and defaults: a box after 16 messages to a
-//!   peer, at most 32 boxes per receiver) come with the hand-out below
-//!   (issue 13, item 2), when something reads them.
+//! - Parameters (registered in [`crate::sm::params`]): `fbox_size` (0
+//!   disables the boxes; its verify rule calls [`Fbox::check_size`]),
+//!   `fbox_threshold` and `fbox_max` (vader's names and defaults: a box
+//!   after 16 small messages from a sender, at most 32 boxes per receiver).
 //!
 //! # Hand-out: boxes only for peers actually talked to
 //!
 //! The structure is self-contained (meta, tail and data in one block at
-//! any [`Fbox::ALIGN`]-aligned offset of the receiver's part), so it can
-//! live in memory the receiver hands out on demand. The intended protocol
-//! (issue 13, item 2), receiver-driven so that a receiver's memory is
+//! any [`Fbox::ALIGN`]-aligned offset of the receiver's part), so it lives
+//! in memory the receiver hands out on demand. The protocol
+//! (`crate::sm::engine`), receiver-driven so that a receiver's memory is
 //! bounded by its own `fbox_max`, whatever its senders do:
 //!
-//! 1. Each rank reserves in its part a **box pool** (`fbox_max` boxes of
+//! 1. Each rank's part has a **box pool** (`fbox_max` boxes of
 //!    [`Fbox::memory_size`] bytes; only address space until used) and a
-//!    **box directory**: one 64-bit slot per local rank, 0 meaning "no
-//!    box".
-//! 2. The receiver counts the ring messages each sender sends it; after
-//!    `fbox_threshold` of them, while its pool has boxes left, it carves the
-//!    next box, initialises it for that sender ([`Fbox::init`] with
-//!    `sender`; the magic is stored last, with Release) and stores the box's
-//!    [`crate::shm::ShmOffset`] in the sender's directory slot with a
+//!    **box directory**: one 64-bit word per local rank, 0 meaning "no
+//!    box" ([`crate::sm::layout`]).
+//! 2. The receiver counts the small ring messages each sender sends it;
+//!    after `fbox_threshold` of them, while its pool has boxes left, it
+//!    reserves the next box's memory, initialises it for that sender
+//!    ([`Fbox::init`] with `sender`; the magic is stored last, with
+//!    Release), starts polling it, and stores the box's
+//!    [`crate::shm::ShmOffset`] in the sender's directory word with a
 //!    Release store.
-//! 3. A sender without a box reads its slot in the receiver's directory
-//!    (one Acquire load of a read-mostly line, every `fbox_threshold`-th
-//!    send to that peer). Once non-zero it checks the offset names the
-//!    receiver and lies inside its pool, then attaches
+//! 3. A sender without a box reads its word in the receiver's directory
+//!    (one Acquire load of a read-mostly line, at each small send while it
+//!    has no box). Once non-zero it checks the offset names the receiver
+//!    and the start of a box of its pool, then attaches
 //!    ([`FboxWriter::attach`]: magic, version, size, `sender` equal to
-//!    itself, writer not yet claimed, tail still 0). A slot or box that
-//!    fails these checks is corruption of that peer. The slot is not read
-//!    again once a box is attached.
+//!    itself, writer not yet claimed, tail still 0). A word or box that
+//!    fails these checks is [`Corruption::BadOffer`] of that peer. The word
+//!    is not read again once it was non-zero.
 //! 4. From its first box message on, the hand-off rule above applies; the
-//!    box is never taken back while both ranks live (a box of a failed peer
-//!    may be reused only after the pool's owner has stopped reading it).
+//!    box is never taken back while both ranks live, and a failed peer's
+//!    box is not reused.
+//!
+//! Another process can write a directory word too (shared memory cannot
+//! say who wrote a value): a forged offer that passes the checks can only
+//! name a box initialised for this sender in the receiver's pool, which
+//! the receiver may not poll — messages lost, as with any scribbled ring
+//! slot; the checks make every other forgery a detected, reported
+//! failure.
 #![allow(unsafe_code)]
 
 use core::fmt;
@@ -450,6 +455,14 @@ pub enum Corruption {
         /// The writer's head.
         head: u64,
     },
+    /// The receiver's box directory offers a box that is not one: the word
+    /// names another rank or no box of the receiver's pool, or the box it
+    /// names cannot be attached (not initialised for us, claimed already,
+    /// used already).
+    BadOffer {
+        /// The directory word.
+        word: u64,
+    },
 }
 
 impl fmt::Display for Corruption {
@@ -493,6 +506,10 @@ impl fmt::Display for Corruption {
             Self::TailMisaligned { tail } => {
                 write!(f, "fast box reader's tail {tail} is not 8-byte aligned")
             }
+            Self::BadOffer { word } => write!(
+                f,
+                "box directory word {word:#018x} does not offer a fresh box of the receiver's pool"
+            ),
             Self::TailBackwards { tail, previous } => write!(
                 f,
                 "fast box reader's tail went back from {previous} to {tail}"

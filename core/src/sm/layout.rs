@@ -18,29 +18,51 @@
 //! 1. its receive rings: [`fifo_map_num`]`(num_fifos, max_procs)` of them,
 //!    each [`Fifo::memory_size`]`(fifo_size)` bytes rounded up to
 //!    [`CACHE_LINE`];
-//! 2. its fast boxes (unless `fbox_size` is 0): one per other rank it may
-//!    receive from, `max_procs - 1` of them, each
-//!    [`Fbox::memory_size`]`(fbox_size)` bytes; the box of sender `s` in
-//!    the part of receiver `r` is number `s` if `s < r`, else `s - 1`
-//!    ([`SegmentLayout::fbox_offset`]);
-//! 3. its eager fragments: `2 * max_procs + free_list_inc` of them, each
-//!    `FRAG_HEADER + eager_limit` bytes rounded up to [`CACHE_LINE`], less
-//!    as many as the fast boxes take the room of (rounded up), but at
-//!    least `free_list_inc`: the boxes carry the small messages that the
-//!    two eager fragments per peer were for, so with the default sizes
-//!    (4 KiB boxes, 4 KiB eager fragments) a part with boxes is no larger
-//!    than one without; larger boxes than eager fragments grow it;
-//! 4. its max-size fragments: `free_list_num + free_list_inc` of them (the
-//!    seed's free list after one growth step), at most `free_list_max` when
-//!    that is not -1, each `FRAG_HEADER + max_send_size` bytes rounded up to
-//!    [`CACHE_LINE`];
+//! 2. with fast boxes (`fbox_size` and `fbox_max` both non-zero): its
+//!    **box directory**, one 64-bit word per rank (`max_procs` of them,
+//!    rounded up to a cache line): word `s` is 0 until this rank hands
+//!    sender `s` a box, then the box's [`ShmOffset`](crate::shm::ShmOffset)
+//!    ([`SegmentLayout::fbox_dir_offset`]);
+//! 3. its **box pool**: `fbox_max` boxes of [`Fbox::memory_size`]`(fbox_size)`
+//!    bytes, handed out one by one to the senders that send it small
+//!    messages ([`SegmentLayout::fbox_pool_offset`]; the protocol is in
+//!    [`crate::sm::fbox`]);
+//! 4. its **eager pool**: `eager_frags` fragments of `FRAG_HEADER +
+//!    eager_limit` bytes rounded up to [`CACHE_LINE`];
+//! 5. its **max-size pool**: `max_frags` fragments of `FRAG_HEADER +
+//!    max_send_size` bytes rounded up to [`CACHE_LINE`];
 //!
 //! and is padded to [`PART_ALIGN`] (a page), so every part starts on a page
-//! and every ring and fragment on a cache line. `FRAG_HEADER` is the size of
-//! [`FragHeader`].
+//! and every ring, box and fragment on a cache line. `FRAG_HEADER` is the
+//! size of [`FragHeader`].
 //!
-//! This mirrors the seed's `get_mpool_res_size` heuristic, but is exact for
-//! this layout. All arithmetic is checked in `usize`: a segment that would
+//! # Sizing: nothing grows with N × N
+//!
+//! A part's size depends on `max_procs` only through its box directory
+//! (8 bytes per rank); the pools are per rank, whatever the number of
+//! peers:
+//!
+//! - `eager_frags` = `free_list_max` if set (>= 0; at least
+//!   `free_list_num`), else [`EAGER_POOL_FACTOR`] × `free_list_num` (32 by
+//!   default): small messages travel by fast box, and the eager fragments
+//!   carry the rest up to `eager_limit` (1–4 KiB messages, rendezvous
+//!   headers, control messages);
+//! - `max_frags` = `free_list_num + free_list_inc`, at most
+//!   `free_list_max` when that is set (72 by default): the seed's free list
+//!   after one growth step, the depth of the pipelined copy of large
+//!   messages (measured: 8 fragments of 32 KiB give a third of the
+//!   bandwidth of 72 at 1–4 MiB when single copy is not available).
+//!
+//! That is the part's **room**, address space only: the engine carves its
+//! pools by use ([`crate::sm::engine`]: `free_list_num` fragments of each
+//! at start, as many more each time a pool runs dry, up to the room), and
+//! hands out boxes one at a time, and the platform reserves memory for
+//! each piece just before it is first used (on Linux, `fallocate` of the
+//! range; see `btl_linux::segment`). What a rank's part costs in memory is
+//! therefore what it used: its rings and directory, plus the fragments it
+//! had in flight at most and the boxes it handed out.
+//!
+//! All arithmetic is checked in `usize`: a segment that would
 //! exceed `isize::MAX` bytes (on 32-bit targets, 2 GiB) is
 //! [`SizeError::Overflow`] (the seed's `OMPI_ERR_VALUE_OUT_OF_BOUNDS`), never
 //! a wrapped size.
@@ -51,16 +73,23 @@ use crate::params::{ParamError, ParamKey};
 use crate::sm::fbox::Fbox;
 use crate::sm::fifo::{fifo_map_num, Fifo};
 use crate::sm::frag::FragHeader;
-use crate::sm::params::{ParamId, SmParams, COMPONENT, MAX_FIFO_SIZE, MIN_EAGER_LIMIT};
+use crate::sm::params::{
+    ParamId, SmParams, COMPONENT, MAX_FBOX_MAX, MAX_FIFO_SIZE, MIN_EAGER_LIMIT,
+};
 use crate::sync::CACHE_LINE;
+
+/// Eager fragments per `free_list_num` when `free_list_max` is -1 (module
+/// docs).
+pub const EAGER_POOL_FACTOR: u32 = 4;
 
 /// Alignment (and granularity) of each rank's part: a page.
 pub const PART_ALIGN: usize = 4096;
 
-/// Bytes of the fixed control header at offset 0 of the segment: 128 on
-/// every target (the header is 80 bytes; 128 is a multiple of every
-/// `CACHE_LINE`, so the rank records after it stay line-aligned).
-pub const CONTROL_HEADER: usize = 128;
+/// Bytes of the fixed control header at offset 0 of the segment: 256 on
+/// every target (the header is 96 bytes, 144 with loom's atomics; 256 is a
+/// multiple of every `CACHE_LINE`, so the rank records after it stay
+/// line-aligned).
+pub const CONTROL_HEADER: usize = 256;
 
 /// Bytes of the per-rank control record (pid, state, part offset).
 pub const CONTROL_RECORD: usize = CACHE_LINE;
@@ -126,16 +155,19 @@ pub struct SegmentLayout {
     pub ring_bytes: usize,
     /// Data bytes of each fast box (0: no boxes).
     pub fbox_size: u32,
-    /// Fast boxes per part: `max_procs - 1`, or 0 without boxes.
-    pub fboxes_per_rank: u32,
+    /// Bytes of the box directory (`max_procs` words, cache-line rounded;
+    /// 0 without boxes).
+    pub fbox_dir_bytes: usize,
+    /// Boxes in each part's pool: `fbox_max`, or 0 without boxes.
+    pub fbox_pool: u32,
     /// Stride of the fast boxes ([`Fbox::memory_size`]; 0 without boxes).
     pub fbox_bytes: usize,
-    /// Eager fragments per part.
+    /// Eager fragments per part (the eager pool's room).
     pub eager_frags: u32,
     /// Stride of the eager fragments (header + eager limit, cache-line
     /// rounded).
     pub eager_frag_bytes: usize,
-    /// Max-size fragments per part.
+    /// Max-size fragments per part (the max-size pool's room).
     pub max_frags: u32,
     /// Stride of the max-size fragments (header + max send size, cache-line
     /// rounded).
@@ -285,38 +317,52 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     let ring_bytes = round_up(ring_bytes, CACHE_LINE, "ring")?;
     let rings = mul(ring_bytes, rings_per_rank, "rings")?;
 
-    // Fast boxes: one per other rank.
-    let (fbox_size, fboxes_per_rank, fbox_bytes) = match params.fbox_size {
-        0 => (0, 0, 0),
-        size => match Fbox::memory_size(size) {
-            Some(bytes) => (size, max_procs - 1, bytes),
-            None => return invalid("fbox_size must be 0 or a power of two between 64 and 65536"),
-        },
-    };
-    let fboxes = mul(fbox_bytes, fboxes_per_rank, "fast boxes")?;
+    // Fast boxes: a directory word per rank and a pool of fbox_max boxes.
+    let (fbox_size, fbox_pool, fbox_bytes, fbox_dir_bytes) =
+        match (params.fbox_size, params.fbox_max) {
+            (0, _) | (_, 0) => (0, 0, 0, 0),
+            (size, max) => match Fbox::memory_size(size) {
+                Some(bytes) => {
+                    if max > MAX_FBOX_MAX {
+                        return invalid("fbox_max must be at most MAX_FBOX_MAX");
+                    }
+                    let dir = round_up(
+                        mul(8, max_procs, "box directory")?,
+                        CACHE_LINE,
+                        "box directory",
+                    )?;
+                    (size, max, bytes, dir)
+                }
+                None => {
+                    return invalid("fbox_size must be 0 or a power of two between 64 and 65536")
+                }
+            },
+        };
+    let fboxes = add(
+        mul(fbox_bytes, fbox_pool, "fast boxes")?,
+        fbox_dir_bytes,
+        "fast boxes",
+    )?;
 
-    // Eager fragments: two per peer plus one growth increment, as the seed,
-    // less the room the fast boxes take (module docs).
-    let eager_frags = max_procs
-        .checked_mul(2)
-        .and_then(|n| n.checked_add(free_list_inc))
-        .ok_or(overflow("eager fragment count"))?;
+    // The eager pool (module docs).
+    let eager_frags = match u32::try_from(params.free_list_max) {
+        Ok(cap) => cap.max(free_list_num),
+        Err(_) => free_list_num.saturating_mul(EAGER_POOL_FACTOR),
+    }
+    .max(1);
     let eager_frag_bytes = frag_bytes(params.eager_limit, "eager fragment")?;
-    let boxed_out = u32::try_from(fboxes.div_ceil(eager_frag_bytes)).unwrap_or(u32::MAX);
-    let eager_frags = eager_frags.saturating_sub(boxed_out).max(free_list_inc);
     let eager = mul(eager_frag_bytes, eager_frags, "eager fragments")?;
 
-    // Max-size fragments: the seed's free list starts with free_list_num and
+    // The max-size pool: the seed's free list starts with free_list_num and
     // grows by free_list_inc up to free_list_max (-1: no limit) inside its
-    // memory pool. Fragments here are carved once, so carve the first growth
-    // step too, capped by free_list_max: the large-message pipeline needs
-    // the depth (measured: 8 fragments of 32 KiB give a third of the
-    // bandwidth of 72 at 1–4 MiB).
+    // memory pool; the room here is that first growth step, capped by
+    // free_list_max (module docs).
     let grown = free_list_num.saturating_add(free_list_inc);
     let max_frags = match u32::try_from(params.free_list_max) {
         Ok(cap) => grown.min(cap.max(free_list_num)),
         Err(_) => grown,
-    };
+    }
+    .max(1);
     let max_frag_bytes = frag_bytes(params.max_send_size, "max-size fragment")?;
     let max = mul(max_frag_bytes, max_frags, "max-size fragments")?;
 
@@ -338,7 +384,8 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
         rings_per_rank,
         ring_bytes,
         fbox_size,
-        fboxes_per_rank,
+        fbox_dir_bytes,
+        fbox_pool,
         fbox_bytes,
         eager_frags,
         eager_frag_bytes,
@@ -370,29 +417,55 @@ impl SegmentLayout {
             .ok_or(overflow("segment"))
     }
 
-    /// Offset of the fast box in `receiver`'s part that `sender` writes
-    /// (see the module docs); an error without boxes or for `sender ==
-    /// receiver`.
-    pub fn fbox_offset(&self, receiver: u32, sender: u32) -> Result<usize, SizeError> {
-        let start = self.fbox_start(receiver)?;
-        check_index("sender", sender, self.max_procs)?;
-        if sender == receiver {
+    /// Offset of the word of `sender` in `receiver`'s box directory (see
+    /// the module docs); an error without boxes.
+    pub fn fbox_dir_offset(&self, receiver: u32, sender: u32) -> Result<usize, SizeError> {
+        if self.fbox_pool == 0 {
             return Err(SizeError::IndexOutOfRange {
-                what: "fast box (a rank has none for itself)",
+                what: "box directory (there are no fast boxes)",
                 index: sender,
-                limit: self.max_procs,
+                limit: 0,
             });
         }
-        let i = if sender < receiver {
-            sender
-        } else {
-            sender - 1
-        };
-        let i = check_index("fast box", i, self.fboxes_per_rank)?;
-        self.fbox_bytes
-            .checked_mul(i)
+        let start = self.fbox_start(receiver)?;
+        let s = check_index("sender", sender, self.max_procs)?;
+        s.checked_mul(8)
             .and_then(|o| o.checked_add(start))
             .ok_or(overflow("segment"))
+    }
+
+    /// Offset of box `k` of `rank`'s box pool; an error without boxes.
+    pub fn fbox_pool_offset(&self, rank: u32, k: u32) -> Result<usize, SizeError> {
+        let start = self
+            .fbox_start(rank)?
+            .checked_add(self.fbox_dir_bytes)
+            .ok_or(overflow("segment"))?;
+        let k = check_index("fast box", k, self.fbox_pool)?;
+        self.fbox_bytes
+            .checked_mul(k)
+            .and_then(|o| o.checked_add(start))
+            .ok_or(overflow("segment"))
+    }
+
+    /// Which box of `rank`'s pool starts at `offset` (an offset in the
+    /// segment), if one does: the check a sender makes of a directory word.
+    pub fn fbox_pool_index(&self, rank: u32, offset: u64) -> Option<u32> {
+        let start = self.fbox_pool_offset(rank, 0).ok()? as u64;
+        let rel = offset.checked_sub(start)?;
+        let stride = self.fbox_bytes as u64;
+        if stride == 0 || rel % stride != 0 {
+            return None;
+        }
+        u32::try_from(rel / stride)
+            .ok()
+            .filter(|&k| k < self.fbox_pool)
+    }
+
+    /// Bytes at the start of each part that are used from the start and
+    /// reserved with it: the rings and the box directory.
+    pub fn head_bytes(&self) -> Result<usize, SizeError> {
+        let rings = mul(self.ring_bytes, self.rings_per_rank, "rings")?;
+        add(rings, self.fbox_dir_bytes, "part")
     }
 
     /// Offset of eager fragment `i` of `rank`.
@@ -421,7 +494,8 @@ impl SegmentLayout {
             .ok_or(overflow("segment"))
     }
 
-    /// Offset of the first fast box of `rank` (just after its rings).
+    /// Offset of `rank`'s box directory (just after its rings; its box
+    /// pool follows it).
     fn fbox_start(&self, rank: u32) -> Result<usize, SizeError> {
         let part = self.part_offset(rank)?;
         let rings = usize::try_from(self.rings_per_rank).map_err(|_| overflow("segment"))?;
@@ -434,9 +508,10 @@ impl SegmentLayout {
     /// Offset of the first eager fragment of `rank` (just after its boxes).
     fn eager_start(&self, rank: u32) -> Result<usize, SizeError> {
         let start = self.fbox_start(rank)?;
-        let boxes = usize::try_from(self.fboxes_per_rank).map_err(|_| overflow("segment"))?;
+        let boxes = usize::try_from(self.fbox_pool).map_err(|_| overflow("segment"))?;
         self.fbox_bytes
             .checked_mul(boxes)
+            .and_then(|o| o.checked_add(self.fbox_dir_bytes))
             .and_then(|o| o.checked_add(start))
             .ok_or(overflow("segment"))
     }
@@ -462,34 +537,52 @@ mod tests {
         let l = segment_layout(&p, n).unwrap();
         assert_eq!(l.max_procs, 4);
         assert_eq!(l.rings_per_rank, 1);
-        // 3 fast boxes of 4352 bytes take the room of 4 eager fragments.
-        assert_eq!((l.fboxes_per_rank, l.fbox_bytes), (3, 4352));
-        assert_eq!(l.eager_frags, 2 * 4 + 64 - 4);
+        // A directory line and a pool of 32 boxes of 4352 bytes.
+        assert_eq!(
+            (l.fbox_dir_bytes, l.fbox_pool, l.fbox_bytes),
+            (CACHE_LINE.max(32), 32, 4352)
+        );
+        assert_eq!(l.eager_frags, 4 * 8);
         assert_eq!(l.max_frags, 8 + 64);
         assert!(l.ring_bytes >= Fifo::memory_size(4096).unwrap());
         assert!(l.eager_frag_bytes >= FRAG_HEADER + 4096);
         assert!(l.max_frag_bytes >= FRAG_HEADER + 32768);
-        for b in [l.ring_bytes, l.eager_frag_bytes, l.max_frag_bytes] {
+        for b in [
+            l.ring_bytes,
+            l.eager_frag_bytes,
+            l.max_frag_bytes,
+            l.fbox_dir_bytes,
+        ] {
             assert_eq!(b % CACHE_LINE, 0);
         }
         assert!(l.control_bytes >= control_segment_size(4).unwrap());
         assert_eq!(l.control_bytes % PART_ALIGN, 0);
         assert_eq!(l.part_bytes % PART_ALIGN, 0);
         assert_eq!(l.total_bytes, l.control_bytes + 4 * l.part_bytes);
-        let used =
-            l.ring_bytes + 3 * l.fbox_bytes + 68 * l.eager_frag_bytes + 72 * l.max_frag_bytes;
+        let used = l.ring_bytes
+            + l.fbox_dir_bytes
+            + 32 * l.fbox_bytes
+            + 32 * l.eager_frag_bytes
+            + 72 * l.max_frag_bytes;
         assert!(used <= l.part_bytes && l.part_bytes < used + PART_ALIGN);
+        assert_eq!(l.head_bytes().unwrap(), l.ring_bytes + l.fbox_dir_bytes);
     }
 
     #[test]
-    fn max_fragments_follow_free_list_max() {
+    fn pools_follow_free_list_max() {
         let mut p = SmParams::default();
         p.free_list_max = 10;
-        assert_eq!(segment_layout(&p, 2).unwrap().max_frags, 10);
-        p.free_list_max = 4; // below free_list_num: the initial list stays
-        assert_eq!(segment_layout(&p, 2).unwrap().max_frags, 8);
+        let l = segment_layout(&p, 2).unwrap();
+        assert_eq!((l.eager_frags, l.max_frags), (10, 10));
+        p.free_list_max = 4; // below free_list_num: the first fragments stay
+        let l = segment_layout(&p, 2).unwrap();
+        assert_eq!((l.eager_frags, l.max_frags), (8, 8));
         p.free_list_max = -1;
-        assert_eq!(segment_layout(&p, 2).unwrap().max_frags, 72);
+        let l = segment_layout(&p, 2).unwrap();
+        assert_eq!((l.eager_frags, l.max_frags), (32, 72));
+        p.free_list_num = 0;
+        let l = segment_layout(&p, 2).unwrap();
+        assert_eq!((l.eager_frags, l.max_frags), (1, 64), "never an empty pool");
     }
 
     #[test]
@@ -499,6 +592,7 @@ mod tests {
             p.free_list_num = 2;
             p.free_list_inc = 1;
             p.fifo_size = 64;
+            p.fbox_max = 2;
         });
         let l = segment_layout(&p, 3).unwrap();
         assert_eq!(l.rings_per_rank, 2);
@@ -511,8 +605,9 @@ mod tests {
             for r in 0..l.rings_per_rank {
                 regions.push((l.ring_offset(rank, r).unwrap(), l.ring_bytes));
             }
-            for sender in (0..3).filter(|&s| s != rank) {
-                regions.push((l.fbox_offset(rank, sender).unwrap(), l.fbox_bytes));
+            regions.push((l.fbox_dir_offset(rank, 0).unwrap(), l.fbox_dir_bytes));
+            for k in 0..l.fbox_pool {
+                regions.push((l.fbox_pool_offset(rank, k).unwrap(), l.fbox_bytes));
             }
             for i in 0..l.eager_frags {
                 regions.push((l.eager_frag_offset(rank, i).unwrap(), l.eager_frag_bytes));
@@ -530,6 +625,22 @@ mod tests {
             let (last, len) = regions[regions.len() - 1];
             end = part + l.part_bytes;
             assert!(last + len <= end, "regions stay in the part");
+            // Directory words, one per rank, inside the directory.
+            for s in 0..3 {
+                let w = l.fbox_dir_offset(rank, s).unwrap();
+                assert_eq!(w, l.fbox_dir_offset(rank, 0).unwrap() + 8 * s as usize);
+            }
+            assert!(l.fbox_dir_offset(rank, 3).is_err());
+            // The pool index of a box start, and of nothing else.
+            for k in 0..l.fbox_pool {
+                let at = l.fbox_pool_offset(rank, k).unwrap() as u64;
+                assert_eq!(l.fbox_pool_index(rank, at), Some(k));
+                assert_eq!(l.fbox_pool_index(rank, at + 8), None);
+                assert_eq!(l.fbox_pool_index((rank + 1) % 3, at), None);
+            }
+            let past = l.fbox_pool_offset(rank, 1).unwrap() + l.fbox_bytes;
+            assert_eq!(l.fbox_pool_index(rank, past as u64), None);
+            assert!(l.fbox_pool_offset(rank, 2).is_err());
         }
         assert_eq!(end, l.total_bytes);
     }
@@ -570,7 +681,8 @@ mod tests {
             rings_per_rank: u32::MAX,
             ring_bytes: usize::MAX,
             fbox_size: u32::MAX,
-            fboxes_per_rank: u32::MAX,
+            fbox_dir_bytes: usize::MAX,
+            fbox_pool: u32::MAX,
             fbox_bytes: usize::MAX,
             eager_frags: u32::MAX,
             eager_frag_bytes: usize::MAX,
@@ -584,47 +696,48 @@ mod tests {
         assert!(l.ring_offset(0, 1).is_err());
         assert!(l.eager_frag_offset(0, 1).is_err());
         assert!(l.max_frag_offset(0, 1).is_err());
-        assert!(l.fbox_offset(0, 2).is_err());
+        assert!(l.fbox_dir_offset(0, 2).is_err());
+        assert!(l.fbox_pool_offset(0, 2).is_err());
+        assert_eq!(l.fbox_pool_index(0, 12345), None);
+        assert!(l.head_bytes().is_err());
     }
 
     #[test]
-    fn fast_boxes_take_the_room_of_eager_fragments() {
+    fn parts_do_not_grow_with_the_number_of_ranks() {
         let with = verified(|_| {});
         let without = verified(|p| p.fbox_size = 0);
+        let none = verified(|p| p.fbox_max = 0);
+        let part = |p: &SmParams, n| segment_layout(p, n).unwrap().part_bytes;
         for max_procs in [1, 2, 3, 8, 32, 128, 256, 1024] {
             let l = segment_layout(&with, max_procs).unwrap();
-            let l0 = segment_layout(&without, max_procs).unwrap();
-            assert_eq!(l.fboxes_per_rank, max_procs - 1);
-            assert_eq!(l.fbox_bytes, Fbox::memory_size(4096).unwrap());
-            assert_eq!((l0.fboxes_per_rank, l0.fbox_bytes), (0, 0));
-            // The segment never grows with the default sizes.
-            assert!(l.part_bytes <= l0.part_bytes, "max_procs {max_procs}");
-            assert!(l.total_bytes <= l0.total_bytes);
-            assert!(l.eager_frags >= 64 && l.eager_frags <= l0.eager_frags);
-            // Each receiver has one box per other rank, between its rings
-            // and its eager fragments, on cache lines, disjoint.
-            for r in [0, max_procs / 2, max_procs - 1] {
-                let mut at = l.ring_offset(r, l.rings_per_rank - 1).unwrap() + l.ring_bytes;
-                for s in (0..max_procs).filter(|&s| s != r) {
-                    let o = l.fbox_offset(r, s).unwrap();
-                    assert_eq!(o, at);
-                    assert_eq!(o % Fbox::ALIGN, 0);
-                    at += l.fbox_bytes;
-                }
-                assert_eq!(l.eager_frag_offset(r, 0).unwrap(), at);
-                assert!(l.fbox_offset(r, r).is_err());
-                assert!(l.fbox_offset(r, max_procs).is_err());
-                assert!(l0.fbox_offset(r, (r + 1) % max_procs).is_err());
+            assert_eq!(
+                (l.fbox_pool, l.fbox_bytes),
+                (32, Fbox::memory_size(4096).unwrap())
+            );
+            assert_eq!(
+                l.fbox_dir_bytes,
+                (8 * max_procs as usize).next_multiple_of(CACHE_LINE)
+            );
+            for p in [&without, &none] {
+                let l0 = segment_layout(p, max_procs).unwrap();
+                assert_eq!((l0.fbox_pool, l0.fbox_bytes, l0.fbox_dir_bytes), (0, 0, 0));
+                assert!(l0.fbox_dir_offset(0, 0).is_err() && l0.fbox_pool_offset(0, 0).is_err());
             }
+            // The part grows by the directory's 8 bytes per rank only.
+            let base = part(&with, 1) - segment_layout(&with, 1).unwrap().fbox_dir_bytes;
+            assert!(l.part_bytes <= (base + l.fbox_dir_bytes).next_multiple_of(PART_ALIGN));
+            assert_eq!(part(&without, max_procs), part(&without, 1));
+            assert_eq!(l.eager_frags, 32);
+            assert_eq!(l.max_frags, 72);
         }
-        // Boxes larger than eager fragments grow the part (the user's
-        // choice), never below free_list_inc eager fragments.
-        let big = verified(|p| p.fbox_size = 65536);
-        let l = segment_layout(&big, 64).unwrap();
-        assert_eq!(l.eager_frags, 64);
-        assert!(l.part_bytes > segment_layout(&without, 64).unwrap().part_bytes);
         let mut bad = without;
         bad.fbox_size = 100;
+        assert!(matches!(
+            segment_layout(&bad, 4),
+            Err(SizeError::InvalidParams { .. })
+        ));
+        let mut bad = with;
+        bad.fbox_max = MAX_FBOX_MAX + 1;
         assert!(matches!(
             segment_layout(&bad, 4),
             Err(SizeError::InvalidParams { .. })
@@ -639,12 +752,10 @@ mod tests {
             Err(SizeError::Overflow { .. })
         ));
         let p = verified(|_| {});
-        assert_eq!(
+        assert!(matches!(
             segment_layout(&p, u32::MAX),
-            Err(SizeError::Overflow {
-                what: "eager fragment count"
-            })
-        );
+            Err(SizeError::Overflow { .. })
+        ));
         let p = verified(|p| {
             p.eager_limit = u32::MAX - 1;
             p.max_send_size = u32::MAX;

@@ -39,12 +39,16 @@ pub const COMPONENT: &str = "sm";
 /// header and still have room for payload.
 pub const MIN_EAGER_LIMIT: u32 = 64;
 
+/// Largest accepted `fbox_max` (boxes a rank hands out): one per other
+/// rank of the largest node the engine addresses.
+pub const MAX_FBOX_MAX: u32 = 1024;
+
 /// Largest accepted `fifo_size` (slots per ring), as the seed's
 /// `sm_fifo_init` allows.
 pub const MAX_FIFO_SIZE: u32 = 1 << 30;
 
 /// Number of parameters of the `sm` component (the length of [`SM_PARAMS`]).
-pub const SM_PARAM_COUNT: usize = 23;
+pub const SM_PARAM_COUNT: usize = 25;
 
 /// Identifies one `sm` parameter; its discriminant indexes [`SM_PARAMS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +81,10 @@ pub enum ParamId {
     SmExtraProcs,
     /// `fbox_size` (btl's, after vader's)
     FboxSize,
+    /// `fbox_threshold` (btl's, after vader's)
+    FboxThreshold,
+    /// `fbox_max` (btl's, after vader's)
+    FboxMax,
     /// `exclusivity`
     Exclusivity,
     /// `flags`
@@ -115,6 +123,8 @@ impl ParamId {
         ParamId::FifoLazyFree,
         ParamId::SmExtraProcs,
         ParamId::FboxSize,
+        ParamId::FboxThreshold,
+        ParamId::FboxMax,
         ParamId::Exclusivity,
         ParamId::Flags,
         ParamId::RndvEagerLimit,
@@ -237,8 +247,24 @@ pub static SM_PARAMS: [ParamDef; SM_PARAM_COUNT] = table(
             "Bytes of each fast box: a mailbox per sender in each receiver's part of the segment, \
              for messages up to a quarter of it (minus 8 bytes of header) that travel without a \
              ring slot, a fragment or an acknowledgement (vader's fbox_size; 4096: messages up \
-             to 1016 bytes). The boxes take the place of eager fragments, so the segment does \
-             not grow at the default size; 0 sends everything through the rings.",
+             to 1016 bytes). A receiver hands a box to a sender after fbox_threshold small \
+             messages from it, at most fbox_max boxes in all; 0 sends everything through the \
+             rings.",
+        ),
+        ParamDef::number("fbox_threshold", ParamKind::UInt, 16, (1, U32_MAX)).doc(
+            5,
+            "an integer >= 1",
+            "Number of small messages (ones a fast box would take) a rank receives from a peer \
+             through its ring before it hands that peer a fast box (vader's fbox_threshold): \
+             boxes go only to the peers that actually send small messages, and memory is not \
+             spent on the others.",
+        ),
+        ParamDef::number("fbox_max", ParamKind::UInt, 32, (0, MAX_FBOX_MAX as i64)).doc(
+            5,
+            "an integer between 0 and 1024",
+            "Most fast boxes a rank hands out (one per sender; vader's fbox_max): each takes \
+             fbox_size + 128 bytes of shared memory once handed out, nothing before; senders \
+             beyond it use the rings. 0: no fast boxes.",
         ),
         base::exclusivity(65535),
         base::flags(
@@ -320,6 +346,10 @@ pub struct SmParams {
     pub sm_extra_procs: i32,
     /// Bytes of each fast box (0: no fast boxes).
     pub fbox_size: u32,
+    /// Small messages received from a peer by ring before it gets a box.
+    pub fbox_threshold: u32,
+    /// Most boxes a rank hands out.
+    pub fbox_max: u32,
     /// BTL exclusivity.
     pub exclusivity: u32,
     /// BTL flags ([`FLAG_SEND`], [`FLAG_PUT`], [`FLAG_GET`]); `sm` has no
@@ -369,6 +399,8 @@ impl SmParams {
             fifo_lazy_free: 120,
             sm_extra_procs: 0,
             fbox_size: FBOX_DEFAULT_SIZE,
+            fbox_threshold: 16,
+            fbox_max: 32,
             exclusivity: 65535,
             flags: FLAG_SEND | FLAG_GET,
             rndv_eager_limit: 4096,
@@ -399,6 +431,8 @@ impl SmParams {
             ParamId::FifoLazyFree => i64::from(self.fifo_lazy_free),
             ParamId::SmExtraProcs => i64::from(self.sm_extra_procs),
             ParamId::FboxSize => i64::from(self.fbox_size),
+            ParamId::FboxThreshold => i64::from(self.fbox_threshold),
+            ParamId::FboxMax => i64::from(self.fbox_max),
             ParamId::Exclusivity => i64::from(self.exclusivity),
             ParamId::Flags => i64::from(self.flags),
             ParamId::RndvEagerLimit => i64::from(self.rndv_eager_limit),
@@ -464,6 +498,8 @@ impl Params for SmParams {
             ParamId::FifoLazyFree => self.fifo_lazy_free = v.to_u32()?,
             ParamId::SmExtraProcs => self.sm_extra_procs = v.to_i32()?,
             ParamId::FboxSize => self.fbox_size = v.to_u32()?,
+            ParamId::FboxThreshold => self.fbox_threshold = v.to_u32()?,
+            ParamId::FboxMax => self.fbox_max = v.to_u32()?,
             ParamId::Exclusivity => self.exclusivity = v.to_u32()?,
             ParamId::Flags => self.flags = v.to_u32()?,
             ParamId::RndvEagerLimit => self.rndv_eager_limit = v.to_u32()?,

@@ -71,7 +71,19 @@ impl Sm {
         let (seg, layout, offer) = if me == 0 {
             let max_procs = calc_sm_max_procs(&params, nprocs)?;
             let layout = segment_layout(&params, max_procs)?;
-            let seg = Segment::create(&name, layout.total_bytes)?;
+            // Reserved now: the control area. Each rank reserves its own
+            // part's pieces as it first uses them (`attach`, the engine's
+            // `Reserve`); the job needs at least every part's head and
+            // first fragments, checked here.
+            let first = first_part_bytes(&layout, &params)?;
+            let needed = (layout.control_bytes as u64)
+                .saturating_add(first.saturating_mul(u64::from(nprocs)));
+            let seg = Segment::create_lazy(
+                &name,
+                layout.total_bytes,
+                layout.control_bytes as u64,
+                needed,
+            )?;
             let offer = Offer::new(&name)?;
             Control::new(seg.region())?.publish(
                 &params,
@@ -166,6 +178,24 @@ impl Sm {
     }
 }
 
+/// How far the max-size pool grows when single copy reaches every peer:
+/// it then carries only messages between `eager_limit` and
+/// `min_rdma_pipeline_size` (4–64 KiB by default, at most two fragments
+/// each), so four fragments keep two of them in flight; 32 KiB each, they
+/// are most of what a rank's part costs (issue 13: 64 ranks of a stress
+/// test within 32 MiB).
+const MAX_POOL_WITH_SINGLE_COPY: u32 = 4;
+
+/// Bytes of a part a rank reserves at start: its head (rings, box
+/// directory) and the first fragments of each pool.
+fn first_part_bytes(layout: &SegmentLayout, params: &SmParams) -> Result<u64, SmError> {
+    let first = u64::try_from(params.free_list_num).unwrap_or(0).max(1);
+    let head = layout.head_bytes().map_err(engine::SetupError::from)? as u64;
+    let eager = first.min(u64::from(layout.eager_frags)) * layout.eager_frag_bytes as u64;
+    let max = layout.max_frag_bytes as u64;
+    Ok(head + eager + max)
+}
+
 /// The wire-up's pids: one per local rank, ours at our index, the others
 /// non-zero, distinct and not ours.
 fn check_wireup_pids(pids: &[u32], me: u32, nprocs: u32, own: u32) -> Result<(), SmError> {
@@ -221,7 +251,11 @@ fn attach<'r>(
     let mut control = Control::new(region)?;
     control.fix_nprocs(nprocs);
 
-    // Our part, then our record.
+    // Our part (its head reserved first), then our record.
+    seg.reserve(
+        layout.part_offset(me).map_err(engine::SetupError::from)? as u64,
+        layout.head_bytes().map_err(engine::SetupError::from)? as u64,
+    )?;
     // SAFETY: no peer touches our part before our record says READY
     // (below); this process initialises it once.
     unsafe { engine::init_part(&region, layout, params, me) }?;
@@ -279,6 +313,7 @@ fn attach<'r>(
         (0..sizes.consumers).map(|_| None).collect(),
         vec![FragDesc::new(); sizes.descs],
         vec![0; sizes.pending],
+        seg.reserver()?,
     )?;
 
     // Single copy: only towards processes the wire-up identified, and only
@@ -313,6 +348,16 @@ fn attach<'r>(
         }
     }
 
+    // With single copy to every peer, large messages (from
+    // min_rdma_pipeline_size on) do not travel through fragments: the
+    // max-size pool then stays at its first fragments (for the mid-size
+    // messages), unless free_list_max asks for more. Without it, the pool
+    // grows by use to its room, the pipeline's depth.
+    let mut engine = engine;
+    let single_copy_everywhere = (0..nprocs).all(|r| r == me || cma_ok[r as usize]);
+    if single_copy_everywhere && params.free_list_max < 0 {
+        engine.set_pool_limits(layout.eager_frags, MAX_POOL_WITH_SINGLE_COPY);
+    }
     let state = State::new(nprocs, peers, cma_ok);
     Ok((Shm { engine, control }, Rest { state, probe }))
 }

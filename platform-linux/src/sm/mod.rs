@@ -111,8 +111,14 @@ pub const DEFAULT_ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 /// peer announcing more is refused instead of exhausting memory).
 pub const MAX_MESSAGE: u64 = 1 << 30;
 
-type Engine<'r> =
-    SmEngine<'r, Vec<PeerSlot<'r>>, Vec<Option<Consumer<'r>>>, Vec<FragDesc>, Vec<u64>>;
+type Engine<'r> = SmEngine<
+    'r,
+    Vec<PeerSlot<'r>>,
+    Vec<Option<Consumer<'r>>>,
+    Vec<FragDesc>,
+    Vec<u64>,
+    crate::segment::Reserver,
+>;
 
 /// What is built over the segment: the engine and the control area, owned
 /// with the mapping by [`Attached`].
@@ -450,6 +456,22 @@ impl Sm {
     /// Messages sent through fast boxes (no fragment, no ACK) so far.
     pub fn fbox_sent(&self) -> u64 {
         self.shm.view().engine.fbox_sent()
+    }
+
+    /// Fragments of our pools carved so far: (eager, max-size).
+    pub fn pool_sizes(&self) -> (u32, u32) {
+        self.shm.view().engine.pool_sizes()
+    }
+
+    /// Fast boxes of ours handed out to senders so far.
+    pub fn boxes_handed_out(&self) -> u32 {
+        self.shm.view().engine.boxes_handed_out()
+    }
+
+    /// Bytes of the node's segment backed by memory now (every rank's
+    /// reservations so far), if the kernel says.
+    pub fn reserved_bytes(&self) -> Option<u64> {
+        self.shm.segment().reserved_bytes()
     }
 
     /// Messages received through fast boxes so far.

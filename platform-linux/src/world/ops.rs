@@ -663,11 +663,15 @@ impl<'m> World<'m> {
             let cma = (0..sm.size())
                 .filter(|&p| p != sm.rank() && sm.single_copy_to(p))
                 .count();
+            let (eager, max) = sm.pool_sizes();
             s += &format!(
                 " (sm: single copy to {cma}, {} sends queued behind a full ring, {} messages sent \
-                 by fast box)",
+                 by fast box, {} box(es) handed out, fragments carved {eager} eager + {max} \
+                 max-size, segment {} KiB reserved)",
                 sm.queued_total(),
-                sm.fbox_sent()
+                sm.fbox_sent(),
+                sm.boxes_handed_out(),
+                sm.reserved_bytes().map_or(0, |b| b / 1024)
             );
         }
         if let Some(t) = &self.tcp {

@@ -72,7 +72,7 @@ fn engines<'a>(region: &Region<'a>, job: &JobShape) -> Vec<Eng<'a>> {
         // SAFETY: single-threaded test; nothing else touches the parts.
         unsafe { init_part(region, &job.layout, &job.params, r) }.unwrap();
     }
-    (0..job.nprocs)
+    let mut e: Vec<Eng<'a>> = (0..job.nprocs)
         .map(|me| {
             Eng::attach(
                 region,
@@ -84,10 +84,32 @@ fn engines<'a>(region: &Region<'a>, job: &JobShape) -> Vec<Eng<'a>> {
                 (0..sizes.consumers).map(|_| None).collect(),
                 vec![FragDesc::new(); sizes.descs],
                 vec![0; sizes.pending],
+                Backed,
             )
             .unwrap()
         })
-        .collect()
+        .collect();
+    if job.layout.fbox_pool > 0 && job.params.fbox_threshold == 1 {
+        open_boxes(&mut e);
+    }
+    e
+}
+
+/// Has every rank send one small message by ring to every other, so that
+/// (with `fbox_threshold` 1) each receiver hands each sender a box, which
+/// the sender attaches at its next small send.
+fn open_boxes(e: &mut [Eng<'_>]) {
+    let n = e.len() as u32;
+    let mut sink = Rec::default();
+    for s in 0..n {
+        for r in (0..n).filter(|&r| r != s) {
+            e[s as usize].send(r, 0, &[b"hi"], 0).unwrap();
+            e[r as usize].progress(&mut sink);
+            e[s as usize].progress(&mut sink);
+        }
+    }
+    assert!(sink.errors.is_empty() && sink.failed.is_empty());
+    assert_eq!(sink.got.len(), (n * (n - 1)) as usize);
 }
 
 /// Records everything the engine reports.
@@ -167,16 +189,29 @@ fn private_rings(fifo_size: u32) -> SmParams {
     p
 }
 
-/// `small_params` with 256-byte fast boxes (payloads up to 56 bytes).
+/// `small_params` with 256-byte fast boxes (payloads up to 56 bytes),
+/// handed out at the first small message (`engines` opens them all).
 fn box_params(fifo_size: u32) -> SmParams {
     let mut p = small_params(fifo_size);
     p.fbox_size = 256;
+    p.fbox_threshold = 1;
     p
 }
 
+/// Offset in the segment of the box `sender` writes in `receiver`'s part,
+/// as `receiver`'s box directory offers it.
+fn box_at(region: &Region<'_>, layout: &SegmentLayout, receiver: u32, sender: u32) -> u64 {
+    let mut word = [0u8; 8];
+    let dir = layout.fbox_dir_offset(receiver, sender).unwrap() as u64;
+    region.read_bytes(dir, &mut word).unwrap();
+    let offer = ShmOffset::from_raw(u64::from_ne_bytes(word)).unwrap();
+    assert_eq!(u32::from(offer.owner()), receiver, "a box was handed out");
+    layout.part_offset(receiver).unwrap() as u64 + offer.offset()
+}
+
 /// Offset of the data of the box `sender` writes in `receiver`'s part.
-fn box_data_at(layout: &SegmentLayout, receiver: u32, sender: u32) -> u64 {
-    (layout.fbox_offset(receiver, sender).unwrap() + Fbox::DATA_OFFSET) as u64
+fn box_data_at(region: &Region<'_>, layout: &SegmentLayout, receiver: u32, sender: u32) -> u64 {
+    box_at(region, layout, receiver, sender) + Fbox::DATA_OFFSET as u64
 }
 
 #[test]
@@ -289,7 +324,7 @@ fn a_corrupt_box_record_fails_its_writer() {
         e[2].send(0, 1, &[b"ok"], 0).unwrap();
         // Rank 1's next record, scribbled on: reserved bits in the header.
         e[1].send(0, 1, &[b"bad"], 0).unwrap();
-        let at = box_data_at(&layout, 0, 1) + 16;
+        let at = box_data_at(region, &layout, 0, 1) + 16;
         let mut word = [0u8; 8];
         region.read_bytes(at, &mut word).unwrap();
         let word = u64::from_ne_bytes(word) | 1 << 37;
@@ -325,7 +360,7 @@ fn an_impossible_reader_tail_fails_the_reader() {
         let mut r0 = Rec::default();
         e[0].send(1, 1, &[b"x"], 0).unwrap();
         // Rank 1's tail of our box, beyond anything we wrote.
-        let tail_at = (layout.fbox_offset(1, 0).unwrap() + Fbox::TAIL_OFFSET) as u64;
+        let tail_at = box_at(region, &layout, 1, 0) + Fbox::TAIL_OFFSET as u64;
         region.write_bytes(tail_at, &4096u64.to_ne_bytes()).unwrap();
         assert!(!e[0].fboxes_drained());
         e[0].progress(&mut r0);
@@ -486,7 +521,8 @@ fn fragments_run_out_then_come_back() {
         while e[0].send(1, 0, &[b"x"], n).is_ok() {
             n += 1;
         }
-        // Eager (2*2 + 4) and max-size (2 + 4) fragments all in flight.
+        // Eager (4 × 2) and max-size (2 + 4) fragments all in flight: the
+        // pools grew by use to their room.
         assert_eq!(n, 14);
         assert_eq!(e[0].send(1, 0, &[b"x"], 99), Err(SendError::NoFragment));
         let (mut r0, mut r1) = (Rec::default(), Rec::default());
@@ -1001,6 +1037,7 @@ fn hand_over_in_two_threads(params: SmParams) {
                     (0..sizes.consumers).map(|_| None).collect(),
                     vec![FragDesc::new(); sizes.descs],
                     vec![0; sizes.pending],
+                    Backed,
                 )
                 .unwrap();
                 let mut rec = Rec::default();
@@ -1052,5 +1089,295 @@ fn hand_over_in_two_threads(params: SmParams) {
                 }
             });
         }
+    });
+}
+
+/// Reserves only the first `budget` bytes asked for, counting every
+/// request (the Linux adapter's `fallocate`, with a memory limit).
+#[derive(Debug, Default)]
+struct Budget {
+    left: u64,
+    asked: Vec<(u64, u64)>,
+}
+
+impl Reserve for Budget {
+    fn reserve(&mut self, offset: u64, len: u64) -> bool {
+        self.asked.push((offset, len));
+        if len > self.left {
+            return false;
+        }
+        self.left -= len;
+        true
+    }
+}
+
+type BudgetEng<'a> =
+    SmEngine<'a, Vec<PeerSlot<'a>>, Vec<Option<Consumer<'a>>>, Vec<FragDesc>, Vec<u64>, Budget>;
+
+fn budget_engine<'a>(
+    region: &Region<'a>,
+    job: &JobShape,
+    me: u32,
+    left: u64,
+) -> Result<BudgetEng<'a>, SetupError> {
+    let sizes = BudgetEng::storage_sizes(&job.layout, job.nprocs).unwrap();
+    BudgetEng::attach(
+        region,
+        &job.layout,
+        &job.params,
+        me,
+        job.nprocs,
+        (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
+        (0..sizes.consumers).map(|_| None).collect(),
+        vec![FragDesc::new(); sizes.descs],
+        vec![0; sizes.pending],
+        Budget {
+            left,
+            asked: Vec::new(),
+        },
+    )
+}
+
+#[test]
+fn pools_grow_by_use_reserving_each_step_and_stop_at_their_limits() {
+    let mut job = Job::with_params(2, small_params(64));
+    let shape = job.shape;
+    let region = job.region();
+    for r in 0..2 {
+        // SAFETY: single-threaded test; nothing else touches the parts.
+        unsafe { init_part(&region, &shape.layout, &shape.params, r) }.unwrap();
+    }
+    let l = shape.layout;
+    let mut e0 = budget_engine(&region, &shape, 0, u64::MAX).unwrap();
+    let mut e1 = budget_engine(&region, &shape, 1, u64::MAX).unwrap();
+    // free_list_num (2) eager fragments and one max-size one at start,
+    // reserved as two ranges of our own part.
+    assert_eq!(e0.pool_sizes(), (2, 1));
+    let part = l.part_offset(0).unwrap() as u64;
+    let eager0 = l.eager_frag_offset(0, 0).unwrap() as u64;
+    let max0 = l.max_frag_offset(0, 0).unwrap() as u64;
+    assert_eq!(
+        e0.reserve.asked,
+        vec![
+            (eager0, 2 * l.eager_frag_bytes as u64),
+            (max0, l.max_frag_bytes as u64)
+        ]
+    );
+    assert!(eager0 >= part + l.head_bytes().unwrap() as u64);
+    // Eager messages: the eager pool grows by 2 at a time to its room (8),
+    // then eager messages take max-size fragments (grown likewise, to 6).
+    let mut sent = 0u64;
+    while e0.send(1, 0, &[b"x"], sent + 1).is_ok() {
+        sent += 1;
+        let (eager, max) = e0.pool_sizes();
+        assert!(eager <= l.eager_frags && max <= l.max_frags);
+        if sent <= u64::from(l.eager_frags) {
+            // Eager messages take eager fragments while there are any.
+            assert_eq!(
+                (u64::from(eager), max),
+                (sent.next_multiple_of(2).max(2), 1)
+            );
+        } else {
+            // Then max-size ones, grown by 2 from 1.
+            let over = sent - u64::from(l.eager_frags);
+            let want = if over <= 1 {
+                1
+            } else {
+                (1 + (over - 1).next_multiple_of(2)).min(6)
+            };
+            assert_eq!(u64::from(max), want);
+        }
+    }
+    assert_eq!(e0.pool_sizes(), (l.eager_frags, l.max_frags));
+    assert_eq!(sent, u64::from(l.eager_frags + l.max_frags));
+    // 2 ranges at start, then 2 → 4 → 6 → 8 eager and 1 → 3 → 5 → 6.
+    assert_eq!(e0.reserve.asked.len(), 2 + 3 + 3);
+    let (mut r0, mut r1) = (Rec::default(), Rec::default());
+    e1.progress(&mut r1);
+    e0.progress(&mut r0);
+    assert_eq!(
+        (r1.got.len(), r0.done.len()),
+        (sent as usize, sent as usize)
+    );
+    // A limit below the room (never below what is carved) holds.
+    let mut e1 = e1;
+    e1.set_pool_limits(3, 2);
+    let mut n = 0;
+    while e1.send(0, 0, &[b"y"], n + 1).is_ok() {
+        n += 1;
+    }
+    assert_eq!((n, e1.pool_sizes()), (5, (3, 2)));
+}
+
+#[test]
+fn without_memory_the_pools_stay_as_they_are_and_nothing_is_lost() {
+    let mut job = Job::with_params(2, small_params(64));
+    let shape = job.shape;
+    let region = job.region();
+    for r in 0..2 {
+        // SAFETY: single-threaded test; nothing else touches the parts.
+        unsafe { init_part(&region, &shape.layout, &shape.params, r) }.unwrap();
+    }
+    let l = shape.layout;
+    // Not even the first fragments: a clear error at start.
+    let first = 2 * l.eager_frag_bytes as u64;
+    assert_eq!(
+        budget_engine(&region, &shape, 0, first - 1).unwrap_err(),
+        SetupError::OutOfMemory { bytes: first }
+    );
+    // The first fragments and nothing more.
+    let budget = (2 * l.eager_frag_bytes + l.max_frag_bytes) as u64;
+    let mut e0 = budget_engine(&region, &shape, 0, budget).unwrap();
+    let mut e1 = budget_engine(&region, &shape, 1, u64::MAX).unwrap();
+    let (mut r0, mut r1) = (Rec::default(), Rec::default());
+    let mut next = 0u8;
+    for _round in 0..5 {
+        let mut n = 0;
+        while e0.send(1, 1, &[&[next]], u64::from(next) + 1).is_ok() {
+            next += 1;
+            n += 1;
+        }
+        assert_eq!(n, 3, "three fragments, the pools never grew");
+        assert_eq!(e0.pool_sizes(), (2, 1));
+        e1.progress(&mut r1);
+        e0.progress(&mut r0);
+    }
+    let want: Vec<_> = (0..15u8).map(|i| (0, 1, vec![i])).collect();
+    assert_eq!(r1.got, want);
+    assert!(r0.done.iter().all(|&(_, _, ok)| ok) && r0.done.len() == 15);
+    assert!(r0.errors.is_empty() && r1.errors.is_empty());
+}
+
+/// Parameters with boxes handed out after `threshold` small messages, at
+/// most `max` of them.
+fn lazy_box_params(threshold: u32, max: u32) -> SmParams {
+    let mut p = box_params(16);
+    p.fbox_threshold = threshold;
+    p.fbox_max = max;
+    p
+}
+
+#[test]
+fn a_box_is_handed_out_after_the_threshold_of_small_messages() {
+    with_job_params(2, lazy_box_params(3, 4), |e, region| {
+        let layout = segment_layout(&lazy_box_params(3, 4), 2).unwrap();
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        let round = |e: &mut [Eng<'_>], r0: &mut Rec, r1: &mut Rec| {
+            e[1].progress(r1);
+            e[0].progress(r0);
+        };
+        // Large messages do not count; two small ones are not enough.
+        e[0].send(1, 7, &[&[9u8; 200]], 0).unwrap();
+        round(e, &mut r0, &mut r1);
+        for i in 0..2u8 {
+            e[0].send(1, 7, &[&[i]], 0).unwrap();
+            round(e, &mut r0, &mut r1);
+        }
+        assert_eq!((e[1].boxes_handed_out(), e[0].fbox_sent()), (0, 0));
+        let dir = layout.fbox_dir_offset(1, 0).unwrap() as u64;
+        let mut word = [0u8; 8];
+        region.read_bytes(dir, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), 0, "no offer yet");
+        // The third small message: rank 1 hands rank 0 the first box of
+        // its pool.
+        e[0].send(1, 7, &[&[2]], 0).unwrap();
+        round(e, &mut r0, &mut r1);
+        assert_eq!(e[1].boxes_handed_out(), 1);
+        assert_eq!(
+            box_at(region, &layout, 1, 0),
+            layout.fbox_pool_offset(1, 0).unwrap() as u64
+        );
+        // From the next small send on, the box, in order with the ring.
+        assert!(!e[0].has_box_to(1));
+        for i in 3..10u8 {
+            e[0].send(1, 7, &[&[i]], 0).unwrap();
+        }
+        assert!(e[0].has_box_to(1));
+        assert_eq!(e[0].fbox_sent(), 7);
+        e[0].send(1, 7, &[&[10u8; 200]], 0).unwrap();
+        round(e, &mut r0, &mut r1);
+        let lens: Vec<_> = r1.got.iter().map(|(_, _, b)| (b[0], b.len())).collect();
+        let mut want = vec![(9, 200)];
+        want.extend((0..10u8).map(|i| (i, 1)));
+        want.push((10, 200));
+        assert_eq!(lens, want);
+        // Rank 1 never sent rank 0 anything: it has no box of rank 0's.
+        assert_eq!(e[0].boxes_handed_out(), 0);
+        assert!(r0.errors.is_empty() && r1.errors.is_empty());
+    });
+}
+
+#[test]
+fn a_receiver_hands_out_at_most_fbox_max_boxes() {
+    with_job_params(4, lazy_box_params(1, 2), |e, _| {
+        let mut rec: Vec<Rec> = (0..4).map(|_| Rec::default()).collect();
+        for round in 0..6u8 {
+            for s in 1..4u32 {
+                e[s as usize].send(0, s as u8, &[&[round]], 0).unwrap();
+            }
+            for (r, x) in e.iter_mut().zip(rec.iter_mut()) {
+                r.progress(x);
+            }
+        }
+        assert_eq!(e[0].boxes_handed_out(), 2);
+        let boxed: Vec<_> = (1..4).filter(|&s| e[s as usize].has_box_to(0)).collect();
+        assert_eq!(boxed, vec![1, 2], "the first two senders got the two boxes");
+        assert_eq!(e[3].fbox_sent(), 0);
+        for s in 1..4u32 {
+            let got: Vec<_> = rec[0]
+                .got
+                .iter()
+                .filter(|(p, _, _)| *p == s)
+                .map(|(_, _, b)| b[0])
+                .collect();
+            assert_eq!(got, (0..6u8).collect::<Vec<_>>(), "from {s}");
+        }
+        assert!(rec.iter().all(|r| r.errors.is_empty()));
+    });
+}
+
+#[test]
+fn a_forged_box_offer_fails_the_peer_it_names() {
+    for forged in [
+        |l: &SegmentLayout| l.fbox_pool_offset(1, 0).unwrap() as u64 + 8, // not a box start
+        |l: &SegmentLayout| l.eager_frag_offset(1, 0).unwrap() as u64,    // not in the pool
+        |l: &SegmentLayout| l.fbox_pool_offset(1, 1).unwrap() as u64,     // never initialised
+    ] {
+        with_job_params(3, lazy_box_params(100, 4), |e, region| {
+            let layout = segment_layout(&lazy_box_params(100, 4), 3).unwrap();
+            let part = layout.part_offset(1).unwrap() as u64;
+            let word = ShmOffset::new(1, forged(&layout) - part).unwrap().raw();
+            let dir = layout.fbox_dir_offset(1, 0).unwrap() as u64;
+            region.write_bytes(dir, &word.to_ne_bytes()).unwrap();
+            assert_eq!(
+                e[0].send(1, 1, &[b"x"], 0),
+                Err(SendError::PeerFailed { peer: 1 })
+            );
+            let mut r0 = Rec::default();
+            e[0].progress(&mut r0);
+            assert!(
+                matches!(
+                    r0.failed[..],
+                    [(1, PeerError::FastBox { peer: 1, error: fbox::Corruption::BadOffer { word: w } })] if w == word
+                ),
+                "{:?}",
+                r0.failed
+            );
+            assert_eq!(e[0].peer_state(2), Some(PeerState::Connected));
+            e[0].send(2, 1, &[b"y"], 0).unwrap();
+        });
+    }
+    // An offer naming another rank's part.
+    with_job_params(3, lazy_box_params(100, 4), |e, region| {
+        let layout = segment_layout(&lazy_box_params(100, 4), 3).unwrap();
+        let at = layout.fbox_pool_offset(2, 0).unwrap() - layout.part_offset(2).unwrap();
+        let word = ShmOffset::new(2, at as u64).unwrap().raw();
+        let dir = layout.fbox_dir_offset(1, 0).unwrap() as u64;
+        region.write_bytes(dir, &word.to_ne_bytes()).unwrap();
+        assert!(e[0].send(1, 1, &[b"x"], 0).is_err());
+        let mut r0 = Rec::default();
+        e[0].progress(&mut r0);
+        assert_eq!(r0.failed.len(), 1);
+        assert_eq!(r0.failed[0].0, 1);
     });
 }
