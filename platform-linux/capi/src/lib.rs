@@ -699,7 +699,47 @@ impl btl_t {
         }
     }
 
+    /// btl_progress's completions of queued posts (out of its fast path);
+    /// their callbacks may queue more (bounded rounds; the rest wait for
+    /// the next call). Returns the events and posts handled.
+    #[cold]
+    #[inline(never)]
+    fn deliver_ready(
+        &self,
+        cb: unsafe extern "C" fn(*mut c_void, *const btl_event_t),
+        ctx: *mut c_void,
+    ) -> Result<usize, Fail> {
+        let mut n = 0;
+        for _ in 0..4 {
+            if self.side.borrow().ready.is_empty() {
+                break;
+            }
+            let ready: Vec<Ready> = self.side.borrow_mut().ready.drain(..).collect();
+            for r in ready {
+                n += 1;
+                let e = btl_event_t {
+                    kind: BTL_EVENT_DONE,
+                    rank: r.peer,
+                    tag: 0,
+                    status: r.status,
+                    data: std::ptr::null(),
+                    len: 0,
+                    context: r.ctx as *mut c_void,
+                    text: r.text.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                };
+                // SAFETY: the caller's callback; no reference into
+                // `state` is live here (a reentrant register may take one).
+                unsafe { cb(ctx, &e) };
+            }
+            // SAFETY: the callbacks above have returned.
+            let w = unsafe { self.world_unchecked() }?;
+            n += self.drain(w);
+        }
+        Ok(n)
+    }
+
     /// Posts what callbacks queued, in order; stops at a full queue.
+    #[inline(never)]
     fn drain(&self, w: &mut World<'static>) -> usize {
         let mut n = 0;
         loop {
@@ -1598,35 +1638,10 @@ pub unsafe extern "C" fn btl_progress(h: *mut btl_t, cb: btl_event_fn, ctx: *mut
                 n + h.drain(w)
             }
         };
-        let Some(cb) = cb else {
-            return Ok(n.min(i32::MAX as usize) as c_int);
-        };
-        // Completions of queued posts; their callbacks may queue more
-        // (bounded rounds; the rest wait for the next call).
-        for _ in 0..4 {
-            if h.side.borrow().ready.is_empty() {
-                break;
+        if let Some(cb) = cb {
+            if !h.side.borrow().ready.is_empty() {
+                n += h.deliver_ready(cb, ctx)?;
             }
-            let ready: Vec<Ready> = h.side.borrow_mut().ready.drain(..).collect();
-            for r in ready {
-                n += 1;
-                let e = btl_event_t {
-                    kind: BTL_EVENT_DONE,
-                    rank: r.peer,
-                    tag: 0,
-                    status: r.status,
-                    data: std::ptr::null(),
-                    len: 0,
-                    context: r.ctx as *mut c_void,
-                    text: r.text.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-                };
-                // SAFETY: the caller's callback; no reference into
-                // `state` is live here (a reentrant register may take one).
-                unsafe { cb(ctx, &e) };
-            }
-            // SAFETY: the callbacks above have returned.
-            let w = unsafe { h.world_unchecked() }?;
-            n += h.drain(w);
         }
         Ok(n.min(i32::MAX as usize) as c_int)
     })
