@@ -286,6 +286,10 @@ struct Fail {
     msg: String,
 }
 
+/// A failure with its message. Cold and out of line: the calls' fast
+/// paths stay small enough to inline (a successful call formats nothing).
+#[cold]
+#[inline(never)]
 fn fail(code: c_int, msg: impl Display) -> Fail {
     Fail {
         code,
@@ -319,6 +323,8 @@ fn code_of(e: &WorldError) -> c_int {
 }
 
 impl From<WorldError> for Fail {
+    #[cold]
+    #[inline(never)]
     fn from(e: WorldError) -> Self {
         fail(code_of(&e), e)
     }
@@ -331,32 +337,53 @@ fn set_last(msg: String) {
 
 /// Runs `f` for the C function `name`: a failure's message is kept for
 /// btl_last_error, a panic is caught and becomes BTL_ERR_INTERNAL.
-fn entry(name: &str, f: impl FnOnce() -> Result<c_int, Fail>) -> c_int {
+#[inline(always)]
+fn entry(name: &'static str, f: impl FnOnce() -> Result<c_int, Fail>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            set_last(format!("{name}: {}", e.msg));
-            e.code
-        }
-        Err(p) => {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown".into());
-            set_last(format!("{name}: internal error (caught a panic: {what})"));
-            BTL_ERR_INTERNAL
-        }
+        Ok(Err(e)) => failed(name, e),
+        Err(p) => panicked(name, p),
     }
 }
 
-fn need<T>(p: *const T, what: &str) -> Result<(), Fail> {
-    if p.is_null() {
-        Err(fail(BTL_ERR_ARG, format!("{what} is NULL")))
-    } else if !p.is_aligned() {
-        Err(fail(BTL_ERR_ARG, format!("{what} is misaligned")))
+/// [`entry`]'s failure: keeps the message, returns the code.
+#[cold]
+#[inline(never)]
+fn failed(name: &'static str, e: Fail) -> c_int {
+    set_last(format!("{name}: {}", e.msg));
+    e.code
+}
+
+/// [`entry`]'s caught panic: keeps its message, returns BTL_ERR_INTERNAL.
+#[cold]
+#[inline(never)]
+fn panicked(name: &'static str, p: Box<dyn std::any::Any + Send>) -> c_int {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown".into());
+    set_last(format!("{name}: internal error (caught a panic: {what})"));
+    BTL_ERR_INTERNAL
+}
+
+#[inline(always)]
+fn need<T>(p: *const T, what: &'static str) -> Result<(), Fail> {
+    if p.is_null() || !p.is_aligned() {
+        Err(bad_pointer(p.is_null(), what))
     } else {
         Ok(())
+    }
+}
+
+/// [`need`]'s refusal.
+#[cold]
+#[inline(never)]
+fn bad_pointer(null: bool, what: &'static str) -> Fail {
+    if null {
+        fail(BTL_ERR_ARG, format!("{what} is NULL"))
+    } else {
+        fail(BTL_ERR_ARG, format!("{what} is misaligned"))
     }
 }
 
@@ -365,7 +392,7 @@ fn need<T>(p: *const T, what: &str) -> Result<(), Fail> {
 /// # Safety
 ///
 /// `p`, when not NULL, points to a NUL-terminated string.
-unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
+unsafe fn text<'a>(p: *const c_char, what: &'static str) -> Result<&'a str, Fail> {
     need(p, what)?;
     // SAFETY: not NULL; the caller's promise of a NUL-terminated string.
     unsafe { CStr::from_ptr(p) }
@@ -491,7 +518,7 @@ impl Drop for BusyGuard<'_> {
 ///
 /// `h` is NULL, or a pointer btl_init / btl_open returned (finalized or
 /// not).
-#[inline]
+#[inline(always)]
 unsafe fn handle<'a>(h: *const btl_t) -> Result<&'a btl_t, Fail> {
     need(h, "the handle")?;
     // SAFETY: not NULL, aligned; the caller's promise that it came from
@@ -576,34 +603,61 @@ impl btl_t {
     }
 
     /// The peer's cached facts, after checking it exists and is reached.
-    fn peer(&self, rank: u32) -> Result<Peer, Fail> {
-        let peers = self.peers.get().ok_or_else(|| {
-            fail(
+    #[inline(always)]
+    fn peer(&self, rank: u32) -> Result<&Peer, Fail> {
+        match self.peers.get().map(|p| p.get(rank as usize)) {
+            Some(Some(p)) if p.reachable => Ok(p),
+            _ => Err(self.bad_peer(rank)),
+        }
+    }
+
+    /// Why [`Self::peer`] refused `rank`.
+    #[cold]
+    #[inline(never)]
+    fn bad_peer(&self, rank: u32) -> Fail {
+        match self.peers.get().map(|p| p.get(rank as usize)) {
+            None => fail(
                 BTL_ERR_STATE,
                 "the handle is not connected yet (btl_connect)",
-            )
-        })?;
-        let p = peers.get(rank as usize).copied().ok_or_else(|| {
-            fail(
+            ),
+            Some(None) => fail(
                 BTL_ERR_RANK,
                 format!("there is no rank {rank} (size {})", self.size),
-            )
-        })?;
-        if !p.reachable {
-            return Err(fail(
+            ),
+            Some(Some(_)) => fail(
                 BTL_ERR_UNREACHABLE,
                 format!(
                     "rank {rank} is not reached by this handle (another node; transport sm-local)"
                 ),
-            ));
+            ),
         }
-        Ok(p)
     }
 
     /// Whether posts must be queued rather than done now: inside a
     /// callback, or behind earlier queued ones (order per peer).
     fn must_defer(&self) -> bool {
         self.busy.get() == Busy::Callback || !self.side.borrow().deferred.is_empty()
+    }
+
+    /// btl_sendi inside an event callback: the copy is queued, posted when
+    /// the callback returns.
+    #[cold]
+    fn defer_copy(&self, rank: u32, tag: u8, slices: &[&[u8]]) -> Result<c_int, Fail> {
+        let len: usize = slices.iter().map(|p| p.len()).sum();
+        let mut s = self.side.borrow_mut();
+        if s.deferred_bytes + len > DEFERRED_BYTES {
+            return Err(fail(
+                BTL_ERR_WOULD_BLOCK,
+                "callbacks queued more than 8 MiB of copied sends",
+            ));
+        }
+        s.deferred_bytes += len;
+        s.deferred.push_back(Deferred::Copy {
+            peer: rank,
+            tag,
+            data: slices.concat(),
+        });
+        Ok(BTL_DONE)
     }
 
     /// Records a posted request (or its immediate outcome, for a deferred
@@ -645,7 +699,47 @@ impl btl_t {
         }
     }
 
+    /// btl_progress's completions of queued posts (out of its fast path);
+    /// their callbacks may queue more (bounded rounds; the rest wait for
+    /// the next call). Returns the events and posts handled.
+    #[cold]
+    #[inline(never)]
+    fn deliver_ready(
+        &self,
+        cb: unsafe extern "C" fn(*mut c_void, *const btl_event_t),
+        ctx: *mut c_void,
+    ) -> Result<usize, Fail> {
+        let mut n = 0;
+        for _ in 0..4 {
+            if self.side.borrow().ready.is_empty() {
+                break;
+            }
+            let ready: Vec<Ready> = self.side.borrow_mut().ready.drain(..).collect();
+            for r in ready {
+                n += 1;
+                let e = btl_event_t {
+                    kind: BTL_EVENT_DONE,
+                    rank: r.peer,
+                    tag: 0,
+                    status: r.status,
+                    data: std::ptr::null(),
+                    len: 0,
+                    context: r.ctx as *mut c_void,
+                    text: r.text.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                };
+                // SAFETY: the caller's callback; no reference into
+                // `state` is live here (a reentrant register may take one).
+                unsafe { cb(ctx, &e) };
+            }
+            // SAFETY: the callbacks above have returned.
+            let w = unsafe { self.world_unchecked() }?;
+            n += self.drain(w);
+        }
+        Ok(n)
+    }
+
     /// Posts what callbacks queued, in order; stops at a full queue.
+    #[inline(never)]
     fn drain(&self, w: &mut World<'static>) -> usize {
         let mut n = 0;
         loop {
@@ -830,6 +924,7 @@ unsafe fn slice<'a>(p: *const u8, len: usize) -> &'a [u8] {
 /// # Safety
 ///
 /// `iov`, when not NULL, points to `iovcnt` elements that live for `'a`.
+#[inline(always)]
 unsafe fn iov_array<'a>(iov: *const btl_iovec_t, iovcnt: usize) -> Result<&'a [btl_iovec_t], Fail> {
     if iovcnt == 0 {
         return Ok(&[]);
@@ -840,63 +935,76 @@ unsafe fn iov_array<'a>(iov: *const btl_iovec_t, iovcnt: usize) -> Result<&'a [b
     }
     // SAFETY: not NULL; the caller's promise of `iovcnt` elements.
     let v = unsafe { std::slice::from_raw_parts(iov, iovcnt) };
-    let mut total = 0usize;
-    for (i, p) in v.iter().enumerate() {
-        if p.base.is_null() && p.len > 0 {
-            return Err(fail(
-                BTL_ERR_ARG,
-                format!("iov[{i}].base is NULL with len {}", p.len),
-            ));
-        }
-        total = total
-            .checked_add(p.len)
-            .filter(|t| *t <= isize::MAX as usize)
-            .ok_or_else(|| fail(BTL_ERR_TOO_LARGE, "the pieces' total length overflows"))?;
+    // One branch-free pass; the cold one names the first bad piece. A
+    // saturated sum is above isize::MAX exactly when some prefix's is.
+    let (mut total, mut null) = (0usize, false);
+    for p in v {
+        null |= p.base.is_null() & (p.len != 0);
+        total = total.saturating_add(p.len);
+    }
+    if null || total > isize::MAX as usize {
+        return Err(bad_iov(v));
     }
     Ok(v)
 }
 
-/// Pieces as slices without allocating for the usual few (a header and a
-/// payload): the send fast path allocates nothing here.
-enum Slices<'a> {
-    Few([&'a [u8]; FEW], usize),
-    Many(Vec<&'a [u8]>),
-}
-
-/// How many pieces [`Slices`] holds without allocating.
-const FEW: usize = 4;
-
-impl<'a> Slices<'a> {
-    fn as_slice(&self) -> &[&'a [u8]] {
-        match self {
-            Slices::Few(a, n) => &a[..*n],
-            Slices::Many(v) => v,
+/// Why [`iov_array`] refused `v`: its first piece with a NULL base and
+/// bytes, or the piece where the total length passes isize::MAX.
+#[cold]
+#[inline(never)]
+fn bad_iov(v: &[btl_iovec_t]) -> Fail {
+    let mut total = 0usize;
+    for (i, p) in v.iter().enumerate() {
+        if p.base.is_null() && p.len > 0 {
+            return fail(
+                BTL_ERR_ARG,
+                format!("iov[{i}].base is NULL with len {}", p.len),
+            );
+        }
+        match total.checked_add(p.len) {
+            Some(t) if t <= isize::MAX as usize => total = t,
+            _ => return fail(BTL_ERR_TOO_LARGE, "the pieces' total length overflows"),
         }
     }
+    // iov_array calls this only for an array that fails above.
+    fail(
+        BTL_ERR_INTERNAL,
+        "an iovec array was refused without a bad piece",
+    )
 }
 
-/// Checks an iovec array (as [`iov_array`]) and lends its pieces as slices.
+/// How many pieces [`with_pieces`] lends without allocating.
+const FEW: usize = 4;
+
+/// Lends checked pieces ([`iov_array`]'s) to `f` as slices, without
+/// allocating for up to [`FEW`] and without a loop for one or two (a
+/// payload, a header and a payload): the send fast path builds nothing it
+/// does not pass on.
 ///
 /// # Safety
 ///
-/// `iov`, when not NULL, points to `iovcnt` elements whose pieces are
-/// readable for `'a`.
-unsafe fn slices<'a>(iov: *const btl_iovec_t, iovcnt: usize) -> Result<Slices<'a>, Fail> {
-    // SAFETY: the caller's promise.
-    let v = unsafe { iov_array(iov, iovcnt) }?;
-    // SAFETY: the caller's promise of readable pieces (checked: a NULL
-    // base has no bytes).
+/// Every piece of `v` is `len` readable bytes at `base` for `'a` (NULL
+/// bases have no bytes: [`iov_array`] checked).
+#[inline(always)]
+unsafe fn with_pieces<'a, T>(v: &[btl_iovec_t], f: impl FnOnce(&[&'a [u8]]) -> T) -> T {
+    // SAFETY: the caller's promise of readable pieces.
     let piece = |p: &btl_iovec_t| unsafe { slice(p.base.cast(), p.len) };
-    if v.len() > FEW {
-        return Ok(Slices::Many(v.iter().map(piece).collect()));
+    match v {
+        [] => f(&[]),
+        [a] => f(&[piece(a)]),
+        [a, b] => f(&[piece(a), piece(b)]),
+        _ if v.len() <= FEW => {
+            let mut a: [&[u8]; FEW] = [&[]; FEW];
+            for (d, p) in a.iter_mut().zip(v) {
+                *d = piece(p);
+            }
+            f(&a[..v.len()])
+        }
+        _ => f(&v.iter().map(piece).collect::<Vec<_>>()),
     }
-    let mut a: [&[u8]; FEW] = [&[]; FEW];
-    for (d, p) in a.iter_mut().zip(v) {
-        *d = piece(p);
-    }
-    Ok(Slices::Few(a, v.len()))
 }
 
+#[inline(always)]
 fn check_tag(tag: u8) -> Result<(), Fail> {
     if tag > MAX_USER_TAG {
         Err(fail(
@@ -1418,37 +1526,26 @@ pub unsafe extern "C" fn btl_sendi(
         // SAFETY: the caller's handle.
         let h = unsafe { handle(h) }?;
         check_tag(tag)?;
-        // SAFETY: the caller's iovec and readable pieces.
-        let sl = unsafe { slices(iov, iovcnt) }?;
-        let slices = sl.as_slice();
+        // SAFETY: the caller's iovec.
+        let v = unsafe { iov_array(iov, iovcnt) }?;
         h.peer(rank)?;
-        if h.busy.get() == Busy::Connecting {
-            return Err(fail(BTL_ERR_STATE, "not allowed during btl_connect"));
+        match h.busy.get() {
+            Busy::No => {}
+            Busy::Connecting => return Err(fail(BTL_ERR_STATE, "not allowed during btl_connect")),
+            // SAFETY: the caller's readable pieces.
+            Busy::Callback => return unsafe { with_pieces(v, |p| h.defer_copy(rank, tag, p)) },
         }
-        if h.busy.get() == Busy::Callback {
-            let len: usize = slices.iter().map(|p| p.len()).sum();
-            let mut s = h.side.borrow_mut();
-            if s.deferred_bytes + len > DEFERRED_BYTES {
-                return Err(fail(
-                    BTL_ERR_WOULD_BLOCK,
-                    "callbacks queued more than 8 MiB of copied sends",
-                ));
-            }
-            s.deferred_bytes += len;
-            s.deferred.push_back(Deferred::Copy {
-                peer: rank,
-                tag,
-                data: slices.concat(),
-            });
-            return Ok(BTL_DONE);
-        }
-        if h.must_defer() {
+        if !h.side.borrow().deferred.is_empty() {
             return Err(fail(
                 BTL_ERR_WOULD_BLOCK,
                 format!("earlier sends to rank {rank} wait to be posted (progress first)"),
             ));
         }
-        h.world()?.isendv(rank, tag, slices)?;
+        // SAFETY: `busy` is `No`: no call of ours holds a reference into
+        // `state` (one thread at a time calls a handle, btl.h).
+        let w = unsafe { h.world_unchecked() }?;
+        // SAFETY: the caller's readable pieces.
+        unsafe { with_pieces(v, |p| w.isendv(rank, tag, p)) }?;
         Ok(BTL_DONE)
     })
 }
@@ -1481,18 +1578,14 @@ pub unsafe extern "C" fn btl_isend(
         // SAFETY: the caller's handle.
         let h = unsafe { handle(h) }?;
         check_tag(tag)?;
-        // SAFETY: the caller's iovec, readable until the completion event.
-        let sl = unsafe { slices(iov, iovcnt) }?;
+        // SAFETY: the caller's iovec.
+        let v = unsafe { iov_array(iov, iovcnt) }?;
         h.peer(rank)?;
         if h.busy.get() == Busy::Connecting {
             return Err(fail(BTL_ERR_STATE, "not allowed during btl_connect"));
         }
         if h.must_defer() {
-            let parts = sl
-                .as_slice()
-                .iter()
-                .map(|p| (p.as_ptr() as usize, p.len()))
-                .collect();
+            let parts = v.iter().map(|p| (p.base as usize, p.len)).collect();
             h.side.borrow_mut().deferred.push_back(Deferred::Send {
                 peer: rank,
                 tag,
@@ -1502,8 +1595,9 @@ pub unsafe extern "C" fn btl_isend(
             return Ok(BTL_OK);
         }
         let w = h.world()?;
-        // SAFETY: the caller's promise: valid until the completion event.
-        let r = unsafe { w.isend_raw(rank, tag, sl.as_slice()) };
+        // SAFETY: the caller's promise: the pieces are readable and stay
+        // valid until the completion event.
+        let r = unsafe { with_pieces(v, |p| w.isend_raw(rank, tag, p)) };
         h.track(r, ctx as usize, rank, false)
     })
 }
@@ -1544,35 +1638,10 @@ pub unsafe extern "C" fn btl_progress(h: *mut btl_t, cb: btl_event_fn, ctx: *mut
                 n + h.drain(w)
             }
         };
-        let Some(cb) = cb else {
-            return Ok(n.min(i32::MAX as usize) as c_int);
-        };
-        // Completions of queued posts; their callbacks may queue more
-        // (bounded rounds; the rest wait for the next call).
-        for _ in 0..4 {
-            if h.side.borrow().ready.is_empty() {
-                break;
+        if let Some(cb) = cb {
+            if !h.side.borrow().ready.is_empty() {
+                n += h.deliver_ready(cb, ctx)?;
             }
-            let ready: Vec<Ready> = h.side.borrow_mut().ready.drain(..).collect();
-            for r in ready {
-                n += 1;
-                let e = btl_event_t {
-                    kind: BTL_EVENT_DONE,
-                    rank: r.peer,
-                    tag: 0,
-                    status: r.status,
-                    data: std::ptr::null(),
-                    len: 0,
-                    context: r.ctx as *mut c_void,
-                    text: r.text.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-                };
-                // SAFETY: the caller's callback; no reference into
-                // `state` is live here (a reentrant register may take one).
-                unsafe { cb(ctx, &e) };
-            }
-            // SAFETY: the callbacks above have returned.
-            let w = unsafe { h.world_unchecked() }?;
-            n += h.drain(w);
         }
         Ok(n.min(i32::MAX as usize) as c_int)
     })

@@ -32,7 +32,11 @@ static int passed, failed;
 struct cbstate {
   btl_t *h;
   int empty_msgs, refused, done, nested_checked;
+  int copied_reply, zero_copy_reply, zero_copy_done, bad_reply;
 };
+
+/* The zero-copy reply's bytes: valid until its completion (static). */
+static const char zero_copy[6] = "fghij";
 
 static void on_event(void *ctx, const btl_event_t *ev) {
   struct cbstate *s = ctx;
@@ -45,7 +49,27 @@ static void on_event(void *ctx, const btl_event_t *ev) {
       EXPECT(btl_barrier(s->h), BTL_ERR_STATE);
       btl_t *copy = s->h;
       EXPECT(btl_finalize(&copy), BTL_ERR_STATE);
+      /* Posts are queued and go when the callback returns: a copied one of
+       * two pieces (copied now: the array and the bytes may go) and a
+       * zero-copy one (its completion follows as an event). */
+      char head[2] = {'a', 'b'}, body[3] = {'c', 'd', 'e'};
+      btl_iovec_t two[2] = {{head, 2}, {body, 3}}, one = {zero_copy, 5};
+      EXPECT(btl_sendi(s->h, ev->rank, 2, two, 2), BTL_DONE);
+      EXPECT(btl_isend(s->h, ev->rank, 3, &one, 1, &s->zero_copy_done), BTL_OK);
+      btl_iovec_t bad[2] = {{head, 2}, {NULL, 3}};
+      EXPECT(btl_sendi(s->h, ev->rank, 2, bad, 2), BTL_ERR_ARG);
+      EXPECT_MSG("iov[1].base is NULL");
+      memset(head, 0, sizeof head);
+      memset(body, 0, sizeof body);
     }
+  } else if (ev->kind == BTL_EVENT_MESSAGE && (ev->tag == 2 || ev->tag == 3)) {
+    const char *want = ev->tag == 2 ? "abcde" : zero_copy;
+    if (ev->len != 5 || memcmp(ev->data, want, 5)) s->bad_reply++;
+    else if (ev->tag == 2) s->copied_reply++;
+    else s->zero_copy_reply++;
+  } else if (ev->kind == BTL_EVENT_DONE && ev->context == &s->zero_copy_done) {
+    if (ev->status == BTL_OK) s->zero_copy_done++;
+    else s->bad_reply++;
   } else if (ev->kind == BTL_EVENT_DONE) {
     if (ev->status == BTL_ERR_REFUSED && ev->text && ev->text[0]) s->refused++;
     else s->done++;
@@ -167,6 +191,19 @@ int main(void) {
   EXPECT(btl_sendi(h, peer, 250, &iov, 1), BTL_ERR_TAG);
   EXPECT(btl_sendi(h, peer, 1, NULL, 1), BTL_ERR_ARG);
   EXPECT(btl_sendi(h, peer, 1, &nul, 1), BTL_ERR_ARG);
+  btl_iovec_t second_nul[2] = {{msg, 5}, {NULL, 3}};
+  EXPECT(btl_sendi(h, peer, 1, second_nul, 2), BTL_ERR_ARG);
+  EXPECT_MSG("iov[1].base is NULL with len 3");
+  EXPECT(btl_isend(h, peer, 1, second_nul, 2, NULL), BTL_ERR_ARG);
+  EXPECT_MSG("iov[1].base is NULL");
+  /* Lengths whose total passes SIZE_MAX / 2 (never read: refused first). */
+  btl_iovec_t huge[2] = {{msg, SIZE_MAX / 2 + 1}, {msg, SIZE_MAX / 2 + 1}};
+  EXPECT(btl_sendi(h, peer, 1, huge, 1), BTL_ERR_TOO_LARGE);
+  EXPECT(btl_sendi(h, peer, 1, huge, 2), BTL_ERR_TOO_LARGE);
+  EXPECT_MSG("overflows");
+  EXPECT(btl_isend(h, peer, 1, huge, 2, NULL), BTL_ERR_TOO_LARGE);
+  EXPECT(btl_sendi(h, peer, 1, &iov, 1025), BTL_ERR_ARG);
+  EXPECT_MSG("above 1024");
   EXPECT(btl_isend(h, peer, 240, &iov, 1, NULL), BTL_ERR_TAG);
   EXPECT(btl_isend(h, n, 1, &iov, 1, NULL), BTL_ERR_RANK);
   /* An empty message is a message (a tag alone). */
@@ -207,13 +244,19 @@ int main(void) {
   nobody.rank = n + 1;
   EXPECT(btl_iget(h, &k, mem, &nobody, nobody.base, 8, NULL), BTL_ERR_RANK);
   EXPECT(btl_iget(h, &k, mem, NULL, 0, 8, NULL), BTL_ERR_ARG);
-  struct cbstate s = {h, 0, 0, 0, 0};
+  struct cbstate s = {.h = h};
   int rc = btl_iget(h, &k, mem, &theirs, theirs.base, 8, &s);
   EXPECT(rc, BTL_OK);
   /* In use by the get until its answer: deregistering is refused. */
   EXPECT(btl_deregister(h, &k), BTL_ERR_BUSY);
   WAIT_UNTIL(h, on_event, &s, s.refused == 1 && s.empty_msgs == 1, "the refusal and the empty message");
   EXPECT(s.nested_checked, 1);
+  /* The peer's replies posted from its callback, and our own one's
+   * completion. */
+  WAIT_UNTIL(h, on_event, &s,
+             s.bad_reply || (s.copied_reply == 1 && s.zero_copy_reply == 1 && s.zero_copy_done == 1),
+             "the replies posted from the callbacks");
+  EXPECT(s.bad_reply, 0);
   EXPECT(btl_deregister(h, &k), BTL_OK);
   EXPECT(btl_deregister(h, &k), BTL_ERR_KEY); /* twice: gone */
   EXPECT(btl_deregister(h, &k2), BTL_OK);
