@@ -1056,6 +1056,13 @@ where
         self.max_limit = max.clamp(self.max_carved, self.geometry.max_count);
     }
 
+    /// Lets both pools grow to the layout's room again (after
+    /// [`Self::set_pool_limits`]).
+    pub fn lift_pool_limits(&mut self) {
+        self.eager_limit = self.geometry.eager_count;
+        self.max_limit = self.geometry.max_count;
+    }
+
     /// Fragments carved so far: (eager, max-size).
     pub fn pool_sizes(&self) -> (u32, u32) {
         (self.eager_carved, self.max_carved)

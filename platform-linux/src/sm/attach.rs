@@ -350,9 +350,11 @@ fn attach<'r>(
 
     // With single copy to every peer, large messages (from
     // min_rdma_pipeline_size on) do not travel through fragments: the
-    // max-size pool then stays at its first fragments (for the mid-size
-    // messages), unless free_list_max asks for more. Without it, the pool
-    // grows by use to its room, the pipeline's depth.
+    // max-size pool then stays small (for the mid-size messages), unless
+    // free_list_max asks for more — and until a large message does go
+    // through fragments after all (measured faster, or single copy
+    // refused: `enqueue_large` lifts the limit). Without single copy, the
+    // pool grows by use to its room, the pipeline's depth.
     let mut engine = engine;
     let single_copy_everywhere = (0..nprocs).all(|r| r == me || cma_ok[r as usize]);
     if single_copy_everywhere && params.free_list_max < 0 {

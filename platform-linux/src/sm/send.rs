@@ -403,6 +403,19 @@ impl Sm {
     ) {
         let large = parts.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
         let mut probe = Probe::No;
+        if large {
+            // A large message through fragments (single copy refused, or
+            // measured slower): the pipeline needs its depth, so the
+            // max-size pool may grow to its room from now on (start-up
+            // keeps it small while single copy carries large messages).
+            let engine = &mut self.shm.get().engine;
+            let pipelined = !self.state.cma_ok[peer as usize]
+                || parts.contiguous().is_none()
+                || self.rates[peer as usize].choose(Instant::now()) != Bulk::SingleCopy;
+            if pipelined {
+                engine.lift_pool_limits();
+            }
+        }
         if self.state.cma_ok[peer as usize] && large {
             if let Some(buf) = parts.contiguous() {
                 match self.rates[peer as usize].choose(Instant::now()) {
