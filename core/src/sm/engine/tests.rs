@@ -1138,15 +1138,20 @@ fn budget_engine<'a>(
     )
 }
 
+/// Initialises every part of `shape` (engines are attached by the test).
+fn init_parts(region: &Region<'_>, shape: &JobShape) {
+    for r in 0..shape.nprocs {
+        // SAFETY: single-threaded test; nothing else touches the parts.
+        unsafe { init_part(region, &shape.layout, &shape.params, r) }.unwrap();
+    }
+}
+
 #[test]
 fn pools_grow_by_use_reserving_each_step_and_stop_at_their_limits() {
     let mut job = Job::with_params(2, small_params(64));
     let shape = job.shape;
     let region = job.region();
-    for r in 0..2 {
-        // SAFETY: single-threaded test; nothing else touches the parts.
-        unsafe { init_part(&region, &shape.layout, &shape.params, r) }.unwrap();
-    }
+    init_parts(&region, &shape);
     let l = shape.layout;
     let mut e0 = budget_engine(&region, &shape, 0, u64::MAX).unwrap();
     let mut e1 = budget_engine(&region, &shape, 1, u64::MAX).unwrap();
@@ -1214,10 +1219,7 @@ fn without_memory_the_pools_stay_as_they_are_and_nothing_is_lost() {
     let mut job = Job::with_params(2, small_params(64));
     let shape = job.shape;
     let region = job.region();
-    for r in 0..2 {
-        // SAFETY: single-threaded test; nothing else touches the parts.
-        unsafe { init_part(&region, &shape.layout, &shape.params, r) }.unwrap();
-    }
+    init_parts(&region, &shape);
     let l = shape.layout;
     // Not even the first fragments: a clear error at start.
     let first = 2 * l.eager_frag_bytes as u64;
