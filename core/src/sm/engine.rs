@@ -1492,16 +1492,31 @@ where
         }
         let rings = self.consumers.as_mut().len();
         for ring in 0..rings {
-            for _ in 0..POLL_BATCH {
-                let Some(value) = self.consumers.as_mut()[ring]
-                    .as_mut()
-                    .and_then(Consumer::pop)
-                else {
-                    break;
-                };
-                events += 1;
-                self.dispatch(ring as u32, value, d);
+            // The idle pass: one load per ring, no call.
+            if self.consumers.as_mut()[ring]
+                .as_ref()
+                .is_some_and(|c| !c.is_empty())
+            {
+                events += self.poll_ring(ring, d);
             }
+        }
+        events
+    }
+
+    /// Dispatches up to [`POLL_BATCH`] slots of ring `ring`; returns how
+    /// many.
+    #[inline(never)]
+    fn poll_ring<H: Dispatch>(&mut self, ring: usize, d: &mut H) -> usize {
+        let mut events = 0;
+        for _ in 0..POLL_BATCH {
+            let Some(value) = self.consumers.as_mut()[ring]
+                .as_mut()
+                .and_then(Consumer::pop)
+            else {
+                break;
+            };
+            events += 1;
+            self.dispatch(ring as u32, value, d);
         }
         events
     }
@@ -1548,7 +1563,21 @@ where
 
     /// Delivers up to [`POLL_BATCH`] messages from `peer`'s fast box;
     /// returns how many. A corrupt box fails the peer.
+    #[inline]
     fn poll_fbox<H: Dispatch>(&mut self, peer: u32, d: &mut H) -> usize {
+        let p = &self.peers.as_mut()[peer as usize];
+        match &p.fbox_in {
+            // The idle pass: one load of the box's next header, no call.
+            Some(reader) if p.state == PeerState::Connected && !reader.idle() => {
+                self.poll_fbox_records(peer, d)
+            }
+            _ => 0,
+        }
+    }
+
+    /// [`Self::poll_fbox`] once the box holds something (or failed).
+    #[inline(never)]
+    fn poll_fbox_records<H: Dispatch>(&mut self, peer: u32, d: &mut H) -> usize {
         let part = self.my_part;
         let mut n = 0;
         let p = &mut self.peers.as_mut()[peer as usize];

@@ -1174,6 +1174,19 @@ impl<'a> FboxReader<'a> {
         self.failed
     }
 
+    /// True when [`Self::poll`] would return `Ok(None)` now: the reader
+    /// did not fail and the header word at its position is empty (one
+    /// load; what a poll that finds nothing costs).
+    #[inline]
+    pub fn idle(&self) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
+        let pos = self.tail & u64::from(self.mem.size - 1);
+        // Acquire as in `poll` (a non-empty word is read again there).
+        self.mem.load(pos, Ordering::Acquire) == EMPTY
+    }
+
     /// The next message, in place, or `None` if there is none yet. The
     /// message is consumed (its space given back to the writer) when the
     /// [`Record`] is dropped. Never blocks.

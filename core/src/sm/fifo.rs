@@ -547,6 +547,14 @@ pub struct Consumer<'a> {
 }
 
 impl Consumer<'_> {
+    /// True when [`Self::pop`] would return `None` now: one load, what a
+    /// poll of an empty ring costs.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        // Acquire as in `pop` (which reads the slot again).
+        self.fifo.slot(self.tail).load(Ordering::Acquire) == FREE
+    }
+
     /// Takes the next value, or `None` if the ring is empty. Never blocks.
     #[inline]
     pub fn pop(&mut self) -> Option<u64> {

@@ -1631,7 +1631,15 @@ pub unsafe extern "C" fn btl_progress(h: *mut btl_t, cb: btl_event_fn, ctx: *mut
                 Some(cb) => w.poll_with(|cx, ev| h.deliver(Some(cx), cb, ctx, ev)),
                 None => w.progress(),
             };
-            // Most passes queued nothing: no call for an empty queue.
+            // Most passes queued nothing and kept nothing back: one look
+            // at both queues, no call.
+            let quiet = {
+                let side = h.side.borrow();
+                side.deferred.is_empty() && side.ready.is_empty()
+            };
+            if quiet {
+                return Ok(n.min(i32::MAX as usize) as c_int);
+            }
             if h.side.borrow().deferred.is_empty() {
                 n
             } else {

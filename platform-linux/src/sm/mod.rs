@@ -378,10 +378,47 @@ impl Sm {
     /// earlier, barrier arrivals, failures. Returns the number of events
     /// and fragments handled. Never blocks.
     pub fn progress(&mut self, regions: &mut Regions, sink: &mut Sink<'_>) -> usize {
+        // The idle pass (nothing arrived, nothing queued) is what every
+        // latency rests on: only the engine's poll and one look at each
+        // queue run inline; the work itself is out of line.
+        if !self.unpins.is_empty() {
+            self.unpin_all(regions);
+        }
+        let n = self.progress_engine(regions, sink);
+        if self.follow_up_pending() {
+            n + self.follow_up(regions, sink)
+        } else {
+            n
+        }
+    }
+
+    /// Whether [`Self::follow_up`] has anything to do.
+    #[inline]
+    fn follow_up_pending(&self) -> bool {
+        let st = &self.state;
+        !(st.blamed.is_empty()
+            && st.violations.is_empty()
+            && st.acks.is_empty()
+            && st.work.is_empty()
+            && self.busy_peers == 0
+            && self.to_report.is_empty()
+            && st.done.is_empty())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unpin_all(&mut self, regions: &mut Regions) {
         for id in self.unpins.drain(..) {
             regions.unpin(id);
         }
-        let mut n = self.progress_engine(regions, sink);
+    }
+
+    /// What a pass does after the engine's poll: peers to fail,
+    /// rendezvous answers, queued work, sends waiting behind full rings,
+    /// failures and completions to report.
+    #[inline(never)]
+    fn follow_up(&mut self, regions: &mut Regions, sink: &mut Sink<'_>) -> usize {
+        let mut n = 0;
         if !self.state.blamed.is_empty() || !self.state.violations.is_empty() {
             self.fail_blamed();
         }
@@ -402,9 +439,11 @@ impl Sm {
                 }
             }
         }
-        for (peer, why) in std::mem::take(&mut self.to_report) {
-            n += 1;
-            sink(regions, TEvent::PeerFailed { peer, why: &why });
+        if !self.to_report.is_empty() {
+            for (peer, why) in std::mem::take(&mut self.to_report) {
+                n += 1;
+                sink(regions, TEvent::PeerFailed { peer, why: &why });
+            }
         }
         if !self.state.done.is_empty() {
             for (op, result) in std::mem::take(&mut self.state.done) {

@@ -696,11 +696,17 @@ impl Sm {
         };
         let n = self.shm.get().engine.progress(&mut ctx);
         if !self.state.bulk_samples.is_empty() {
-            for (peer, how, bytes, took) in std::mem::take(&mut self.state.bulk_samples) {
-                self.rates[peer as usize].record(how, bytes, took);
-            }
+            self.record_bulk_samples();
         }
         n
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_bulk_samples(&mut self) {
+        for (peer, how, bytes, took) in std::mem::take(&mut self.state.bulk_samples) {
+            self.rates[peer as usize].record(how, bytes, took);
+        }
     }
 
     /// Bytes and messages queued to peers in user space.
