@@ -17,12 +17,20 @@
 # Rust side runs `btl bench --window 1`, whose bandwidth loop is the same
 # ping-pong (8 B, then a 1-byte acknowledgement), so it counts two
 # loops. Stable on a loaded machine except for idle passes (a poll that
-# finds nothing, ~350 instructions) when the native peer is descheduled:
+# finds nothing, ~270 instructions) when the native peer is descheduled:
 # the smallest of ROUNDS (default 3) is printed.
+#
+#   bash scripts/capi-bench.sh --idle               # instructions per idle pass
+#
+# --idle: one idle btl_progress pass (a poll that finds nothing, a fast box
+# handed out each way; platform-linux/capi/bench/idle.c) of rank 0 under
+# callgrind while rank 1 waits in a barrier: a 10^6-pass run less a 0-pass
+# one, with an event callback and with NULL. Exact on a loaded machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=latency
 if [ "${1:-}" = --callgrind ]; then mode=callgrind; shift; fi
+if [ "${1:-}" = --idle ]; then mode=idle; shift; fi
 rounds=${1:-$([ $mode = latency ] && echo 7 || echo 3)}
 iters=${ITERS:-200000}
 prefix=$PWD/target/capi
@@ -55,6 +63,27 @@ if [ $mode = latency ]; then
 fi
 
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
+if [ $mode = idle ]; then
+  # shellcheck disable=SC2046
+  cc -std=c11 -O2 -o "$out/idle" platform-linux/capi/bench/idle.c \
+    $(PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs btl)
+  total() { # PASSES CALLBACK: rank 0's instructions
+    local f
+    f=$(mktemp "$out/cg.XXXXXX")
+    BTL_TRANSPORT=sm BTL_TIMEOUT=600 "$btl" run --timeout 900 -n 2 -- sh -c '
+      if [ "$BTL_RANK" = 0 ]; then
+        exec taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$0" "$1" "$2" "$3" >/dev/null 2>&1
+      else exec taskset -c 1 "$1" "$2" "$3" >/dev/null; fi' "$f" "$out/idle" "$@"
+    callgrind_annotate "$f" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'
+    rm -f "$f"
+  }
+  for cb in 1 0; do
+    a=$(total 0 "$cb") b=$(total 1000000 "$cb")
+    printf 'idle pass (%s): %d instructions\n' \
+      "$([ "$cb" = 1 ] && echo "with a callback" || echo "NULL callback")" $(( (b - a) / 1000000 ))
+  done
+  exit 0
+fi
 # "TOTAL IDLE" of rank 0 (under callgrind) of a 2-rank job running ARGS:
 # its instructions, and its progress passes that found no message.
 ir() {
