@@ -424,9 +424,10 @@ impl Segment {
     ///
     /// Checks that `len` bytes of memory are available
     /// ([`available_memory`]), creates the memfd
-    /// (`MFD_CLOEXEC | MFD_ALLOW_SEALING`), reserves every page with
-    /// `fallocate` (which also sets the size; `ENOSPC`/`ENOMEM` are
+    /// (`MFD_CLOEXEC | MFD_ALLOW_SEALING`), sets its size (`ftruncate`),
+    /// reserves every page with `fallocate` (`ENOSPC`/`ENOMEM` are
     /// [`SegmentError::NoSpace`]), seals it ([`SEALS`]) and maps it shared.
+    /// The transport itself uses [`Segment::create_lazy`].
     pub fn create(name: &str, len: usize) -> Result<Segment, SegmentError> {
         Self::create_reserving(name, len, len as u64, len as u64)
     }
