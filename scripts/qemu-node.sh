@@ -274,16 +274,20 @@ node_killed_test() {
 }
 
 # ---- a Linux rank killed mid-run ----------------------------------------------
-# 1000 messages each way (the run ends soon after the kill anyway): both
-# Linux ranks are deep in their sending when rank 0 is killed, once the
-# node has had 10 messages from each.
+# 1000 messages each way: both Linux ranks are deep in their sending when
+# rank 0 is killed, once the node has had 10 messages from each. The Linux
+# ranks run `btl stress --keep-going`, as the node always does: rank 1
+# reports rank 0's failure and finishes its exchange with the node, so the
+# node must go on with rank 1 after rank 0 failed (without it, rank 1
+# would leave at once and whether the node exchanged anything more with it
+# would be a race between the two ranks noticing the death).
 rank_killed_test() {
   local name=rk$$ st r m=1000
   ranks=()
   boot "$name" 3 "run=stress messages=$m max_size=$MAX_SIZE timeout=60" ||
     { fail_test "rank killed: boot"; return; }
   for r in 0 1; do
-    linux_rank "$name" 3 "$r" 60 "$BTL" stress --messages "$m" --max-size "$MAX_SIZE"
+    linux_rank "$name" 3 "$r" 60 "$BTL" stress --keep-going --messages "$m" --max-size "$MAX_SIZE"
   done
   local ok=1 dir=$work/$name
   if ! wait_line "$dir/uart.log" "10 messages from rank 0" 60 "$qemu" ||
@@ -296,12 +300,20 @@ rank_killed_test() {
   wait "${ranks[0]}" 2>/dev/null || true
   st=0; wait_pid "${ranks[1]}" 90 || st=$?
   [ "$st" != 124 ] || { ok=0; echo "[qemu-node] rank killed: Linux rank 1 hung" >&2; }
+  # Rank 1 named rank 0, received all of the node's messages, and failed
+  # the run because of rank 0 (exit 1), nothing else.
+  [ "$st" = 1 ] || { ok=0; echo "[qemu-node] rank killed: Linux rank 1 ended with status $st (want 1)" >&2; }
+  grep -q "rank 1: going on without rank 0" "$dir/rank1.log" ||
+    { ok=0; echo "[qemu-node] rank killed: Linux rank 1 did not report rank 0's failure" >&2; }
+  if grep -q "rank 1: error: from rank 2\|rank 1: error: received" "$dir/rank1.log"; then
+    ok=0; echo "[qemu-node] rank killed: Linux rank 1 found errors in the node's messages" >&2
+  fi
   st=0; wait_pid "$qemu" 90 || st=$?
   [ "$st" != 124 ] || { ok=0; echo "[qemu-node] rank killed: the node hung" >&2; }
   # The node reported the failure, then went on exchanging checked
   # messages with rank 1 (more of them at the end than when rank 0 failed,
-  # none wrong) until rank 1 — whose `btl stress` stops when any rank
-  # fails — left too; then it ended by itself with status 1.
+  # none wrong) until rank 1 — which skips the one-sided phase once a rank
+  # has failed — left too; then it ended by itself with status 1.
   local before after
   before=$(sed -n 's/^btl-qemu-node: when peer 0 failed: \([0-9]*\) messages from rank 1 so far, \([0-9]*\) to it$/\1 \2/p' "$dir/uart.log")
   after=$(sed -n 's/^btl-qemu-node: rank 2: from rank 1: \([0-9]*\) of [0-9]* messages, to it: \([0-9]*\) of .*/\1 \2/p' "$dir/uart.log")

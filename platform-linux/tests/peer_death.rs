@@ -1,6 +1,9 @@
 //! A rank killed with SIGKILL mid-transfer: the survivor — launched here
 //! without `btl run`, so no launcher stops it — reports that peer failed
-//! and exits non-zero within seconds, over either transport.
+//! and exits non-zero within seconds, over either transport. With
+//! `btl stress --keep-going` and three ranks, the two survivors report the
+//! failure, finish their exchange with each other intact, and exit 1
+//! naming the failed rank.
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -9,25 +12,31 @@ use std::time::{Duration, Instant};
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
 fn spawn_rank(job: &str, dir: &str, rank: u32, transport: &str) -> Child {
+    let args = ["--messages", "100000000", "--max-size", "4000"];
+    spawn(job, dir, (rank, 2), transport, &args, Stdio::null())
+}
+
+/// Rank `r.0` of `r.1` running `btl stress --transport T ARGS`.
+fn spawn(
+    job: &str,
+    dir: &str,
+    r: (u32, u32),
+    transport: &str,
+    args: &[&str],
+    stdout: Stdio,
+) -> Child {
     Command::new(BTL)
-        .args([
-            "stress",
-            "--transport",
-            transport,
-            "--messages",
-            "100000000",
-            "--max-size",
-            "4000",
-        ])
+        .args(["stress", "--transport", transport])
+        .args(args)
         .env("BTL_JOB", job)
-        .env("BTL_RANK", rank.to_string())
-        .env("BTL_SIZE", "2")
-        .env("BTL_LOCAL_RANK", rank.to_string())
-        .env("BTL_LOCAL_SIZE", "2")
+        .env("BTL_RANK", r.0.to_string())
+        .env("BTL_SIZE", r.1.to_string())
+        .env("BTL_LOCAL_RANK", r.0.to_string())
+        .env("BTL_LOCAL_SIZE", r.1.to_string())
         .env("BTL_SESSION_DIR", dir)
         .env("BTL_NODE", "node")
         .env("BTL_TIMEOUT", "60")
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
@@ -84,4 +93,70 @@ fn survivor_reports_a_killed_peer_over_shared_memory() {
 #[test]
 fn survivor_reports_a_killed_peer_over_tcp() {
     survivor_reports_death("tcp");
+}
+
+/// Three ranks of `btl stress --keep-going`; rank 2 is killed once they
+/// are exchanging. Ranks 0 and 1 must say they go on without rank 2, get
+/// every message of each other intact, skip the one-sided phase and exit
+/// 1 with exactly those two errors.
+fn survivors_keep_going(transport: &str, messages: &str) {
+    let job = format!("keep{}{transport}", std::process::id());
+    let dir = std::env::temp_dir().join(&job);
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_s = dir.to_str().unwrap().to_string();
+    let args = ["--keep-going", "--messages", messages, "--max-size", "64"];
+    let mut ranks: Vec<Child> = (0..3)
+        .map(|r| spawn(&job, &dir_s, (r, 3), transport, &args, Stdio::piped()))
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        ranks.iter_mut().all(|c| c.try_wait().unwrap().is_none()),
+        "{transport}: ranks ended before the kill (raise --messages)"
+    );
+    ranks[2].kill().unwrap();
+    ranks[2].wait().unwrap();
+    let killed = Instant::now();
+    for (r, c) in ranks.iter_mut().enumerate().take(2) {
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break s;
+            }
+            // A hang-catching bound only.
+            if killed.elapsed() > Duration::from_secs(120) {
+                let _ = c.kill();
+                panic!("{transport}: survivor {r} hung after rank 2 died");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let (mut out, mut err) = (String::new(), String::new());
+        c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        let ctx = format!("{transport}, rank {r}: {status}\nstdout:\n{out}\nstderr:\n{err}");
+        assert_eq!(status.code(), Some(1), "{ctx}");
+        assert!(
+            out.contains(&format!("rank {r}: going on without rank 2")),
+            "{ctx}"
+        );
+        assert!(out.contains("get/put with each skipped"), "{ctx}");
+        let errors: Vec<&str> = out.lines().filter(|l| l.contains(": error: ")).collect();
+        assert_eq!(
+            errors,
+            [
+                format!("rank {r}: error: rank 2 failed during the run"),
+                format!("rank {r}: error: one-sided phase skipped: a rank failed"),
+            ],
+            "{ctx}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn survivors_keep_going_over_shared_memory() {
+    survivors_keep_going("sm", "3000000");
+}
+
+#[test]
+fn survivors_keep_going_over_tcp() {
+    survivors_keep_going("tcp", "400000");
 }

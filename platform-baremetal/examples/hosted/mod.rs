@@ -316,8 +316,11 @@ impl Transport for TapNode {
     fn flush(&mut self) -> Result<(), BoxError> {
         self.wait_for("queued frames to be acknowledged", |t| t.node.is_flushed())
     }
-    fn failed(&self) -> Option<u32> {
-        self.node.failed_peer().map(|(p, _)| p)
+    fn failed(&self, peer: u32) -> bool {
+        matches!(
+            self.node.peer_state(peer),
+            Some(btl_baremetal::core::tcp::endpoint::EndpointState::Failed(_))
+        )
     }
     fn summary(&self) -> String {
         let s = self.node.stats();

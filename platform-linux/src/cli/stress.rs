@@ -8,6 +8,15 @@
 //! up to the eager limit, the rest up to 64 KiB, and one in twenty up to
 //! `--max-size` (so fragments, the pipelined protocol and, with
 //! `BTL_SM_USE_CMA=1`, single copy are all exercised).
+//!
+//! A rank that fails ends the run of every other rank with an error naming
+//! it — unless `--keep-going` is given: then each survivor reports the
+//! failure at once, stops sending to the failed rank and no longer expects
+//! its messages, finishes the message phase with the other survivors,
+//! flushes, and exits 1 naming the failed rank(s). The one-sided phase is
+//! skipped once a rank has failed (its barriers need every rank). This is
+//! the behaviour of the bare-metal node's `stress` run, so a job mixing
+//! both can show that the survivors go on talking.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -17,7 +26,7 @@ use crate::cli::launcher::{launch, LaunchSpec};
 use crate::cli::transport::{BoxError, Transport};
 use crate::cma;
 use crate::sm::{RegionKey, SmError};
-use crate::world::{Choice, Event, Flow, World};
+use crate::world::{Choice, Event, Flow, World, WorldError};
 use btl_core::check;
 
 const TAG_STRESS: u8 = 7;
@@ -39,6 +48,8 @@ pub struct StressOpts {
     pub deny_cma: bool,
     /// Transport: `sm` (shared memory) or `tcp`.
     pub transport: String,
+    /// Go on with the surviving ranks when one fails (see the module docs).
+    pub keep_going: bool,
 }
 
 impl Default for StressOpts {
@@ -50,13 +61,14 @@ impl Default for StressOpts {
             seed: 1,
             deny_cma: false,
             transport: "auto".into(),
+            keep_going: false,
         }
     }
 }
 
 /// Usage of `btl stress`.
 pub const USAGE: &str =
-    "usage: btl stress [-n N] [--transport auto|sm|tcp] [--messages M] [--max-size BYTES] [--seed S] [--deny-cma]";
+    "usage: btl stress [-n N] [--transport auto|sm|tcp] [--messages M] [--max-size BYTES] [--seed S] [--deny-cma] [--keep-going]";
 
 /// Parses `btl stress` arguments (after the subcommand name).
 pub fn parse_args(args: &[OsString]) -> Result<StressOpts, String> {
@@ -83,6 +95,7 @@ pub fn parse_args(args: &[OsString]) -> Result<StressOpts, String> {
             "--max-size" => o.max_size = num("--max-size", value("--max-size")?, 1 << 30)? as usize,
             "--seed" => o.seed = num("--seed", value("--seed")?, u64::MAX)?,
             "--deny-cma" => o.deny_cma = true,
+            "--keep-going" => o.keep_going = true,
             "--transport" => {
                 let t = value("--transport")?;
                 if Choice::parse(&t).is_none() {
@@ -131,6 +144,15 @@ fn take_key(keys: &mut [Option<RegionKey>], from: u32, data: &[u8]) {
     if let (Some(k), Some(slot)) = (RegionKey::from_bytes(data), keys.get_mut(from as usize)) {
         *slot = Some(k);
     }
+}
+
+/// Whether `e` (an operation's error) or the transport says that `p`
+/// failed: an operation can meet the failure before the transport's list
+/// of failed peers has it.
+fn failure_of(sm: &dyn Transport, e: &BoxError, p: u32) -> bool {
+    sm.failed(p)
+        || matches!(e.downcast_ref::<WorldError>(),
+            Some(WorldError::PeerFailed { peer, .. }) if *peer == p)
 }
 
 /// Result of one rank's run.
@@ -275,12 +297,41 @@ pub fn run_on(
         )),
         _ => {}
     };
-    sm.barrier()?;
     let peers: Vec<u32> = (0..n).filter(|&p| p != me).collect();
+    // Ranks reported failed (only with --keep-going; without it the first
+    // failure ends the run through `?`).
+    let mut failed: Vec<u32> = Vec::new();
+    let mut note_failure = |failed: &mut Vec<u32>, p: u32, e: &BoxError| {
+        if !failed.contains(&p) {
+            failed.push(p);
+            let _ = writeln!(out, "rank {me}: going on without rank {p} ({e})");
+        }
+    };
+    match sm.barrier() {
+        Ok(()) => {}
+        // A rank that failed before the start: the others start without it.
+        Err(e) if opts.keep_going && peers.iter().any(|&p| failure_of(sm, &e, p)) => {
+            for &p in &peers {
+                if failure_of(sm, &e, p) {
+                    note_failure(&mut failed, p, &e.to_string().into());
+                }
+            }
+        }
+        Err(e) => return Err(e),
+    }
     for seq in 0..opts.messages {
         for &dst in &peers {
+            if failed.contains(&dst) {
+                continue;
+            }
             let msg = build(opts.seed, me, dst, seq, opts.max_size);
-            sm.send(dst, TAG_STRESS, &msg)?;
+            match sm.send(dst, TAG_STRESS, &msg) {
+                Ok(()) => {}
+                Err(e) if opts.keep_going && failure_of(sm, &e, dst) => {
+                    note_failure(&mut failed, dst, &e)
+                }
+                Err(e) => return Err(e),
+            }
         }
         // Keep receiving while sending, so nobody's rings fill for long.
         sm.poll(&mut |_, ev| {
@@ -288,7 +339,38 @@ pub fn run_on(
             Flow::Continue
         });
     }
-    if c.next.iter().sum::<u64>() < expected {
+    if opts.keep_going {
+        // One wait per peer: a failure ends only the wait for that peer.
+        for &p in &peers {
+            let want = opts.messages;
+            if failed.contains(&p) || c.next[p as usize] >= want {
+                continue;
+            }
+            let r = sm.drive("every message from a peer", Some(p), &mut |_, ev| {
+                on_event(&mut c, &mut keys, ev);
+                if c.next[p as usize] >= want {
+                    Flow::Done
+                } else {
+                    Flow::Continue
+                }
+            });
+            match r {
+                Ok(()) => {}
+                Err(e) if failure_of(sm, &e, p) => note_failure(&mut failed, p, &e),
+                Err(e) => return Err(e),
+            }
+        }
+        // A failure noticed while waiting for someone else.
+        for &p in &peers {
+            if sm.failed(p) {
+                note_failure(
+                    &mut failed,
+                    p,
+                    &"reported while waiting for another rank".into(),
+                );
+            }
+        }
+    } else if c.next.iter().sum::<u64>() < expected {
         sm.drive("every message from every peer", None, &mut |_, ev| {
             on_event(&mut c, &mut keys, ev);
             if c.next.iter().sum::<u64>() >= expected {
@@ -299,22 +381,43 @@ pub fn run_on(
         })?;
     }
     sm.flush()?;
-    sm.barrier()?;
-    let rma_errors = rma_phase(sm, opts, &mut keys)?;
-    sm.flush()?;
-    sm.barrier()?;
+    let rma_errors = if failed.is_empty() {
+        sm.barrier()?;
+        let e = rma_phase(sm, opts, &mut keys)?;
+        sm.flush()?;
+        sm.barrier()?;
+        e
+    } else {
+        failed.sort_unstable();
+        let mut e: Vec<String> = failed
+            .iter()
+            .map(|p| format!("rank {p} failed during the run"))
+            .collect();
+        e.push("one-sided phase skipped: a rank failed".into());
+        e
+    };
     let received: u64 = c.next.iter().sum();
     let mut errors = c.errors.clone();
     errors.extend(rma_errors);
-    if received != expected {
-        errors.push(format!("received {received} messages, expected {expected}"));
+    // With failed ranks (--keep-going) only the survivors' messages count.
+    let expected_now = expected - opts.messages * failed.len() as u64;
+    let received_live: u64 = peers
+        .iter()
+        .filter(|p| !failed.contains(p))
+        .map(|&p| c.next[p as usize])
+        .sum();
+    if received_live != expected_now {
+        errors.push(format!(
+            "received {received_live} messages from the live ranks, expected {expected_now}"
+        ));
     }
     let _ = writeln!(
         out,
-        "rank {me}: {received} messages ({} bytes) from {} peers {}, get/put with each checked, {:.2} s: {}",
+        "rank {me}: {received} messages ({} bytes) from {} peers {}, get/put with each {}, {:.2} s: {}",
         c.bytes,
         n - 1,
         sm.summary(),
+        if failed.is_empty() { "checked" } else { "skipped" },
         started.elapsed().as_secs_f64(),
         if errors.is_empty() {
             "all intact".to_string()
@@ -443,6 +546,8 @@ mod tests {
     fn args() {
         let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
         let o = parse_args(&os(&["-n", "8", "--messages", "5", "--max-size", "1024"])).unwrap();
+        assert!(!o.keep_going);
+        assert!(parse_args(&os(&["--keep-going"])).unwrap().keep_going);
         assert_eq!((o.nprocs, o.messages, o.max_size), (8, 5, 1024));
         assert!(parse_args(&os(&["-n", "0"])).is_err());
         assert!(parse_args(&os(&["--max-size", "lots"])).is_err());

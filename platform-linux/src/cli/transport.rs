@@ -43,8 +43,8 @@ pub trait Transport {
     /// Waits until everything sent has left (and, for shared memory, been
     /// acknowledged).
     fn flush(&mut self) -> Result<(), BoxError>;
-    /// A failed peer, if any.
-    fn failed(&self) -> Option<u32>;
+    /// Whether `peer` has been reported failed.
+    fn failed(&self, peer: u32) -> bool;
     /// Details for the stress summary line.
     fn summary(&self) -> String;
     /// Registers a zeroed region of `len` bytes peers may get from and
@@ -103,8 +103,8 @@ impl Transport for World<'_> {
     fn flush(&mut self) -> Result<(), BoxError> {
         Ok(World::flush(self)?)
     }
-    fn failed(&self) -> Option<u32> {
-        self.failed_peers().first().map(|(p, _)| *p)
+    fn failed(&self, peer: u32) -> bool {
+        self.failed_peers().iter().any(|(p, _)| *p == peer)
     }
     fn summary(&self) -> String {
         World::summary(self)
