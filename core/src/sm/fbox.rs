@@ -253,6 +253,9 @@ const KIND_MSG: u64 = 1;
 const KIND_WRAP: u64 = 2;
 /// The terminator: no record here yet.
 const EMPTY: u64 = 0;
+/// Payloads up to this many bytes are gathered on the stack and stored a
+/// word at a time ([`BoxMem::write_small`]).
+const SMALL_PAYLOAD: usize = 128;
 
 // The in-place payload view reads the data words as bytes: that needs the
 // shim's AtomicU64 to be a plain 8-byte integer in memory (portable-atomic
@@ -756,12 +759,48 @@ impl<'a> BoxMem<'a> {
         &self.header.reader.tail
     }
 
-    /// Stores the concatenation of `parts` into the words from data byte
-    /// `at` on (8-aligned; the record fits, checked by the caller), the
-    /// last word padded with zeros. Relaxed: published by the header's
-    /// Release store.
+    /// Stores the concatenation of `parts` (`len` bytes) into the words
+    /// from data byte `at` on (8-aligned; the record fits without wrapping,
+    /// checked by the caller), the last word padded with zeros. Relaxed:
+    /// published by the header's Release store.
     #[inline]
-    fn write_payload(&self, at: u64, parts: &[&[u8]]) {
+    fn write_payload(&self, at: u64, parts: &[&[u8]], len: usize) {
+        if len <= SMALL_PAYLOAD {
+            self.write_small(at, parts, len);
+        } else {
+            self.write_words(at, parts);
+        }
+    }
+
+    /// [`Self::write_payload`] for a small payload (the common case: a
+    /// header and a few bytes in two pieces): the pieces are gathered in a
+    /// zeroed buffer on the stack (one copy each, no per-word splitting)
+    /// and stored a word at a time into the record's words, found with one
+    /// bounds check.
+    #[inline]
+    fn write_small(&self, at: u64, parts: &[&[u8]], len: usize) {
+        let mut buf = [0u8; SMALL_PAYLOAD];
+        let mut n = 0usize;
+        for part in parts {
+            if let Some(dst) = buf.get_mut(n..n + part.len()) {
+                dst.copy_from_slice(part);
+            }
+            n += part.len();
+        }
+        let first = ((at & u64::from(self.size - 1)) >> 3) as usize;
+        let words = len.div_ceil(8);
+        if let (Some(dst), Some(src)) = (self.data.get(first..first + words), buf.get(..words * 8))
+        {
+            for (w, chunk) in dst.iter().zip(src.chunks_exact(8)) {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(chunk);
+                w.store(u64::from_ne_bytes(word), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// [`Self::write_payload`] for a larger payload, a word at a time.
+    fn write_words(&self, at: u64, parts: &[&[u8]]) {
         let mut pos = at;
         let mut put = |word: [u8; 8]| {
             self.store(pos, u64::from_ne_bytes(word), Ordering::Relaxed);
@@ -1003,7 +1042,7 @@ impl<'a> FboxWriter<'a> {
         let pos = self.head & (size - 1);
         // Terminator first (free space: `need` counted its word).
         self.mem.store(pos + rec, EMPTY, Ordering::Relaxed);
-        self.mem.write_payload(pos + 8, parts);
+        self.mem.write_payload(pos + 8, parts, len);
         // Release: pairs with the reader's Acquire load of the header in
         // `poll`, publishing the payload and the terminator stored above.
         self.mem
