@@ -53,8 +53,9 @@ pub enum Format {
     Human,
     /// One JSON object per size.
     Json,
-    /// `size=8 latency_us=0.31 bandwidth_MBps=120.5`, what the anchor
-    /// harness reads.
+    /// `size=8 latency_us=0.315 bandwidth_MBps=120.5`, what the anchor
+    /// harness reads (three decimals, as its MPI ping-pong prints: at
+    /// 0.1 µs two would round by up to 5 %).
     Osu,
 }
 
@@ -242,15 +243,15 @@ impl Row {
     pub fn render(&self, transport: &str, format: Format) -> String {
         match format {
             Format::Json => format!(
-                "{{\"transport\":\"{transport}\",\"size\":{},\"latency_us\":{:.2},\"bandwidth_MBps\":{:.1}}}",
+                "{{\"transport\":\"{transport}\",\"size\":{},\"latency_us\":{:.3},\"bandwidth_MBps\":{:.1}}}",
                 self.size, self.latency_us, self.bandwidth_mbps
             ),
             Format::Osu => format!(
-                "size={} latency_us={:.2} bandwidth_MBps={:.1}",
+                "size={} latency_us={:.3} bandwidth_MBps={:.1}",
                 self.size, self.latency_us, self.bandwidth_mbps
             ),
             Format::Human => format!(
-                "{:>10} {:>14.2} {:>16.1}",
+                "{:>10} {:>14.3} {:>16.1}",
                 self.size, self.latency_us, self.bandwidth_mbps
             ),
         }
@@ -792,11 +793,11 @@ mod tests {
         };
         assert_eq!(
             r.render("sm", Format::Json),
-            r#"{"transport":"sm","size":8,"latency_us":0.31,"bandwidth_MBps":120.5}"#
+            r#"{"transport":"sm","size":8,"latency_us":0.315,"bandwidth_MBps":120.5}"#
         );
         assert_eq!(
             r.render("sm", Format::Osu),
-            "size=8 latency_us=0.31 bandwidth_MBps=120.5"
+            "size=8 latency_us=0.315 bandwidth_MBps=120.5"
         );
     }
 }

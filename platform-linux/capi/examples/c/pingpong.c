@@ -168,7 +168,7 @@ int main(int argc, char **argv) {
               warm + iters);
       st.bad++;
     }
-    if (me == 0) printf("size=%zu latency_us=%.2f\n", size, lat);
+    if (me == 0) printf("size=%zu latency_us=%.3f\n", size, lat);
     fflush(stdout);
     free(buf);
   }
