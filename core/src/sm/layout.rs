@@ -43,10 +43,17 @@
 //! peers:
 //!
 //! - `eager_frags` = `free_list_max` if set (>= 0; at least
-//!   `free_list_num`), else [`EAGER_POOL_FACTOR`] × `free_list_num` (32 by
-//!   default): small messages travel by fast box, and the eager fragments
-//!   carry the rest up to `eager_limit` (1–4 KiB messages, rendezvous
-//!   headers, control messages);
+//!   `free_list_num`), else [`EAGER_WINDOW_BUDGET`] shared among the
+//!   `max_procs - 1` peers, at least [`EAGER_POOL_FACTOR`] × `free_list_num`
+//!   and at most [`EAGER_POOL_MAX_FACTOR`] × `free_list_num` (by default
+//!   128 for 2 or 3 ranks on the node, 85 for 4, 36 for 8, 32 from 9 on:
+//!   `max_procs` is the node's rank count unless set): small
+//!   messages travel by fast box, and the eager fragments carry the rest
+//!   up to `eager_limit` (1–4 KiB messages, rendezvous headers, control
+//!   messages). A few peers get a bandwidth window's worth each (a 4 KiB
+//!   stream of 64 messages in flight ran at two thirds of the speed with
+//!   32 fragments); many peers share a fixed number, so the pool does not
+//!   grow with N;
 //! - `max_frags` = `free_list_num + free_list_inc`, at most
 //!   `free_list_max` when that is set (72 by default): the seed's free list
 //!   after one growth step, the depth of the pipelined copy of large
@@ -78,9 +85,17 @@ use crate::sm::params::{
 };
 use crate::sync::CACHE_LINE;
 
-/// Eager fragments per `free_list_num` when `free_list_max` is -1 (module
-/// docs).
+/// Eager fragments per `free_list_num` when `free_list_max` is -1, at
+/// least (module docs).
 pub const EAGER_POOL_FACTOR: u32 = 4;
+
+/// Eager fragments per `free_list_num` when `free_list_max` is -1, at most
+/// (module docs).
+pub const EAGER_POOL_MAX_FACTOR: u32 = 16;
+
+/// Eager fragments a rank's peers share when `free_list_max` is -1 (module
+/// docs): four bandwidth windows of 64 messages.
+pub const EAGER_WINDOW_BUDGET: u32 = 256;
 
 /// Alignment (and granularity) of each rank's part: a page.
 pub const PART_ALIGN: usize = 4096;
@@ -347,7 +362,11 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     // The eager pool (module docs).
     let eager_frags = match u32::try_from(params.free_list_max) {
         Ok(cap) => cap.max(free_list_num),
-        Err(_) => free_list_num.saturating_mul(EAGER_POOL_FACTOR),
+        Err(_) => {
+            let floor = free_list_num.saturating_mul(EAGER_POOL_FACTOR);
+            let ceiling = free_list_num.saturating_mul(EAGER_POOL_MAX_FACTOR);
+            (EAGER_WINDOW_BUDGET / (max_procs - 1).max(1)).clamp(floor, ceiling.max(floor))
+        }
     }
     .max(1);
     let eager_frag_bytes = frag_bytes(params.eager_limit, "eager fragment")?;
@@ -542,7 +561,9 @@ mod tests {
             (l.fbox_dir_bytes, l.fbox_pool, l.fbox_bytes),
             (CACHE_LINE.max(32), 32, 4352)
         );
-        assert_eq!(l.eager_frags, 4 * 8);
+        // 256 eager fragments shared by the 3 peers (at least 4 ×
+        // free_list_num, at most 16 ×).
+        assert_eq!(l.eager_frags, 85);
         assert_eq!(l.max_frags, 8 + 64);
         assert!(l.ring_bytes >= Fifo::memory_size(4096).unwrap());
         assert!(l.eager_frag_bytes >= FRAG_HEADER + 4096);
@@ -562,7 +583,7 @@ mod tests {
         let used = l.ring_bytes
             + l.fbox_dir_bytes
             + 32 * l.fbox_bytes
-            + 32 * l.eager_frag_bytes
+            + 85 * l.eager_frag_bytes
             + 72 * l.max_frag_bytes;
         assert!(used <= l.part_bytes && l.part_bytes < used + PART_ALIGN);
         assert_eq!(l.head_bytes().unwrap(), l.ring_bytes + l.fbox_dir_bytes);
@@ -578,7 +599,13 @@ mod tests {
         let l = segment_layout(&p, 2).unwrap();
         assert_eq!((l.eager_frags, l.max_frags), (8, 8));
         p.free_list_max = -1;
+        // One peer: a bandwidth window's worth and more (at most 16 ×
+        // free_list_num); many: 4 × free_list_num.
         let l = segment_layout(&p, 2).unwrap();
+        assert_eq!((l.eager_frags, l.max_frags), (128, 72));
+        let l = segment_layout(&p, 4).unwrap();
+        assert_eq!((l.eager_frags, l.max_frags), (85, 72));
+        let l = segment_layout(&p, 64).unwrap();
         assert_eq!((l.eager_frags, l.max_frags), (32, 72));
         p.free_list_num = 0;
         let l = segment_layout(&p, 2).unwrap();
@@ -723,11 +750,21 @@ mod tests {
                 assert_eq!((l0.fbox_pool, l0.fbox_bytes, l0.fbox_dir_bytes), (0, 0, 0));
                 assert!(l0.fbox_dir_offset(0, 0).is_err() && l0.fbox_pool_offset(0, 0).is_err());
             }
-            // The part grows by the directory's 8 bytes per rank only.
+            // The part grows by the directory's 8 bytes per rank only (the
+            // eager pool shrinks from 128 fragments for one peer to 32 for
+            // nine and more, then stays).
             let base = part(&with, 1) - segment_layout(&with, 1).unwrap().fbox_dir_bytes;
             assert!(l.part_bytes <= (base + l.fbox_dir_bytes).next_multiple_of(PART_ALIGN));
-            assert_eq!(part(&without, max_procs), part(&without, 1));
-            assert_eq!(l.eager_frags, 32);
+            assert!(part(&without, max_procs) <= part(&without, 1));
+            if max_procs >= 9 {
+                assert_eq!(part(&without, max_procs), part(&without, 9));
+            }
+            let eager = match max_procs {
+                1..=3 => 128,
+                8 => 36,
+                _ => 32,
+            };
+            assert_eq!(l.eager_frags, eager, "max_procs {max_procs}");
             assert_eq!(l.max_frags, 72);
         }
         let mut bad = without;

@@ -22,6 +22,10 @@ fn small_params(fifo_size: u32) -> SmParams {
     p.max_send_size = 256;
     p.free_list_num = 2;
     p.free_list_inc = 4;
+    // Pools of a fixed room (8 eager fragments, 6 max-size ones) whatever
+    // the number of ranks: the default rule (layout tests) shares eager
+    // fragments among the peers.
+    p.free_list_max = 8;
     // The ring protocol on its own; `box_params` adds fast boxes.
     p.fbox_size = 0;
     p
