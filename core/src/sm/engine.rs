@@ -1589,7 +1589,9 @@ where
             return 0;
         };
         let error = loop {
-            if n == POLL_BATCH {
+            // After a record, one load says whether another follows (the
+            // usual answer in a ping-pong is no: no second full poll).
+            if n == POLL_BATCH || (n > 0 && reader.idle()) {
                 break None;
             }
             match reader.poll() {

@@ -253,9 +253,9 @@ const KIND_MSG: u64 = 1;
 const KIND_WRAP: u64 = 2;
 /// The terminator: no record here yet.
 const EMPTY: u64 = 0;
-/// Payloads up to this many bytes are gathered on the stack and stored a
-/// word at a time ([`BoxMem::write_small`]).
-const SMALL_PAYLOAD: usize = 128;
+/// Payloads up to this many bytes are gathered on the stack before they
+/// are stored ([`BoxMem::write_payload`]).
+const STAGED_PAYLOAD: usize = 128;
 
 // The in-place payload view reads the data words as bytes: that needs the
 // shim's AtomicU64 to be a plain 8-byte integer in memory (portable-atomic
@@ -763,31 +763,27 @@ impl<'a> BoxMem<'a> {
     /// from data byte `at` on (8-aligned; the record fits without wrapping,
     /// checked by the caller), the last word padded with zeros. Relaxed:
     /// published by the header's Release store.
+    ///
+    /// The record's words are found with one bounds check. A payload up to
+    /// [`STAGED_PAYLOAD`] bytes (the common case: a header and a few bytes
+    /// in two pieces) is gathered on the stack by inline copies of 8, 4, 2
+    /// and 1 bytes (no `memcpy` call: at these sizes the call costs more
+    /// than the copy) and stored a word at a time; a larger one is
+    /// assembled word by word in a register ([`Self::write_words`]).
     #[inline]
     fn write_payload(&self, at: u64, parts: &[&[u8]], len: usize) {
-        if len <= SMALL_PAYLOAD {
-            self.write_small(at, parts, len);
-        } else {
-            self.write_words(at, parts);
+        if len > STAGED_PAYLOAD {
+            return self.write_words(at, parts, len);
         }
-    }
-
-    /// [`Self::write_payload`] for a small payload (the common case: a
-    /// header and a few bytes in two pieces): the pieces are gathered in a
-    /// zeroed buffer on the stack (one copy each, no per-word splitting)
-    /// and stored a word at a time into the record's words, found with one
-    /// bounds check.
-    #[inline]
-    fn write_small(&self, at: u64, parts: &[&[u8]], len: usize) {
-        let mut buf = [0u8; SMALL_PAYLOAD];
+        let first = ((at & u64::from(self.size - 1)) >> 3) as usize;
+        let mut buf = [0u8; STAGED_PAYLOAD];
         let mut n = 0usize;
         for part in parts {
             if let Some(dst) = buf.get_mut(n..n + part.len()) {
-                dst.copy_from_slice(part);
+                copy_short(dst, part);
             }
             n += part.len();
         }
-        let first = ((at & u64::from(self.size - 1)) >> 3) as usize;
         let words = len.div_ceil(8);
         if let (Some(dst), Some(src)) = (self.data.get(first..first + words), buf.get(..words * 8))
         {
@@ -799,41 +795,55 @@ impl<'a> BoxMem<'a> {
         }
     }
 
-    /// [`Self::write_payload`] for a larger payload, a word at a time.
-    fn write_words(&self, at: u64, parts: &[&[u8]]) {
-        let mut pos = at;
-        let mut put = |word: [u8; 8]| {
-            self.store(pos, u64::from_ne_bytes(word), Ordering::Relaxed);
-            pos += 8;
+    /// [`Self::write_payload`] for a larger payload: each word assembled
+    /// in a register from 8-byte loads of the pieces (shifted together
+    /// where a piece ends inside a word) and stored once.
+    fn write_words(&self, at: u64, parts: &[&[u8]], len: usize) {
+        let first = ((at & u64::from(self.size - 1)) >> 3) as usize;
+        let Some(words) = self.data.get(first..first + len.div_ceil(8)) else {
+            return;
         };
-        let mut acc = [0u8; 8];
-        let mut fill = 0usize;
+        let mut out = words.iter();
+        let mut put = |v: u64| {
+            if let Some(w) = out.next() {
+                // Bytes in order in memory: `v` holds byte i at bits 8i.
+                w.store(v.to_le(), Ordering::Relaxed);
+            }
+        };
+        // `fill` bytes (0..8) not yet stored, in the low bytes of `acc`.
+        let (mut acc, mut fill) = (0u64, 0u32);
         for part in parts {
-            let mut rest: &[u8] = part;
-            if fill > 0 {
-                let take = (8 - fill).min(rest.len());
-                let (head, tail) = rest.split_at(take);
-                acc[fill..fill + take].copy_from_slice(head);
-                fill += take;
-                rest = tail;
-                if fill < 8 {
-                    continue;
+            let mut chunks = part.chunks_exact(8);
+            for c in &mut chunks {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                let v = u64::from_le_bytes(b);
+                if fill == 0 {
+                    put(v);
+                } else {
+                    put(acc | v << (8 * fill));
+                    acc = v >> (64 - 8 * fill);
                 }
+            }
+            let rest = chunks.remainder();
+            if rest.is_empty() {
+                continue;
+            }
+            let v = le_bytes_below_8(rest);
+            acc |= v << (8 * fill);
+            fill += rest.len() as u32;
+            if fill >= 8 {
                 put(acc);
-                // `fill` is set again from this part's remainder below.
+                fill -= 8;
+                // The part of `v` that did not fit: its top `fill` bytes.
+                acc = if fill == 0 {
+                    0
+                } else {
+                    v >> (8 * (rest.len() as u32 - fill))
+                };
             }
-            let mut chunks = rest.chunks_exact(8);
-            for chunk in &mut chunks {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(chunk);
-                put(word);
-            }
-            let rem = chunks.remainder();
-            acc[..rem.len()].copy_from_slice(rem);
-            fill = rem.len();
         }
         if fill > 0 {
-            acc[fill..].fill(0);
             put(acc);
         }
     }
@@ -1100,6 +1110,63 @@ impl<'a> FboxWriter<'a> {
         self.cached_tail = tail;
         Ok(tail)
     }
+}
+
+/// `dst.copy_from_slice(src)` for a short piece (equal lengths), as
+/// fixed-size copies the compiler inlines: 8-byte words, the last one
+/// overlapping the one before; below 8 bytes two overlapping halves.
+#[inline(always)]
+fn copy_short(dst: &mut [u8], src: &[u8]) {
+    fn fixed<const N: usize>(dst: &mut [u8], src: &[u8], at: usize) {
+        if let (Some(d), Some(s)) = (dst.get_mut(at..at + N), src.get(at..at + N)) {
+            let mut w = [0u8; N];
+            w.copy_from_slice(s);
+            d.copy_from_slice(&w);
+        }
+    }
+    let n = src.len();
+    if n != dst.len() {
+        return;
+    }
+    if n >= 8 {
+        let mut i = 0;
+        while i + 8 < n {
+            fixed::<8>(dst, src, i);
+            i += 8;
+        }
+        fixed::<8>(dst, src, n - 8);
+    } else if n >= 4 {
+        fixed::<4>(dst, src, 0);
+        fixed::<4>(dst, src, n - 4);
+    } else if n >= 2 {
+        fixed::<2>(dst, src, 0);
+        fixed::<2>(dst, src, n - 2);
+    } else if n == 1 {
+        dst[0] = src[0];
+    }
+}
+
+/// The bytes of `b` (fewer than 8) as a little-endian number: byte i at
+/// bits 8i, the bytes above zero. At most three loads.
+#[inline(always)]
+fn le_bytes_below_8(b: &[u8]) -> u64 {
+    let (mut v, mut i) = (0u64, 0usize);
+    if let Some(x) = b.get(..4).filter(|_| b.len() & 4 != 0) {
+        v = u64::from(u32::from_le_bytes([x[0], x[1], x[2], x[3]]));
+        i = 4;
+    }
+    if b.len() & 2 != 0 {
+        if let Some(x) = b.get(i..i + 2) {
+            v |= u64::from(u16::from_le_bytes([x[0], x[1]])) << (8 * i);
+            i += 2;
+        }
+    }
+    if b.len() & 1 != 0 {
+        if let Some(&x) = b.get(i) {
+            v |= u64::from(x) << (8 * i);
+        }
+    }
+    v
 }
 
 fn msg_word(tag: u8, len: u32, seq: u32) -> u64 {
@@ -1681,18 +1748,63 @@ mod tests {
     }
 
     #[test]
+    fn vectored_writes_above_the_staged_size_equal_one_slice() {
+        // Payloads on both sides of STAGED_PAYLOAD (the stack-gathered
+        // path and the word-assembling one), split into three pieces.
+        let mut buf = buffer(Fbox::memory_size(2048).unwrap());
+        let r = region(&mut buf);
+        let (mut reader, mut w) = pair(&r, 2048);
+        // Split points every few bytes (fewer under miri).
+        let step = if cfg!(miri) { (41, 37) } else { (7, 5) };
+        for n in [
+            STAGED_PAYLOAD - 1,
+            STAGED_PAYLOAD,
+            STAGED_PAYLOAD + 1,
+            200,
+            301,
+        ] {
+            let msg = content(n as u64, n);
+            for a in (0..=n).step_by(step.0) {
+                for b in (a..=n).step_by(step.1) {
+                    let parts: [&[u8]; 3] = [&msg[..a], &msg[a..b], &msg[b..]];
+                    w.try_send_vectored(9, &parts, 0).unwrap();
+                    assert_eq!(
+                        take(&mut reader),
+                        Some((9, msg.clone())),
+                        "{n}: split {a} {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn vectored_writes_equal_one_slice() {
         let mut buf = buffer(Fbox::memory_size(256).unwrap());
         let r = region(&mut buf);
         let (mut reader, mut w) = pair(&r, 256);
-        let msg = content(5, 21);
-        for a in 0..=msg.len() {
-            for b in a..=msg.len() {
-                let parts: [&[u8]; 4] = [&msg[..a], &[], &msg[a..b], &msg[b..]];
-                w.try_send_vectored(4, &parts, 0).unwrap();
-                assert_eq!(take(&mut reader), Some((4, msg.clone())), "split {a} {b}");
+        // Every split into three pieces, for lengths around word borders
+        // (fewer under miri, where each send is slow).
+        let lengths: &[usize] = if cfg!(miri) {
+            &[7, 9, 17]
+        } else {
+            &[1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 40]
+        };
+        for &n in lengths {
+            let msg = content(n as u64, n);
+            for a in 0..=msg.len() {
+                for b in a..=msg.len() {
+                    let parts: [&[u8]; 4] = [&msg[..a], &[], &msg[a..b], &msg[b..]];
+                    w.try_send_vectored(4, &parts, 0).unwrap();
+                    assert_eq!(
+                        take(&mut reader),
+                        Some((4, msg.clone())),
+                        "{n}: split {a} {b}"
+                    );
+                }
             }
         }
+        let msg = content(5, 21);
         // Many one-byte parts.
         let ones: Vec<&[u8]> = msg.chunks(1).collect();
         w.try_send_vectored(4, &ones, 0).unwrap();

@@ -291,19 +291,21 @@ impl Sm {
         if tag > MAX_USER_TAG {
             return Err(PostError::ReservedTag);
         }
+        // The common case first, with no check of its own: nothing queued
+        // to this peer and the engine takes the message at once (the
+        // engine checks the peer's state and refuses what exceeds a
+        // fragment, which goes on below).
+        if self.out.get(peer as usize).is_some_and(|o| o.q.is_empty()) {
+            match self.try_fragment(peer, tag, parts) {
+                Ok(true) => return Ok(()),
+                Ok(false) | Err(PostError::TooLarge { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
         self.check_peer(peer)?;
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len as u64 > MAX_MESSAGE {
             return Err(PostError::TooLarge { max: MAX_MESSAGE });
-        }
-        if len <= self.shm.get().engine.max_payload() as usize
-            && self.out[peer as usize].q.is_empty()
-        {
-            match self.try_fragment(peer, tag, parts) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => return Err(e),
-            }
         }
         self.admit(peer, len as u64)?;
         let data = parts.concat();
