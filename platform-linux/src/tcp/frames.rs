@@ -51,6 +51,10 @@ pub(super) struct OutBuf {
     counted: bool,
 }
 
+/// Frames up to this many bytes (header included) are gathered on the
+/// stack and written with one `send(2)`.
+const SMALL_FRAME: usize = 256;
+
 impl OutBuf {
     /// Raw protocol bytes (handshake, FIN), not counted.
     pub(super) fn control(bytes: Vec<u8>) -> Self {
@@ -277,6 +281,18 @@ impl Tcp {
     ) -> Result<Posted, PostError> {
         let hdr = repr.to_bytes();
         let len: usize = parts.iter().map(|p| p.len()).sum();
+        if parts.len() > 1 && len <= SMALL_FRAME {
+            // A small message in pieces (a protocol header and its payload,
+            // typically): gathered on the stack, then the one-piece path
+            // below (no allocation unless the socket is full).
+            let mut buf = [0u8; SMALL_FRAME];
+            let mut at = 0;
+            for p in parts {
+                buf[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            return self.post(peer, repr, &[&buf[..len]], op);
+        }
         if parts.len() <= 1 {
             // The common case: try the socket first, copy only what is left
             // (memory is taken only for that).
@@ -367,6 +383,28 @@ impl Tcp {
         };
         let total = hdr.len() + data.len();
         let mut written = 0usize;
+        if total <= SMALL_FRAME {
+            // One contiguous send(2) rather than sendmsg(2) with two
+            // pieces: the kernel's per-call work is smaller (no msghdr or
+            // iovec import), which shows in a small message's latency.
+            let mut buf = [0u8; SMALL_FRAME];
+            buf[..hdr.len()].copy_from_slice(hdr);
+            buf[hdr.len()..total].copy_from_slice(data);
+            loop {
+                match c.sock.send(&buf[..total]) {
+                    Ok(n) => written = n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        self.io_error = Some(e.to_string());
+                        self.conn_broken(conn, false);
+                        return Err(PostError::PeerFailed);
+                    }
+                }
+                // What the socket did not take is queued by the caller.
+                return Ok(Some(written));
+            }
+        }
         while written < total {
             let bufs: [IoSlice<'_>; 2] = if written < hdr.len() {
                 [IoSlice::new(&hdr[written..]), IoSlice::new(data)]
