@@ -319,6 +319,13 @@ pub fn run_on(
         }
         Err(e) => return Err(e),
     }
+    // With BTL_LOG=info: the moment the message phase starts (a test kills
+    // a rank only once every rank is past start-up).
+    log::info!(
+        "rank {me}: message phase: {} messages to each of {} peer(s)",
+        opts.messages,
+        peers.len() - failed.len()
+    );
     for seq in 0..opts.messages {
         for &dst in &peers {
             if failed.contains(&dst) {
