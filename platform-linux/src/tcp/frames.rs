@@ -385,8 +385,8 @@ impl Tcp {
         let mut written = 0usize;
         if total <= SMALL_FRAME {
             // One contiguous send(2) rather than sendmsg(2) with two
-            // pieces: the kernel's per-call work is smaller (no msghdr or
-            // iovec import), which shows in a small message's latency.
+            // pieces: less work per call in the kernel (no msghdr or iovec
+            // to import) and in user space.
             let mut buf = [0u8; SMALL_FRAME];
             buf[..hdr.len()].copy_from_slice(hdr);
             buf[hdr.len()..total].copy_from_slice(data);
