@@ -752,6 +752,8 @@ where
     /// Messages sent and received through fast boxes.
     fbox_sent: u64,
     fbox_received: u64,
+    /// Ring slots stepped over: left reserved by a failed writer.
+    slots_skipped: u64,
     /// Peers whose box a send found corrupt (failed at the next
     /// progress, which has the dispatcher).
     fbox_faults: u32,
@@ -1003,6 +1005,7 @@ where
             queued_total: 0,
             fbox_sent: 0,
             fbox_received: 0,
+            slots_skipped: 0,
             fbox_faults: 0,
             layout: *layout,
             part_at,
@@ -1190,6 +1193,12 @@ where
     /// an earlier pending value to the same peer).
     pub fn queued_total(&self) -> u64 {
         self.queued_total
+    }
+
+    /// Ring slots stepped over so far because a writer that failed left
+    /// them reserved and unwritten ([`Self::audit_rings`]).
+    pub fn slots_skipped(&self) -> u64 {
+        self.slots_skipped
     }
 
     /// Messages sent through fast boxes (no fragment, no ACK).
@@ -1809,11 +1818,27 @@ where
                 .map(|c| c.audit(stall_audits));
             if let Some(Err(fault)) = fault {
                 let ring = ring as u32;
-                let writers_left = (0..self.nprocs).any(|p| {
-                    p != self.me
-                        && fifo_map(p, self.num_fifos) == ring
-                        && self.peers.as_mut()[p as usize].state == PeerState::Connected
-                });
+                let (me, nprocs, nfifos) = (self.me, self.nprocs, self.num_fifos);
+                let peers = self.peers.as_mut();
+                let writer_in = |state: PeerState| {
+                    (0..nprocs).any(|p| {
+                        p != me && fifo_map(p, nfifos) == ring && peers[p as usize].state == state
+                    })
+                };
+                let (writers_left, writer_failed) = (
+                    writer_in(PeerState::Connected),
+                    writer_in(PeerState::Failed),
+                );
+                // A reservation left unwritten while a writer of the ring has
+                // failed is that writer's (killed inside its push): step over
+                // it rather than blame the ring's other writers.
+                if matches!(fault, RingFault::Stalled { .. }) && writer_failed {
+                    let skipped = self.consumers.as_mut()[ring as usize]
+                        .as_mut()
+                        .is_some_and(Consumer::skip_stalled);
+                    self.slots_skipped += u64::from(skipped);
+                    continue;
+                }
                 // A ring nobody may write to any more is nobody's concern.
                 if writers_left {
                     self.corrupted(PeerError::Ring { ring, fault }, d);

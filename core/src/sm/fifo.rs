@@ -656,6 +656,25 @@ impl Consumer<'_> {
         Ok(())
     }
 
+    /// Steps over a reservation stalled at the reader's position, as if its
+    /// value had been read, and returns whether there was one. For a
+    /// reservation whose writer is known to have failed (killed inside its
+    /// push: it never publishes), so the ring's other writers go on. A live
+    /// writer that publishes into the slot afterwards loses that value or
+    /// overwrites a later lap's; its sequence then breaks, which the
+    /// fragment layer reports.
+    pub fn skip_stalled(&mut self) -> bool {
+        if !self.reservation_pending() {
+            return false;
+        }
+        self.tail = self.tail.wrapping_add(1);
+        self.stalled = (0, 0);
+        if self.tail.wrapping_sub(self.freed) >= self.fifo.lazy_free {
+            self.release_consumed();
+        }
+        true
+    }
+
     /// Number of values read so far over the ring's life.
     pub fn position(&self) -> u64 {
         self.tail
@@ -894,6 +913,31 @@ mod tests {
         // Simulate a writer that reserved and died before publishing.
         fifo.header.writer.head.store(1, Ordering::Relaxed);
         assert!(c.reservation_pending());
+    }
+
+    #[test]
+    fn a_stalled_reservation_can_be_stepped_over() {
+        let mut buf = buffer(Fifo::memory_size(4).unwrap());
+        let r = region(&mut buf);
+        // SAFETY: fresh buffer.
+        let fifo = unsafe { Fifo::init(&r, 0, 4, 1) }.unwrap();
+        let mut c = fifo.claim_consumer().unwrap();
+        assert!(!c.skip_stalled(), "nothing reserved");
+        // A writer reserved index 0 and died; another pushed after it.
+        fifo.header.writer.head.store(1, Ordering::Relaxed);
+        let mut p = fifo.producer();
+        p.push(7).unwrap();
+        assert_eq!(c.pop(), None, "the reader waits at the stalled slot");
+        assert!(c.skip_stalled());
+        assert_eq!(c.pop(), Some(7));
+        assert_eq!(c.pop(), None);
+        assert!(!c.skip_stalled(), "nothing pending any more");
+        // The ring goes on: every slot is usable again, in order.
+        for v in 10..20 {
+            p.push(v).unwrap();
+            assert_eq!(c.pop(), Some(v));
+        }
+        assert_eq!(c.audit(3), Ok(()));
     }
 
     #[test]

@@ -215,9 +215,16 @@ impl Sm {
                 self.fail(peer, "the process died");
             }
         }
+        let skipped = self.shm.get().engine.slots_skipped();
         quiet(&mut self.state, |ctx| {
             self.shm.get().engine.audit_rings(STALL_CHECKS, ctx)
         });
+        if self.shm.get().engine.slots_skipped() != skipped {
+            log::warn!(
+                "shared memory: stepped over a receive-ring slot that a failed rank left \
+                 reserved and unwritten (it died inside a send); the ring's other writers go on"
+            );
+        }
         self.fail_blamed();
         if !self.accusations.is_empty() {
             self.deliver_accusations();

@@ -882,6 +882,35 @@ fn a_reservation_left_unwritten_is_a_fault_after_n_audits() {
     });
 }
 
+#[test]
+fn a_failed_writers_stalled_reservation_is_stepped_over() {
+    // One ring shared by ranks 1 and 2 (the seed's default). Rank 2
+    // reserved index 0 of rank 0's ring and was killed before writing it;
+    // rank 1's SEND sits behind it. Once rank 2 is failed, the stall is
+    // put down to it: the reader steps over the slot and rank 1 goes on.
+    with_job(3, 16, |e, region| {
+        let layout = segment_layout(&small_params(16), 3).unwrap();
+        let ring_at = layout.ring_offset(0, 0).unwrap() as u64;
+        let mut r0 = Rec::default();
+        region.write_bytes(ring_at, &1u64.to_le_bytes()).unwrap();
+        e[1].send(0, 1, &[b"behind the stall"], 5).unwrap();
+        e[0].progress(&mut r0);
+        assert!(r0.got.is_empty(), "the reader waits at the stalled slot");
+        e[0].fail_peer(2, &mut r0);
+        for _ in 0..5 {
+            e[0].audit_rings(5, &mut r0);
+        }
+        assert!(r0.errors.is_empty(), "{:?}", r0.errors);
+        assert!(r0.failed.is_empty(), "{:?}", r0.failed);
+        assert_eq!(e[0].peer_state(1), Some(PeerState::Connected));
+        assert_eq!(e[0].slots_skipped(), 1);
+        e[0].progress(&mut r0);
+        assert_eq!(r0.got, vec![(1, 1, b"behind the stall".to_vec())]);
+        // Without a failed writer the same stall is still a fault (see
+        // a_reservation_left_unwritten_is_a_fault_after_n_audits).
+    });
+}
+
 /// Found by the hostile shared-memory peer test: another process that
 /// overwrote the owner or capacity of a fragment header made every later
 /// use of that fragment fail validation at the receiver, so the sender
