@@ -1264,12 +1264,52 @@ where
     /// Sends the concatenation of `parts` (one fragment: at most
     /// [`Self::max_payload`] bytes) to `peer` with `tag`. `cookie` comes back
     /// in [`Dispatch::complete`] when the peer has handled it.
+    ///
+    /// The path of most small messages (a box handed out already, the peer
+    /// connected) is inline; everything else is [`Self::send_general`].
+    #[inline]
     pub fn send(
         &mut self,
         peer: u32,
         tag: u8,
         parts: &[&[u8]],
         cookie: u64,
+    ) -> Result<(), SendError> {
+        if cookie == 0 {
+            if let Some(p) = self.peers.as_mut().get_mut(peer as usize) {
+                if let (PeerState::Connected, Some(w)) = (p.state, p.fbox_out.as_mut()) {
+                    match w.try_send_vectored(tag, parts, p.in_flight) {
+                        Ok(()) => {
+                            self.fbox_sent += 1;
+                            return Ok(());
+                        }
+                        Err(fbox::SendError::Corrupt(_)) => {
+                            // The peer is failed by the next progress pass
+                            // (it has the dispatcher).
+                            self.fbox_faults += 1;
+                            return Err(SendError::PeerFailed { peer });
+                        }
+                        // Checked again below (a message too large for a
+                        // fragment is refused as such); the box is not
+                        // tried twice.
+                        Err(_) => return self.send_general(peer, tag, parts, cookie, false),
+                    }
+                }
+            }
+        }
+        self.send_general(peer, tag, parts, cookie, true)
+    }
+
+    /// [`Self::send`] with every check; `try_box` false when the box was
+    /// tried already.
+    #[inline(never)]
+    fn send_general(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        parts: &[&[u8]],
+        cookie: u64,
+        try_box: bool,
     ) -> Result<(), SendError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let (max_capacity, pending_cap) = (self.max_capacity, self.pending_cap);
@@ -1292,7 +1332,7 @@ where
         // The fast box first: a message that needs no ACK (cookie 0), small
         // enough, with nothing of ours to this peer in flight by the ring
         // (the hand-off rule, `fbox` module docs).
-        if cookie == 0 {
+        if cookie == 0 && try_box {
             if pslot.fbox_out.is_none() && len <= self.fbox_payload as usize {
                 // Has the peer offered us a box? One Acquire load of a
                 // read-mostly word, only while we have none.

@@ -287,6 +287,7 @@ impl Sm {
     /// the bytes may be reused when this returns. A message that cannot
     /// leave at once waits (copied) in the peer's queue; if that queue is
     /// full the post is refused with [`PostError::WouldBlock`].
+    #[inline]
     pub fn isend(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<(), PostError> {
         if tag > MAX_USER_TAG {
             return Err(PostError::ReservedTag);
@@ -302,6 +303,12 @@ impl Sm {
                 Err(e) => return Err(e),
             }
         }
+        self.isend_queued(peer, tag, parts)
+    }
+
+    /// [`Self::isend`] of a message the engine did not take at once.
+    #[inline(never)]
+    fn isend_queued(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<(), PostError> {
         self.check_peer(peer)?;
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len as u64 > MAX_MESSAGE {
@@ -358,6 +365,7 @@ impl Sm {
     }
 
     /// One fragment now if possible: `Ok(false)` if it must wait.
+    #[inline]
     fn try_fragment(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<bool, PostError> {
         match self.shm.get().engine.send(peer, tag, parts, 0) {
             Ok(()) => Ok(true),

@@ -493,11 +493,21 @@ impl fmt::Debug for PollCx<'_> {
 
 /// An event consumer: returns whether it took the event (an event it does
 /// not take is kept, as if nobody were listening).
+///
+/// The blocking calls hand one in as a trait object; [`World::poll_with`]
+/// hands its closure in as a type parameter, so that the whole delivery
+/// (the transport's event, the hub, the consumer) compiles into one
+/// function on the path every message takes.
 type User<'u> = &'u mut dyn FnMut(&mut PollCx<'_>, Event<'_>) -> bool;
 
+/// What [`User`] is, as a bound.
+trait Consumer: FnMut(&mut PollCx<'_>, Event<'_>) -> bool {}
+impl<F: FnMut(&mut PollCx<'_>, Event<'_>) -> bool + ?Sized> Consumer for F {}
+
 /// Calls the consumer with the outbox and the region table.
-fn call(
-    u: &mut User<'_>,
+#[inline(always)]
+fn call<U: Consumer + ?Sized>(
+    u: &mut U,
     outbox: &mut Outbox,
     regions: &mut Regions,
     me: u32,
@@ -573,13 +583,14 @@ impl Hub<'_> {
 
     /// Delivers a message: to its handler, else to the consumer, else
     /// kept.
-    fn message(
+    #[inline(always)]
+    fn message<U: Consumer + ?Sized>(
         &mut self,
         from: u32,
         tag: u8,
         data: &[u8],
         regions: &mut Regions,
-        user: &mut Option<User<'_>>,
+        user: &mut Option<&mut U>,
     ) {
         if let Some(h) = self
             .handlers
@@ -598,12 +609,12 @@ impl Hub<'_> {
         self.stash.push_back((from, tag, data.to_vec()));
     }
 
-    fn done(
+    fn done<U: Consumer + ?Sized>(
         &mut self,
         op: u64,
         result: Result<(), OpError>,
         regions: &mut Regions,
-        user: &mut Option<User<'_>>,
+        user: &mut Option<&mut U>,
     ) {
         let Some(r) = self.reqs.get_mut(&op) else {
             // Cancelled: nobody waits for it.
@@ -630,12 +641,13 @@ impl Hub<'_> {
         self.completed.push_back(op);
     }
 
-    fn on_event(
+    #[inline(always)]
+    fn on_event<U: Consumer + ?Sized>(
         &mut self,
         sm: bool,
         regions: &mut Regions,
         ev: TEvent<'_>,
-        user: &mut Option<User<'_>>,
+        user: &mut Option<&mut U>,
     ) {
         match ev {
             TEvent::Message { from, tag, data } => {
@@ -677,7 +689,11 @@ impl Hub<'_> {
     /// Hands what was kept during blocking calls to a consumer that is
     /// listening now.
     #[inline(never)]
-    fn replay(&mut self, regions: &mut Regions, user: &mut Option<User<'_>>) -> usize {
+    fn replay<U: Consumer + ?Sized>(
+        &mut self,
+        regions: &mut Regions,
+        user: &mut Option<&mut U>,
+    ) -> usize {
         let Some(u) = user.as_mut() else {
             return 0;
         };
@@ -822,6 +838,7 @@ impl<'m> World<'m> {
         self.timeout
     }
 
+    #[inline]
     fn route_of(&self, peer: u32) -> Result<Route, WorldError> {
         match self.route.get(peer as usize).copied() {
             None => Err(WorldError::InvalidPeer { peer }),
@@ -909,13 +926,17 @@ impl<'m> World<'m> {
     /// handlers (or are kept for the next [`Self::poll`]), completions are
     /// kept for [`Self::test`]. Returns the number of events.
     pub fn progress(&mut self) -> usize {
-        self.pass(&mut None, Duration::ZERO)
+        self.pass(&mut None::<User<'_>>, Duration::ZERO)
     }
 
     /// One pass: every transport, messages to ourselves, the outbox; the
     /// liveness check every [`CLOCK_EVERY`] passes. `block` lets a
     /// TCP-only world sleep in `epoll_wait` that long.
-    fn pass(&mut self, user: &mut Option<User<'_>>, block: Duration) -> usize {
+    ///
+    /// Never inlined: profiles (scripts/capi-bench.sh) count passes by
+    /// its calls.
+    #[inline(never)]
+    fn pass<U: Consumer + ?Sized>(&mut self, user: &mut Option<&mut U>, block: Duration) -> usize {
         // The idle pass (a poll that finds nothing) sets the latency of
         // everything built on this: each queue gets one look inline, the
         // work on it is out of line.
@@ -976,7 +997,7 @@ impl<'m> World<'m> {
 
     /// Delivers our messages to ourselves; returns how many.
     #[inline(never)]
-    fn deliver_to_self(&mut self, user: &mut Option<User<'_>>) -> usize {
+    fn deliver_to_self<U: Consumer + ?Sized>(&mut self, user: &mut Option<&mut U>) -> usize {
         let mut n = 0;
         while let Some((tag, data)) = self.hub.to_self.pop_front() {
             n += 1;

@@ -23,6 +23,8 @@ use crate::regions::DeregisterError;
 const COPY_LIMIT: usize = 32 << 10;
 
 impl<'m> World<'m> {
+    #[cold]
+    #[inline(never)]
     fn post_error(&self, peer: u32, e: PostError) -> WorldError {
         match e {
             PostError::InvalidPeer => WorldError::InvalidPeer { peer },
@@ -61,6 +63,7 @@ impl<'m> World<'m> {
     }
 
     /// [`Self::isend`] of the concatenation of `parts`: one message.
+    #[inline]
     pub fn isendv(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<Request, WorldError> {
         Self::check_tag(tag)?;
         let r = match self.route_of(peer)? {
@@ -352,7 +355,7 @@ impl<'m> World<'m> {
                     }
                     Err(s) => Err(OpError::Refused(s)),
                 };
-                let mut none = None;
+                let mut none = None::<User<'_>>;
                 self.hub.done(op, status, &mut self.regions, &mut none);
                 return Ok(Request(op));
             }
