@@ -1275,29 +1275,49 @@ where
         parts: &[&[u8]],
         cookie: u64,
     ) -> Result<(), SendError> {
-        if cookie == 0 {
-            if let Some(p) = self.peers.as_mut().get_mut(peer as usize) {
-                if let (PeerState::Connected, Some(w)) = (p.state, p.fbox_out.as_mut()) {
-                    match w.try_send_vectored(tag, parts, p.in_flight) {
-                        Ok(()) => {
-                            self.fbox_sent += 1;
-                            return Ok(());
-                        }
-                        Err(fbox::SendError::Corrupt(_)) => {
-                            // The peer is failed by the next progress pass
-                            // (it has the dispatcher).
-                            self.fbox_faults += 1;
-                            return Err(SendError::PeerFailed { peer });
-                        }
-                        // Checked again below (a message too large for a
-                        // fragment is refused as such); the box is not
-                        // tried twice.
-                        Err(_) => return self.send_general(peer, tag, parts, cookie, false),
-                    }
-                }
-            }
+        let boxed = self
+            .peers
+            .as_mut()
+            .get(peer as usize)
+            .is_some_and(|p| p.state == PeerState::Connected && p.fbox_out.is_some());
+        if cookie == 0 && boxed {
+            // Not taken: the general path checks again (a message too large
+            // for a fragment is refused as such), without a second try.
+            return match self.try_box(peer, tag, parts) {
+                Some(r) => r,
+                None => self.send_general(peer, tag, parts, cookie, false),
+            };
         }
         self.send_general(peer, tag, parts, cookie, true)
+    }
+
+    /// The message into `peer`'s fast box, if we have one: `Some` with the
+    /// outcome when the box took it or was found corrupt, `None` when it
+    /// must go by the ring (full, too large, ring messages in flight).
+    #[inline]
+    fn try_box(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Option<Result<(), SendError>> {
+        let p = self.peers.as_mut().get_mut(peer as usize)?;
+        let sent = p
+            .fbox_out
+            .as_mut()?
+            .try_send_vectored(tag, parts, p.in_flight);
+        match sent {
+            Ok(()) => {
+                self.fbox_sent += 1;
+                Some(Ok(()))
+            }
+            Err(fbox::SendError::Corrupt(_)) => {
+                // The peer is failed by the next progress pass (it has the
+                // dispatcher).
+                self.fbox_faults += 1;
+                Some(Err(SendError::PeerFailed { peer }))
+            }
+            Err(
+                fbox::SendError::Full
+                | fbox::SendError::TooLarge { .. }
+                | fbox::SendError::RingBusy { .. },
+            ) => None,
+        }
     }
 
     /// [`Self::send`] with every check; `try_box` false when the box was
@@ -1349,26 +1369,11 @@ where
                     }
                 }
             }
-            if let Some(w) = pslot.fbox_out.as_mut() {
-                match w.try_send_vectored(tag, parts, pslot.in_flight) {
-                    Ok(()) => {
-                        self.fbox_sent += 1;
-                        return Ok(());
-                    }
-                    Err(fbox::SendError::Corrupt(_)) => {
-                        // The peer is failed by the next progress pass (it
-                        // has the dispatcher).
-                        self.fbox_faults += 1;
-                        return Err(SendError::PeerFailed { peer });
-                    }
-                    Err(
-                        fbox::SendError::Full
-                        | fbox::SendError::TooLarge { .. }
-                        | fbox::SendError::RingBusy { .. },
-                    ) => {}
-                }
+            if let Some(r) = self.try_box(peer, tag, parts) {
+                return r;
             }
         }
+        let pslot = &mut self.peers.as_mut()[peer as usize];
         // Our own queue to this peer must have room for the SEND.
         if pslot.pending_len >= pending_cap {
             return Err(SendError::Backlog { peer });
