@@ -2241,12 +2241,20 @@ mod tests {
     }
 
     impl Tx<'_> {
-        /// Takes the ACKs that came back, then tries to send the next
-        /// message (by the box if the rule allows and it fits, else by the
-        /// ring). False if the ring was full.
-        fn step(&mut self) -> bool {
+        /// Takes the ACKs that came back, then, while fewer than `n`
+        /// messages were sent, tries to send the next one (by the box if
+        /// the rule allows and it fits, else by the ring). False if the
+        /// ring was full or all `n` were sent. The ACKs are taken even
+        /// after the last send: the receiver pushes one per ring message
+        /// into a ring of 4, so a sender that stopped taking them would
+        /// leave it stuck on a full ACK ring (a hang of the test, not of
+        /// the protocol: the engine takes ACKs on every poll).
+        fn step(&mut self, n: u64) -> bool {
             while self.acks.pop().is_some() {
                 self.in_flight -= 1;
+            }
+            if self.next >= n {
+                return false;
             }
             let id = self.next;
             let msg = content(id, (id % 9) as usize);
@@ -2374,8 +2382,8 @@ mod tests {
             let (num, den) = [(1, 3), (1, 2), (2, 3)][seed as usize % 3];
             const N: u64 = 60;
             while rx.expected < N {
-                if tx.next < N && rng.below(den) < num {
-                    tx.step();
+                if rng.below(den) < num {
+                    tx.step(N);
                 } else {
                     rx.step();
                 }
@@ -2404,20 +2412,23 @@ mod tests {
         let done = crate::sync::AtomicBool::new(false);
         std::thread::scope(|s| {
             let done = &done;
+            // The sender runs (and takes ACKs) until the receiver has
+            // everything; `done` also stops it if the receiver panics.
             let t = s.spawn(move || {
-                while tx.next < N && !done.load(Ordering::Relaxed) {
-                    if !tx.step() {
+                while !done.load(Ordering::Relaxed) {
+                    if !tx.step(N) {
                         std::thread::yield_now();
                     }
                 }
                 (tx.by_box, tx.by_ring)
             });
-            let _done = Done(done);
+            let done_guard = Done(done);
             while rx.expected < N {
                 if !rx.step() {
                     std::thread::yield_now();
                 }
             }
+            drop(done_guard);
             let (by_box, by_ring) = t.join().unwrap();
             assert_eq!(by_box + by_ring, N);
         });
