@@ -190,6 +190,66 @@ fn single_copy_refused_falls_back_and_delivers() {
     drop(out2);
 }
 
+/// Per rank, the `N one-sided transfer(s) by single copy` of a stress run.
+fn rma_single_copies(out: &str) -> Vec<u64> {
+    out.lines()
+        .filter(|l| l.ends_with("all intact"))
+        .map(|l| {
+            let end = l
+                .find(" one-sided transfer(s) by single copy")
+                .unwrap_or_else(|| panic!("no one-sided count in {l}"));
+            l[..end].rsplit(' ').next().unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn mid_size_one_sided_transfers_take_single_copy() {
+    // Stress's one-sided phase: per peer a put into its region and a get
+    // back of `--max-size` bytes (plus two refused out-of-range ones). At
+    // 48 KiB — more than one max-size fragment (32 KiB), below
+    // min_rdma_pipeline_size — both go by single copy: each rank reads its
+    // gets and, as the target, the puts into its region: 2 per peer. At
+    // 32 KiB (one fragment) both go through fragments.
+    let o = run(
+        3,
+        &[],
+        &["stress", "--messages", "50", "--max-size", "49152"],
+    );
+    let (_, err) = text(&o);
+    if err.contains("refused") {
+        assert_intact(&o, 3);
+        common::prereq::missing(&format!(
+            "CMA between sibling processes (refused here; the positive control cannot run): {err}"
+        ));
+        return;
+    }
+    let out = assert_intact(&o, 3);
+    assert_eq!(rma_single_copies(&out), [4, 4, 4], "{out}");
+    let o = run(
+        3,
+        &[],
+        &["stress", "--messages", "50", "--max-size", "32768"],
+    );
+    let out = assert_intact(&o, 3);
+    assert_eq!(rma_single_copies(&out), [0, 0, 0], "{out}");
+    // Refused by the kernel: the same transfers through fragments, intact.
+    let o = run(
+        3,
+        &[],
+        &[
+            "stress",
+            "--deny-cma",
+            "--messages",
+            "50",
+            "--max-size",
+            "49152",
+        ],
+    );
+    let out = assert_intact(&o, 3);
+    assert_eq!(rma_single_copies(&out), [0, 0, 0], "{out}");
+}
+
 #[test]
 fn out_of_space_is_a_clear_error() {
     // Each rank's part starts with 8 rings of 2^30 slots (8 GiB each),

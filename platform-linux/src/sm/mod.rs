@@ -492,6 +492,12 @@ impl Sm {
         self.shm.view().engine.queued_total()
     }
 
+    /// One-sided transfers moved by single copy so far: gets this rank
+    /// read from a target, puts it read into its region as the target.
+    pub fn rma_single_copies(&self) -> u64 {
+        self.state.rma_single_copies
+    }
+
     /// Messages sent through fast boxes (no fragment, no ACK) so far.
     pub fn fbox_sent(&self) -> u64 {
         self.shm.view().engine.fbox_sent()

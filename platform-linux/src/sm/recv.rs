@@ -113,6 +113,9 @@ pub(super) struct State {
     /// Gets timed this pass (peer, how, bytes, time), for the per-peer
     /// bulk rates the choice between single copy and fragments follows.
     pub(super) bulk_samples: Vec<(u32, Bulk, usize, Duration)>,
+    /// One-sided transfers this rank moved by single copy (gets it read,
+    /// puts it read into its region as their target).
+    pub(super) rma_single_copies: u64,
 }
 
 impl State {
@@ -133,6 +136,7 @@ impl State {
             puts_in: HashMap::new(),
             waiting: HashMap::new(),
             bulk_samples: Vec::new(),
+            rma_single_copies: 0,
         }
     }
 }
@@ -295,7 +299,10 @@ impl Ctx<'_, '_> {
         };
         let status = match self.regions.range_mut(put.id, put.offset, put.len) {
             Ok(dst) => match self.st.cma_read(peer, put.addr, dst) {
-                Ok(()) => RmaStatus::Ok,
+                Ok(()) => {
+                    self.st.rma_single_copies += 1;
+                    RmaStatus::Ok
+                }
                 Err(e) => {
                     log::warn!("single-copy put from local rank {peer} failed: {e}");
                     RmaStatus::CopyFailed
@@ -448,6 +455,7 @@ impl Ctx<'_, '_> {
                 let t0 = Instant::now();
                 match self.st.cma_read(peer, addr, d) {
                     Ok(()) => {
+                        self.st.rma_single_copies += 1;
                         if w.timed {
                             self.st.bulk_samples.push((
                                 peer,

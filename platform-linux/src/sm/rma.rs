@@ -17,7 +17,10 @@
 //!   data goes in fragments, each checked and copied into the region on
 //!   arrival. Then the answer (status).
 //!
-//! A single copy the kernel refuses falls back to fragments for that
+//! Which: from `min_rdma_pipeline_size` on, as large messages (gets by
+//! the measured faster mechanism, puts by single copy); below it, single
+//! copy for more than one max-size fragment, fragments otherwise. A
+//! single copy the kernel refuses falls back to fragments for that
 //! operation and the peer.
 
 use std::time::Instant;
@@ -204,9 +207,29 @@ impl Sm {
         Ok(())
     }
 
-    fn single_copy(&self, peer: u32, len: usize) -> bool {
+    /// Whether a one-sided transfer of `len` bytes is large in the sense
+    /// of large messages (from `min_rdma_pipeline_size` on, with single
+    /// copy allowed for the peer): it then takes the mechanism measured
+    /// faster (gets) or single copy (puts), as large messages do, and a
+    /// get is timed for the measurement.
+    fn large(&self, peer: u32, len: usize) -> bool {
         self.state.cma_ok[peer as usize]
             && len as u64 >= u64::from(self.params.min_rdma_pipeline_size)
+    }
+
+    /// Whether a one-sided transfer below the large size goes by single
+    /// copy: when it needs more than one max-size fragment. Fragments
+    /// would cost the target a copy of every byte into them, the
+    /// requester a copy out, and a round of fragment hand-offs per
+    /// `max_send_size`, against one `process_vm_readv`; a mid-size get
+    /// (ob1's rendezvous over `rsm` gets every message above its eager
+    /// limit) took 2.6x vader's time at 64 KiB through fragments. One
+    /// fragment's worth (up to 32 KiB by default) stays on fragments: a
+    /// single hand-off, and no system call. Not measured per peer: these
+    /// sizes would skew the large-transfer rates, and single copy is
+    /// never the slower of the two at them.
+    fn mid_single_copy(&mut self, peer: u32, len: usize) -> bool {
+        self.state.cma_ok[peer as usize] && len > self.shm.get().engine.max_payload() as usize
     }
 
     /// Reads `dst.len()` bytes at `offset` of `peer`'s region `id` into
@@ -230,8 +253,12 @@ impl Sm {
         // Single copy or fragments, as measured for this peer (the same
         // two mechanisms, and measurements, as large sends).
         let now = Instant::now();
-        let large = self.single_copy(peer, dst.len());
-        let single = large && self.rates[peer as usize].choose(now) == Bulk::SingleCopy;
+        let large = self.large(peer, dst.len());
+        let single = if large {
+            self.rates[peer as usize].choose(now) == Bulk::SingleCopy
+        } else {
+            self.mid_single_copy(peer, dst.len())
+        };
         let wait = RmaWait {
             peer,
             op,
@@ -285,7 +312,7 @@ impl Sm {
     ) -> Result<Posted, PostError> {
         self.rma_ok(peer, src.len() as u64)?;
         let req = self.new_req();
-        let single = self.single_copy(peer, src.len());
+        let single = self.large(peer, src.len()) || self.mid_single_copy(peer, src.len());
         let wait = RmaWait {
             peer,
             op,

@@ -668,9 +668,10 @@ impl<'m> World<'m> {
                 .count();
             let (eager, max) = sm.pool_sizes();
             s += &format!(
-                " (sm: single copy to {cma}, {} sends queued behind a full ring, {} messages sent \
-                 by fast box, {} box(es) handed out, fragments carved {eager} eager + {max} \
-                 max-size, segment {} KiB reserved)",
+                " (sm: single copy to {cma}, {} one-sided transfer(s) by single copy, {} sends \
+                 queued behind a full ring, {} messages sent by fast box, {} box(es) handed out, \
+                 fragments carved {eager} eager + {max} max-size, segment {} KiB reserved)",
+                sm.rma_single_copies(),
                 sm.queued_total(),
                 sm.fbox_sent(),
                 sm.boxes_handed_out(),
