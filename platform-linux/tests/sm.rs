@@ -207,14 +207,14 @@ fn rma_single_copies(out: &str) -> Vec<u64> {
 fn mid_size_one_sided_transfers_take_single_copy() {
     // Stress's one-sided phase: per peer a put into its region and a get
     // back of `--max-size` bytes (plus two refused out-of-range ones). At
-    // 48 KiB — more than one max-size fragment (32 KiB), below
+    // 16 KiB — more than one eager fragment (4 KiB), below
     // min_rdma_pipeline_size — both go by single copy: each rank reads its
     // gets and, as the target, the puts into its region: 2 per peer. At
-    // 32 KiB (one fragment) both go through fragments.
+    // 4 KiB (one eager fragment) both go through fragments.
     let o = run(
         3,
         &[],
-        &["stress", "--messages", "50", "--max-size", "49152"],
+        &["stress", "--messages", "50", "--max-size", "16384"],
     );
     let (_, err) = text(&o);
     if err.contains("refused") {
@@ -229,7 +229,7 @@ fn mid_size_one_sided_transfers_take_single_copy() {
     let o = run(
         3,
         &[],
-        &["stress", "--messages", "50", "--max-size", "32768"],
+        &["stress", "--messages", "50", "--max-size", "4096"],
     );
     let out = assert_intact(&o, 3);
     assert_eq!(rma_single_copies(&out), [0, 0, 0], "{out}");
@@ -243,7 +243,7 @@ fn mid_size_one_sided_transfers_take_single_copy() {
             "--messages",
             "50",
             "--max-size",
-            "49152",
+            "16384",
         ],
     );
     let out = assert_intact(&o, 3);

@@ -19,7 +19,7 @@
 //!
 //! Which: from `min_rdma_pipeline_size` on, as large messages (gets by
 //! the measured faster mechanism, puts by single copy); below it, single
-//! copy for more than one max-size fragment, fragments otherwise. A
+//! copy for more than one eager fragment's payload, fragments otherwise. A
 //! single copy the kernel refuses falls back to fragments for that
 //! operation and the peer.
 
@@ -218,18 +218,19 @@ impl Sm {
     }
 
     /// Whether a one-sided transfer below the large size goes by single
-    /// copy: when it needs more than one max-size fragment. Fragments
-    /// would cost the target a copy of every byte into them, the
-    /// requester a copy out, and a round of fragment hand-offs per
-    /// `max_send_size`, against one `process_vm_readv`; a mid-size get
-    /// (ob1's rendezvous over `rsm` gets every message above its eager
-    /// limit) took 2.6x vader's time at 64 KiB through fragments. One
-    /// fragment's worth (up to 32 KiB by default) stays on fragments: a
-    /// single hand-off, and no system call. Not measured per peer: these
-    /// sizes would skew the large-transfer rates, and single copy is
-    /// never the slower of the two at them.
+    /// copy: when it is more than one eager fragment's payload (4 KiB by
+    /// default). Through fragments it costs the target a copy of every
+    /// byte into them, the requester a copy out, and a hand-off per
+    /// fragment, against one `process_vm_readv`; both ways take the same
+    /// request/answer round trip. ob1's rendezvous over `rsm` gets every
+    /// message above its eager limit (8256 B) this way: through fragments
+    /// its latency was 2.3x vader's at 16 KiB and 64 KiB, by single copy
+    /// 0.56-0.70x of that (`scripts/ompi-bench.sh`, README). Up to one
+    /// eager fragment stays on fragments: one small hand-off, no system
+    /// call. Not measured per peer: these sizes would skew the
+    /// large-transfer rates.
     fn mid_single_copy(&mut self, peer: u32, len: usize) -> bool {
-        self.state.cma_ok[peer as usize] && len > self.shm.get().engine.max_payload() as usize
+        self.state.cma_ok[peer as usize] && len > self.shm.get().engine.eager_payload() as usize
     }
 
     /// Reads `dst.len()` bytes at `offset` of `peer`'s region `id` into
