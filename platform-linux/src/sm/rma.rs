@@ -207,29 +207,20 @@ impl Sm {
         Ok(())
     }
 
-    /// Whether a one-sided transfer of `len` bytes is large in the sense
-    /// of large messages (from `min_rdma_pipeline_size` on, with single
-    /// copy allowed for the peer): it then takes the mechanism measured
-    /// faster (gets) or single copy (puts), as large messages do, and a
-    /// get is timed for the measurement.
-    fn large(&self, peer: u32, len: usize) -> bool {
-        self.state.cma_ok[peer as usize]
-            && len as u64 >= u64::from(self.params.min_rdma_pipeline_size)
-    }
-
-    /// Whether a one-sided transfer below the large size goes by single
-    /// copy: when it is more than one eager fragment's payload (4 KiB by
-    /// default). Through fragments it costs the target a copy of every
-    /// byte into them, the requester a copy out, and a hand-off per
+    /// Whether a one-sided transfer of `len` bytes with `peer` goes by
+    /// single copy rather than fragments: the kernel allows it for the
+    /// peer and the transfer is more than one eager fragment's payload (4
+    /// KiB by default). Through fragments it costs the target a copy of
+    /// every byte into them, the requester a copy out, and a hand-off per
     /// fragment, against one `process_vm_readv`; both ways take the same
     /// request/answer round trip. ob1's rendezvous over `rsm` gets every
     /// message above its eager limit (8256 B) this way: through fragments
     /// its latency was 2.3x vader's at 16 KiB and 64 KiB, by single copy
     /// 0.56-0.70x of that (`scripts/ompi-bench.sh`, README). Up to one
     /// eager fragment stays on fragments: one small hand-off, no system
-    /// call. Not measured per peer: these sizes would skew the
-    /// large-transfer rates.
-    fn mid_single_copy(&mut self, peer: u32, len: usize) -> bool {
+    /// call. A get from `min_rdma_pipeline_size` on is large, as large
+    /// messages are: [`Self::iget`] then follows the measured rates.
+    fn single_copy_pays(&mut self, peer: u32, len: usize) -> bool {
         self.state.cma_ok[peer as usize] && len > self.shm.get().engine.eager_payload() as usize
     }
 
@@ -251,15 +242,15 @@ impl Sm {
     ) -> Result<Posted, PostError> {
         self.rma_ok(peer, dst.len() as u64)?;
         let req = self.new_req();
-        // Single copy or fragments, as measured for this peer (the same
-        // two mechanisms, and measurements, as large sends).
+        // Single copy or fragments; a large get as measured for this peer
+        // (the same two mechanisms, and measurements, as large sends) and
+        // timed for them; mid-size ones are not (they would skew the
+        // rates).
         let now = Instant::now();
-        let large = self.large(peer, dst.len());
-        let single = if large {
-            self.rates[peer as usize].choose(now) == Bulk::SingleCopy
-        } else {
-            self.mid_single_copy(peer, dst.len())
-        };
+        let single_ok = self.single_copy_pays(peer, dst.len());
+        let large = single_ok && dst.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
+        let single =
+            single_ok && (!large || self.rates[peer as usize].choose(now) == Bulk::SingleCopy);
         let wait = RmaWait {
             peer,
             op,
@@ -313,7 +304,7 @@ impl Sm {
     ) -> Result<Posted, PostError> {
         self.rma_ok(peer, src.len() as u64)?;
         let req = self.new_req();
-        let single = self.large(peer, src.len()) || self.mid_single_copy(peer, src.len());
+        let single = self.single_copy_pays(peer, src.len());
         let wait = RmaWait {
             peer,
             op,
