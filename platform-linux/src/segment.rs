@@ -892,7 +892,11 @@ pub fn fetch(name: &str, creator: Option<u32>, timeout: Duration) -> Result<Owne
         )
         .map_err(|e| SegmentError::io("socket", name, e))?;
         match rustix::net::connect(&sock, &addr) {
-            Ok(()) => return receive(&sock, name, uid, creator, start, timeout),
+            Ok(()) => {
+                if let Some(fd) = receive(&sock, name, uid, creator, start, timeout)? {
+                    return Ok(fd);
+                }
+            }
             // Nobody listens yet (or the backlog is full): try again.
             Err(Errno::CONNREFUSED) | Err(Errno::NOENT) | Err(Errno::AGAIN) | Err(Errno::INTR) => {}
             Err(e) => {
@@ -915,6 +919,12 @@ pub fn fetch(name: &str, creator: Option<u32>, timeout: Duration) -> Result<Owne
     }
 }
 
+/// The offer on a connected rendezvous socket; `None` when the connection
+/// was reset before any answer: the listener went away with our
+/// connection still in its backlog, never accepted (the offer was
+/// withdrawn, or the listening descriptor lived on for a moment in a
+/// child the offerer forked, until that child's `exec` closed it) — nobody
+/// served us, as when nobody listens, so [`fetch`] tries again.
 fn receive(
     sock: &OwnedFd,
     name: &str,
@@ -922,7 +932,7 @@ fn receive(
     creator: Option<u32>,
     start: Instant,
     timeout: Duration,
-) -> Result<OwnedFd, SegmentError> {
+) -> Result<Option<OwnedFd>, SegmentError> {
     let cred = rustix::net::sockopt::socket_peercred(sock)
         .map_err(|e| SegmentError::io("SO_PEERCRED", name, e))?;
     let (pid, peer_uid) = (cred.pid.as_raw_nonzero().get() as u32, cred.uid.as_raw());
@@ -960,6 +970,7 @@ fn receive(
         ) {
             Ok(r) => break r,
             Err(Errno::INTR) => continue,
+            Err(Errno::CONNRESET) => return Ok(None),
             Err(Errno::AGAIN) => {
                 return Err(SegmentError::Timeout {
                     name: name.to_owned(),
@@ -1002,7 +1013,7 @@ fn receive(
             ),
         });
     }
-    fd.ok_or_else(|| SegmentError::NotOurs {
+    fd.map(Some).ok_or_else(|| SegmentError::NotOurs {
         name: name.to_owned(),
         what: "its rendezvous answered without a descriptor".into(),
     })

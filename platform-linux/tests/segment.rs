@@ -152,6 +152,27 @@ fn fetch_checks_who_offers() {
 }
 
 #[test]
+fn a_withdrawn_offer_is_no_offer() {
+    // The fetch connects into the listener's backlog and waits for an
+    // answer; the offer is withdrawn before serving it (or its listening
+    // descriptor lived on a moment in a forked child: how CI met this).
+    // The reset is "nobody offers", as a refused connection is: the fetch
+    // tries again and times out naming the segment, instead of failing at
+    // once with a socket error.
+    let name = unique("withdrawn");
+    let offer = Offer::new(&name).unwrap();
+    let peer = {
+        let name = name.clone();
+        std::thread::spawn(move || fetch(&name, None, Duration::from_millis(600)))
+    };
+    std::thread::sleep(Duration::from_millis(150));
+    drop(offer);
+    let err = peer.join().unwrap().unwrap_err();
+    assert!(matches!(err, SegmentError::Timeout { .. }), "{err:?}");
+    assert!(err.to_string().contains(&name), "{err}");
+}
+
+#[test]
 fn too_little_memory_is_a_clear_error() {
     let Some(available) = available_memory() else {
         panic!("neither /proc/meminfo nor the memory cgroup can be read");
