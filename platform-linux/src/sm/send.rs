@@ -212,6 +212,10 @@ pub(super) struct Stream {
 pub(super) enum Out {
     /// One fragment's worth, copied.
     Copy { tag: u8, data: Vec<u8> },
+    /// One fragment's worth read from the poster's memory when it leaves
+    /// ([`Sm::isend_raw`] of a small message behind others): no staging
+    /// copy, completes `op`.
+    Raw { tag: u8, parts: RawParts, op: OpId },
     /// Fragment after fragment.
     Stream(Stream),
     /// A single-copy rendezvous: the receiver reads `buf` from our memory.
@@ -232,6 +236,7 @@ impl Out {
     fn len(&self) -> u64 {
         match self {
             Out::Copy { data, .. } => data.len() as u64,
+            Out::Raw { .. } => 0,
             Out::Stream(s) => s._owned.as_ref().map_or(0, |o| o.len() as u64),
             Out::Rndv { owned, .. } => owned.as_ref().map_or(0, |o| o.len() as u64),
         }
@@ -328,9 +333,10 @@ impl Sm {
     }
 
     /// Sends the concatenation of `parts` to `peer` with `tag` without
-    /// copying large messages: a message up to a fragment is copied at once
-    /// ([`Posted::Done`]); a larger one is read from `parts` while it
-    /// travels, and completes with [`TEvent::Done`](crate::ops::TEvent::Done) for `op`.
+    /// copying large messages: a message up to a fragment that can leave at
+    /// once is copied into its fragment ([`Posted::Done`]); one behind
+    /// others, or larger, is read from `parts` when (while) it travels, and
+    /// completes with [`TEvent::Done`](crate::ops::TEvent::Done) for `op`.
     ///
     /// # Safety
     ///
@@ -350,14 +356,27 @@ impl Sm {
         if parts.len() as u64 > MAX_MESSAGE {
             return Err(PostError::TooLarge { max: MAX_MESSAGE });
         }
-        if parts.len() <= self.shm.get().engine.max_payload() as usize {
-            let mut slices = Vec::new();
-            // SAFETY: the caller's promise; the slices are used before
-            // returning.
-            unsafe { parts.slices(&mut slices) };
-            return self.isend(peer, tag, &slices).map(|()| Posted::Done);
-        }
         // Caller memory: only the message count is bounded.
+        if parts.len() <= self.shm.get().engine.max_payload() as usize {
+            if self.out[peer as usize].q.is_empty() {
+                let mut slices = Vec::new();
+                // SAFETY: the caller's promise; the slices are used before
+                // returning.
+                unsafe { parts.slices(&mut slices) };
+                if self.try_fragment(peer, tag, &slices)? {
+                    return Ok(Posted::Done);
+                }
+            }
+            // Behind others (or the ring is full): it waits in the queue
+            // as the caller's memory, not a staged copy (a pipelined
+            // stream of small sends, as Open MPI's ob1 makes of a large
+            // message without single copy, would otherwise allocate and
+            // copy each fragment twice).
+            self.admit(peer, 0)?;
+            self.enqueue(peer, Out::Raw { tag, parts, op });
+            self.pump(peer);
+            return Ok(Posted::Pending);
+        }
         self.admit(peer, 0)?;
         self.enqueue_large(peer, tag, parts, None, Some(op));
         self.pump(peer);
@@ -489,6 +508,20 @@ impl Sm {
                     }
                     Err(_) => return n,
                 },
+                Out::Raw { tag, parts, op } => {
+                    let (tag, op) = (*tag, *op);
+                    let mut views: Vec<&[u8]> = Vec::with_capacity(2);
+                    // SAFETY: the poster's promise (`isend_raw`): the
+                    // memory is valid and unchanged until `op` completes,
+                    // which is below, after the copy into the fragment.
+                    unsafe { parts.slices(&mut views) };
+                    if self.shm.get().engine.send(peer, tag, &views, 0).is_err() {
+                        return n;
+                    }
+                    n += 1;
+                    self.dequeue(peer);
+                    self.state.done.push((op, Ok(())));
+                }
                 Out::Rndv {
                     tag,
                     buf,
@@ -656,6 +689,7 @@ impl Sm {
         while let Some(item) = self.dequeue(peer) {
             let (op, pinned) = match item {
                 Out::Copy { .. } => (None, None),
+                Out::Raw { op, .. } => (Some(op), None),
                 Out::Stream(s) => (
                     s.op.filter(|_| matches!(s.kind, StreamKind::Message { .. })),
                     s.pinned,
@@ -684,6 +718,7 @@ impl Sm {
             o.q.retain(|item| match item {
                 Out::Stream(s) => s.op != Some(op),
                 Out::Rndv { op: o, .. } => *o != Some(op),
+                Out::Raw { op: o, .. } => *o != op,
                 Out::Copy { .. } => true,
             });
             if o.q.len() != before {
