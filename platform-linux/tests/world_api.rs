@@ -177,6 +177,82 @@ fn overlap(w: &mut World<'_>) -> R<String> {
     }
 }
 
+/// Small raw sends behind others: rank 1 stays away while rank 0 posts
+/// 4000 messages of one fragment each from memory it keeps (`isend_raw`);
+/// those that cannot leave at once wait in the queue as that memory (their
+/// requests complete when they leave, not when posted), and all arrive
+/// intact and in order. (Over TCP the kernel's buffers may take them all
+/// at once.)
+fn rawqueue(w: &mut World<'_>, tcp: bool) -> R<String> {
+    const N: u64 = 4000;
+    let size = |i: u64| 100 + (i as usize * 37) % 3000;
+    w.barrier().map_err(e)?;
+    match w.rank() {
+        0 => {
+            let msgs: Vec<Vec<u8>> = (0..N).map(|i| pattern(0, i, size(i))).collect();
+            let mut reqs = Vec::new();
+            let t0 = Instant::now();
+            for m in &msgs {
+                loop {
+                    // SAFETY: `msgs` outlives every request and is not
+                    // written meanwhile (all complete before it drops).
+                    match unsafe { w.isend_raw(1, TAG_DATA, &[m]) } {
+                        Ok(r) => {
+                            reqs.push(r);
+                            break;
+                        }
+                        Err(WorldError::WouldBlock { .. }) => {
+                            w.progress();
+                        }
+                        Err(err) => return Err(e(err)),
+                    }
+                    if t0.elapsed() > Duration::from_secs(60) {
+                        return Err("posting did not finish".into());
+                    }
+                }
+            }
+            let queued = reqs.iter().filter(|r| **r != Request::COMPLETE).count();
+            if queued == 0 && !tcp {
+                return Err("no send waited in the queue: the test did not test it".into());
+            }
+            for (i, r) in reqs.iter().enumerate() {
+                w.wait(*r).map_err(|err| format!("send {i}: {err}"))?;
+            }
+            w.barrier().map_err(e)?;
+            Ok(format!("{N} small raw sends, {queued} of them queued"))
+        }
+        1 => {
+            std::thread::sleep(Duration::from_millis(500));
+            let (mut got, mut bad) = (0u64, Vec::new());
+            w.drive("the small raw sends", Some(0), |_, ev| {
+                if let Event::Message {
+                    tag: TAG_DATA,
+                    data,
+                    ..
+                } = ev
+                {
+                    if data != pattern(0, got, size(got)).as_slice() {
+                        bad.push(got);
+                    }
+                    got += 1;
+                }
+                if got == N {
+                    Flow::Done
+                } else {
+                    Flow::Continue
+                }
+            })
+            .map_err(e)?;
+            if !bad.is_empty() {
+                return Err(format!("messages {bad:?} differ or are out of order"));
+            }
+            w.barrier().map_err(e)?;
+            Ok(format!("{N} messages intact, in order"))
+        }
+        _ => Ok("idle".into()),
+    }
+}
+
 /// Messages are handed out in place: the payload lies in the TCP read
 /// buffer or the shared segment (a fragment of the mapping), not in a fresh
 /// allocation — for every size up to the largest single-fragment message
@@ -405,6 +481,7 @@ fn role() {
         match scenario {
             "reqreply" => reqreply(&mut w),
             "overlap" => overlap(&mut w),
+            "rawqueue" => rawqueue(&mut w, transport == "tcp"),
             "inplace" => inplace(&mut w, transport == "tcp"),
             "regions" => {
                 let n = w.size() as usize;
@@ -458,6 +535,14 @@ fn posted_sends_overlap_with_computation() {
     if std::env::var_os("BTL_TEST_ROLE").is_none() {
         run_job(2, "overlap", "sm");
         run_job(2, "overlap", "tcp");
+    }
+}
+
+#[test]
+fn small_raw_sends_wait_in_order_as_the_callers_memory() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(2, "rawqueue", "sm");
+        run_job(2, "rawqueue", "tcp");
     }
 }
 

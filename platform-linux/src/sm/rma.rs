@@ -137,9 +137,17 @@ pub(super) fn decode_reply(b: &[u8]) -> Option<(u64, RmaStatus, u64)> {
     ))
 }
 
-/// Header of a GET_DATA chunk: request and offset within it. 16 bytes.
-pub(super) fn encode_get_data(req: u64, off: u64) -> [u8; 16] {
-    let mut b = [0; 16];
+/// Length of a GET_DATA chunk's header: request and offset within it (16
+/// bytes), padded to 32 so that, after the fragment's own 32-byte header,
+/// the data starts on a cache line of the (cache-line aligned) fragment, as
+/// a message chunk's does: copies whose source and destination are
+/// misaligned against each other are slower (`rep movsb` and vector copies
+/// alike).
+pub(super) const GET_DATA_LEN: usize = 32;
+
+/// A GET_DATA chunk's header.
+pub(super) fn encode_get_data(req: u64, off: u64) -> [u8; GET_DATA_LEN] {
+    let mut b = [0; GET_DATA_LEN];
     b[0..8].copy_from_slice(&req.to_le_bytes());
     b[8..16].copy_from_slice(&off.to_le_bytes());
     b
@@ -184,10 +192,8 @@ pub(super) struct RmaWait {
     /// The target's region and offset.
     pub(super) remote: (u32, u64),
     /// A large get whose transfer is timed for the bulk rates (see
-    /// [`super::send::BulkRates`]).
-    pub(super) timed: bool,
-    /// When it was posted.
-    pub(super) since: Instant,
+    /// [`super::send::BulkRates`]), with when it was posted.
+    pub(super) timed: Option<Instant>,
 }
 
 impl Sm {
@@ -245,12 +251,18 @@ impl Sm {
         // Single copy or fragments; a large get as measured for this peer
         // (the same two mechanisms, and measurements, as large sends) and
         // timed for them; mid-size ones are not (they would skew the
-        // rates).
-        let now = Instant::now();
+        // rates). How a get is timed: `recv_reply`.
         let single_ok = self.single_copy_pays(peer, dst.len());
         let large = single_ok && dst.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
-        let single =
-            single_ok && (!large || self.rates[peer as usize].choose(now) == Bulk::SingleCopy);
+        let (single, timed) = if large {
+            let now = Instant::now();
+            (
+                self.rates[peer as usize].choose(now) == Bulk::SingleCopy,
+                Some(now),
+            )
+        } else {
+            (single_ok, None)
+        };
         let wait = RmaWait {
             peer,
             op,
@@ -260,8 +272,7 @@ impl Sm {
                 WaitKind::Get { dst, got: 0 }
             },
             remote: (id, offset),
-            timed: large,
-            since: now,
+            timed,
         };
         self.send_get_req(req, wait)?;
         Ok(Posted::Pending)
@@ -310,8 +321,7 @@ impl Sm {
             op,
             kind: WaitKind::Put { single, src },
             remote: (id, offset),
-            timed: false,
-            since: Instant::now(),
+            timed: None,
         };
         self.send_put(req, wait)?;
         Ok(Posted::Pending)
@@ -411,6 +421,12 @@ impl Sm {
             }
         };
         self.check_peer(peer)?;
+        if get.len >= u64::from(self.params.min_rdma_pipeline_size) {
+            // A large transfer through fragments: the pipeline needs its
+            // depth, as a large send's (`enqueue_large`); alone, a 4 MiB get
+            // served from the start-up pool streamed at 6.7 GB/s.
+            self.shm.get().engine.lift_pool_limits();
+        }
         regions.pin(get.id);
         self.enqueue_stream(
             peer,

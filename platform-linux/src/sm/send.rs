@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use btl_core::sm::engine::{PeerState, SendError};
 
 use super::recv::Ctx;
-use super::rma::{encode_get_data, PutChunk};
+use super::rma::{encode_get_data, PutChunk, GET_DATA_LEN};
 use super::*;
 use crate::ops::{OpError, OpId, PostError, Posted, RawBuf, RawParts, Sink};
 use crate::regions::Regions;
@@ -586,8 +586,9 @@ impl Sm {
                                 PutChunk::LEN
                             }
                             StreamKind::GetData { req } => {
-                                hdr[..16].copy_from_slice(&encode_get_data(req, s.sent as u64));
-                                16
+                                hdr[..GET_DATA_LEN]
+                                    .copy_from_slice(&encode_get_data(req, s.sent as u64));
+                                GET_DATA_LEN
                             }
                         };
                         // A multiple of 64 bytes, so every chunk of the
