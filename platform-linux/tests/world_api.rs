@@ -249,7 +249,10 @@ fn rawqueue(w: &mut World<'_>, tcp: bool) -> R<String> {
             w.barrier().map_err(e)?;
             Ok(format!("{N} messages intact, in order"))
         }
-        _ => Ok("idle".into()),
+        _ => {
+            w.barrier().map_err(e)?;
+            Ok("idle".into())
+        }
     }
 }
 
