@@ -277,30 +277,84 @@ impl RawBuf {
     }
 }
 
-/// Several [`RawBuf`]s read as one message (a vectored send).
-#[derive(Clone, Debug, Default)]
+/// Pieces a [`RawParts`] keeps without allocating (a header and a payload,
+/// as Open MPI's descriptors have, fit).
+const INLINE_PARTS: usize = 2;
+
+/// Slices [`RawParts::with_slices`] builds on the stack.
+const STACK_SLICES: usize = 4;
+
+/// Several [`RawBuf`]s read as one message (a vectored send). Up to two
+/// pieces are kept inline: posting a message, the per-fragment path of a
+/// pipelined large message, allocates nothing.
+#[derive(Clone, Debug)]
 pub struct RawParts {
-    parts: Vec<RawBuf>,
+    inline: [RawBuf; INLINE_PARTS],
+    /// Pieces in `inline` (when `spill` is empty).
+    n: usize,
+    /// All the pieces, when there are more than fit inline.
+    spill: Vec<RawBuf>,
     len: usize,
+}
+
+impl Default for RawParts {
+    fn default() -> Self {
+        Self {
+            inline: [RawBuf::empty(); INLINE_PARTS],
+            n: 0,
+            spill: Vec::new(),
+            len: 0,
+        }
+    }
 }
 
 impl RawParts {
     /// Names the slices of `parts`, in order.
     pub fn new(parts: &[&[u8]]) -> Self {
-        let mut v = Vec::with_capacity(parts.len());
-        let mut len = 0usize;
+        let mut r = Self::default();
         for p in parts.iter().filter(|p| !p.is_empty()) {
-            v.push(RawBuf::new(p));
-            len += p.len();
+            r.push(RawBuf::new(p));
         }
-        Self { parts: v, len }
+        r
+    }
+
+    /// Names `bufs`, in order (empty ones skipped).
+    pub fn from_bufs(bufs: impl IntoIterator<Item = RawBuf>) -> Self {
+        let mut r = Self::default();
+        for b in bufs.into_iter().filter(|b| !b.is_empty()) {
+            r.push(b);
+        }
+        r
     }
 
     /// One buffer.
     pub fn one(b: RawBuf) -> Self {
-        Self {
-            len: b.len(),
-            parts: if b.is_empty() { Vec::new() } else { vec![b] },
+        let mut r = Self::default();
+        if !b.is_empty() {
+            r.push(b);
+        }
+        r
+    }
+
+    fn push(&mut self, b: RawBuf) {
+        self.len += b.len();
+        if self.spill.is_empty() && self.n < INLINE_PARTS {
+            self.inline[self.n] = b;
+            self.n += 1;
+        } else {
+            if self.spill.is_empty() {
+                self.spill.extend_from_slice(&self.inline[..self.n]);
+            }
+            self.spill.push(b);
+        }
+    }
+
+    /// The pieces, in order.
+    fn parts(&self) -> &[RawBuf] {
+        if self.spill.is_empty() {
+            &self.inline[..self.n]
+        } else {
+            &self.spill
         }
     }
 
@@ -316,7 +370,7 @@ impl RawParts {
 
     /// The single contiguous buffer, if the message is one piece.
     pub fn contiguous(&self) -> Option<RawBuf> {
-        match self.parts.as_slice() {
+        match self.parts() {
             [] => Some(RawBuf::empty()),
             [one] => Some(*one),
             _ => None,
@@ -327,7 +381,7 @@ impl RawParts {
     /// `out` (cleared first).
     pub fn range(&self, mut off: usize, mut len: usize, out: &mut Vec<RawBuf>) {
         out.clear();
-        for p in &self.parts {
+        for p in self.parts() {
             if len == 0 {
                 break;
             }
@@ -352,7 +406,30 @@ impl RawParts {
     pub unsafe fn slices(&self, out: &mut Vec<&[u8]>) {
         out.clear();
         // SAFETY: the caller's promise, part by part.
-        out.extend(self.parts.iter().map(|p| unsafe { p.as_slice() }));
+        out.extend(self.parts().iter().map(|p| unsafe { p.as_slice() }));
+    }
+
+    /// Calls `f` with the slices of the message, gathered on the stack
+    /// when there are few (no allocation on a message's fast path).
+    ///
+    /// # Safety
+    ///
+    /// As [`RawBuf::as_slice`], for every part, for the duration of `f`.
+    pub unsafe fn with_slices<R>(&self, f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        let parts = self.parts();
+        if parts.len() <= STACK_SLICES {
+            let mut a: [&[u8]; STACK_SLICES] = [&[]; STACK_SLICES];
+            for (d, p) in a.iter_mut().zip(parts) {
+                // SAFETY: the caller's promise, part by part.
+                *d = unsafe { p.as_slice() };
+            }
+            f(&a[..parts.len()])
+        } else {
+            let mut v = Vec::new();
+            // SAFETY: the caller's promise.
+            unsafe { self.slices(&mut v) };
+            f(&v)
+        }
     }
 }
 
@@ -393,5 +470,27 @@ mod tests {
         assert_eq!(out[0].len(), 1);
         assert!(RawBuf::from_raw(std::ptr::null_mut(), 1).is_none());
         assert!(RawBuf::from_raw(std::ptr::null_mut(), 0).is_some());
+    }
+
+    #[test]
+    fn raw_parts_inline_spilled_and_gathered_alike() {
+        let bufs: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; usize::from(i) + 1]).collect();
+        for n in 0..=bufs.len() {
+            let refs: Vec<&[u8]> = bufs[..n].iter().map(|b| b.as_slice()).collect();
+            let want = refs.concat();
+            let p = RawParts::new(&refs);
+            assert_eq!(p.len(), want.len(), "{n} parts");
+            assert_eq!(p.contiguous().is_some(), n <= 1, "{n} parts");
+            // SAFETY: `bufs` lives for the whole test and is not written.
+            let got = unsafe { p.with_slices(|s| (s.len(), s.concat())) };
+            assert_eq!(got, (n, want.clone()), "{n} parts");
+            let mut out = Vec::new();
+            p.range(0, want.len(), &mut out);
+            assert_eq!(out.len(), n, "{n} parts");
+            let mut v = Vec::new();
+            // SAFETY: as above.
+            unsafe { p.slices(&mut v) };
+            assert_eq!(v.concat(), want, "{n} parts");
+        }
     }
 }

@@ -35,6 +35,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use btl_core::rma::RmaStatus;
+use btl_linux::ops::{RawBuf, RawParts};
 use btl_linux::wireup::Identity;
 use btl_linux::world::{
     Builder, Event, Limits, Opened, PollCx, RegionKey, Request, World, WorldError, MAX_USER_TAG,
@@ -433,7 +434,7 @@ enum Deferred {
     Send {
         peer: u32,
         tag: u8,
-        parts: Vec<(usize, usize)>,
+        parts: RawParts,
         ctx: usize,
     },
     Rma {
@@ -768,14 +769,10 @@ impl btl_t {
                     parts,
                     ctx,
                 } => {
-                    let slices: Vec<&[u8]> = parts
-                        .iter()
-                        // SAFETY: the caller of btl_isend promised the
-                        // memory stays valid until the completion event.
-                        .map(|&(p, l)| unsafe { slice(p as *const u8, l) })
-                        .collect();
-                    // SAFETY: as above.
-                    (unsafe { w.isend_raw(*peer, *tag, &slices) }, *ctx, *peer)
+                    // SAFETY: the caller of btl_isend promised the memory
+                    // stays valid until the completion event.
+                    let r = unsafe { parts.with_slices(|s| w.isend_raw(*peer, *tag, s)) };
+                    (r, *ctx, *peer)
                 }
                 Deferred::Rma {
                     put,
@@ -1624,7 +1621,13 @@ pub unsafe extern "C" fn btl_isend(
             return Err(fail(BTL_ERR_STATE, "not allowed during btl_connect"));
         }
         if h.must_defer() {
-            let parts = v.iter().map(|p| (p.base as usize, p.len)).collect();
+            // No allocation for a header and a payload (Open MPI's
+            // descriptors): ob1 posts its pipeline's next fragment from
+            // the completion callback of the last.
+            let parts = RawParts::from_bufs(
+                v.iter()
+                    .filter_map(|p| RawBuf::from_raw(p.base as *mut u8, p.len)),
+            );
             h.side.borrow_mut().deferred.push_back(Deferred::Send {
                 peer: rank,
                 tag,

@@ -172,6 +172,7 @@ impl Sm {
             busy_peers: 0,
             limits: DEFAULT_QUEUE_LIMITS,
             unpins: Vec::new(),
+            pump_pieces: Vec::new(),
             next_cookie: 0,
             next_req: 0,
         })

@@ -93,7 +93,7 @@ use btl_core::sm::layout::SizeError;
 use btl_core::sm::params::SmParams;
 use btl_core::sync::AtomicU64;
 
-use crate::ops::{QueueLimits, Sink, TEvent};
+use crate::ops::{QueueLimits, RawBuf, Sink, TEvent};
 use crate::regions::Regions;
 use crate::segment::{Attached, SegmentError, View};
 
@@ -272,6 +272,9 @@ pub struct Sm {
     /// Regions to unpin at the next progress pass (streams that read them
     /// finished).
     unpins: Vec<u32>,
+    /// The pieces of the fragment being sent by `pump` (kept to reuse its
+    /// allocation).
+    pump_pieces: Vec<RawBuf>,
     next_cookie: u64,
     next_req: u64,
 }

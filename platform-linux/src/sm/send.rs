@@ -359,11 +359,9 @@ impl Sm {
         // Caller memory: only the message count is bounded.
         if parts.len() <= self.shm.get().engine.max_payload() as usize {
             if self.out[peer as usize].q.is_empty() {
-                let mut slices = Vec::new();
                 // SAFETY: the caller's promise; the slices are used before
                 // returning.
-                unsafe { parts.slices(&mut slices) };
-                if self.try_fragment(peer, tag, &slices)? {
+                if unsafe { parts.with_slices(|s| self.try_fragment(peer, tag, s)) }? {
                     return Ok(Posted::Done);
                 }
             }
@@ -492,8 +490,15 @@ impl Sm {
     /// Moves `peer`'s queue along as far as fragments and its ring allow.
     /// Returns how many fragments went out.
     pub(super) fn pump(&mut self, peer: u32) -> usize {
+        let mut slices = std::mem::take(&mut self.pump_pieces);
+        let n = self.pump_with(peer, &mut slices);
+        self.pump_pieces = slices;
+        n
+    }
+
+    /// [`Self::pump`], with `slices` for the pieces of each fragment.
+    fn pump_with(&mut self, peer: u32, slices: &mut Vec<RawBuf>) -> usize {
         let mut n = 0;
-        let mut slices: Vec<RawBuf> = Vec::new();
         loop {
             let max = self.shm.get().engine.max_payload() as usize;
             let Some(head) = self.out[peer as usize].q.front_mut() else {
@@ -510,12 +515,11 @@ impl Sm {
                 },
                 Out::Raw { tag, parts, op } => {
                     let (tag, op) = (*tag, *op);
-                    let mut views: Vec<&[u8]> = Vec::with_capacity(2);
+                    let engine = &mut self.shm.get().engine;
                     // SAFETY: the poster's promise (`isend_raw`): the
                     // memory is valid and unchanged until `op` completes,
                     // which is below, after the copy into the fragment.
-                    unsafe { parts.slices(&mut views) };
-                    if self.shm.get().engine.send(peer, tag, &views, 0).is_err() {
+                    if unsafe { parts.with_slices(|s| engine.send(peer, tag, s, 0)) }.is_err() {
                         return n;
                     }
                     n += 1;
@@ -596,19 +600,35 @@ impl Sm {
                         // alignment (faster copies).
                         let step = (max - hlen) & !63;
                         let len = step.min(total - s.sent);
-                        s.parts.range(s.sent, len, &mut slices);
+                        s.parts.range(s.sent, len, slices);
                         let tag = match s.kind {
                             StreamKind::Message { .. } => TAG_CHUNK,
                             StreamKind::PutData { .. } => rma::TAG_PUT_DATA,
                             StreamKind::GetData { .. } => rma::TAG_GET_DATA,
                         };
-                        let mut all: Vec<&[u8]> = Vec::with_capacity(slices.len() + 1);
-                        all.push(&hdr[..hlen]);
-                        // SAFETY: the stream's memory is valid until it
-                        // completes: the poster's promise (`isend_raw`, the
-                        // job API's pinned regions) or its own staged copy.
-                        all.extend(slices.iter().map(|r| unsafe { r.as_slice() }));
-                        if self.shm.get().engine.send(peer, tag, &all, 0).is_err() {
+                        // The header and the pieces, gathered on the stack
+                        // when few (one fragment of a contiguous stream:
+                        // two), without an allocation per fragment.
+                        let engine = &mut self.shm.get().engine;
+                        let mut few: [&[u8]; 4] = [&[]; 4];
+                        let mut many: Vec<&[u8]> = Vec::new();
+                        let all: &[&[u8]] = if slices.len() < few.len() {
+                            few[0] = &hdr[..hlen];
+                            for (d, r) in few[1..].iter_mut().zip(slices.iter()) {
+                                // SAFETY: the stream's memory is valid until
+                                // it completes: the poster's promise
+                                // (`isend_raw`, the job API's pinned
+                                // regions) or its own staged copy.
+                                *d = unsafe { r.as_slice() };
+                            }
+                            &few[..=slices.len()]
+                        } else {
+                            many.push(&hdr[..hlen]);
+                            // SAFETY: as above.
+                            many.extend(slices.iter().map(|r| unsafe { r.as_slice() }));
+                            &many
+                        };
+                        if engine.send(peer, tag, all, 0).is_err() {
                             return n;
                         }
                         n += 1;
