@@ -422,9 +422,10 @@ impl Sm {
         };
         self.check_peer(peer)?;
         if get.len >= u64::from(self.params.min_rdma_pipeline_size) {
-            // A large transfer through fragments: the pipeline needs its
-            // depth, as a large send's (`enqueue_large`); alone, a 4 MiB get
-            // served from the start-up pool streamed at 6.7 GB/s.
+            // A large transfer through fragments: the pool may grow to the
+            // pipeline's depth, as for a large send (`enqueue_large`), not
+            // stay at the start-up size kept while single copy carries
+            // large messages.
             self.shm.get().engine.lift_pool_limits();
         }
         regions.pin(get.id);
