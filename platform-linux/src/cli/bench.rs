@@ -454,9 +454,9 @@ pub fn run_on(
                 t0 = Instant::now();
             }
             if me == 0 {
-                for _ in 0..window {
-                    sm.send(peer, TAG_DATA, &buf)?;
-                }
+                // The window's messages in flight together (a blocking send
+                // each would wait for every large one before the next).
+                sm.send_window(peer, TAG_DATA, &buf, window)?;
                 sm.drive(
                     "the window's acknowledgement",
                     Some(peer),

@@ -26,6 +26,15 @@ pub trait Transport {
     fn size(&self) -> u32;
     /// Sends a message; returns when `data` may be reused.
     fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), BoxError>;
+    /// Sends `data` `count` times, as many in flight together as the
+    /// transport allows (a bandwidth window); returns when `data` may be
+    /// reused. By default one after the other.
+    fn send_window(&mut self, peer: u32, tag: u8, data: &[u8], count: u64) -> Result<(), BoxError> {
+        for _ in 0..count {
+            self.send(peer, tag, data)?;
+        }
+        Ok(())
+    }
     /// One non-blocking progress pass; events go to `f` (its
     /// [`Flow`] is ignored).
     fn poll(&mut self, f: &mut Consumer<'_>) -> usize;
@@ -83,6 +92,9 @@ impl Transport for World<'_> {
     }
     fn send(&mut self, peer: u32, tag: u8, data: &[u8]) -> Result<(), BoxError> {
         Ok(World::send(self, peer, tag, data)?)
+    }
+    fn send_window(&mut self, peer: u32, tag: u8, data: &[u8], count: u64) -> Result<(), BoxError> {
+        Ok(World::send_window(self, peer, tag, data, count)?)
     }
     fn poll(&mut self, f: &mut Consumer<'_>) -> usize {
         World::poll(self, |o, e| {

@@ -516,6 +516,49 @@ impl<'m> World<'m> {
         self.finish_borrowed(req)
     }
 
+    /// Sends `data` to rank `peer` with `tag` `count` times, all in flight
+    /// together (as a window of `MPI_Isend`s of one buffer): returns when
+    /// every one completed and `data` may be reused. On an error the sends
+    /// still outstanding are cancelled before it returns.
+    pub fn send_window(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        data: &[u8],
+        count: u64,
+    ) -> Result<(), WorldError> {
+        let mut reqs = Vec::with_capacity(usize::try_from(count).unwrap_or(0).min(1 << 16));
+        let mut result = Ok(());
+        for _ in 0..count {
+            let req = self.retry_would_block(peer, |w| {
+                // SAFETY: `data` outlives this call, which waits for every
+                // request or cancels it (below).
+                unsafe { w.post_send(peer, tag, RawParts::new(&[data])) }
+            });
+            match req {
+                Ok(r) => reqs.push(r),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let mut reqs = reqs.into_iter();
+        if result.is_ok() {
+            for r in reqs.by_ref() {
+                // `wait` cancels its request on an error.
+                if let Err(e) = self.wait(r) {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        for r in reqs {
+            self.cancel(r);
+        }
+        result
+    }
+
     /// Writes `src` at `offset` of the region `key` (of any rank):
     /// `Ok(Err(status))` when the target refused it.
     pub fn put(
