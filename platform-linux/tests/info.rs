@@ -4,12 +4,13 @@ use std::process::{Command, Output};
 
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
-/// The 25 parameters of the `sm` component, in table order.
-const SM_PARAMS: [&str; 25] = [
+/// The 26 parameters of the `sm` component, in table order.
+const SM_PARAMS: [&str; 26] = [
     "use_knem",
     "knem_dma_min",
     "knem_max_simultaneous",
     "use_cma",
+    "cma_split_min",
     "free_list_num",
     "free_list_max",
     "free_list_inc",

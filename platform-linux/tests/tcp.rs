@@ -159,7 +159,11 @@ fn hostile_clients_are_dropped_and_the_job_completes() {
             "--transport",
             "tcp",
         ])
-        .args(["--messages", "300000", "--max-size", "200"])
+        // Long enough (about 3.5 s here) to outlive the unfinished
+        // handshake's 1 s timeout below: with 300000 messages the job
+        // ended after about a second, sometimes before that timeout
+        // fired, and the connection closed unreported.
+        .args(["--messages", "1000000", "--max-size", "200"])
         .env("BTL_TCP_HANDSHAKE_TIMEOUT", "1000")
         // Records in the session directory, where this test reads the
         // ranks' addresses.

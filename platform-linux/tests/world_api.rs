@@ -470,6 +470,128 @@ fn cycle(w: &mut World<'_>) -> R<String> {
     ))
 }
 
+/// The number just before `label` in a summary line.
+fn counter(summary: &str, label: &str) -> R<u64> {
+    let at = summary
+        .find(label)
+        .ok_or_else(|| format!("no {label:?} in {summary}"))?;
+    summary[..at]
+        .rsplit(' ')
+        .next()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| format!("no count before {label:?} in {summary}"))
+}
+
+const SPLIT_GETS: &str = " get(s) split with the target";
+const SPLIT_WRITTEN: &str = " B written into peers' split gets";
+
+/// Large gets over shared memory, which single copy splits with the
+/// target (`split`: it writes the second half into our memory while we
+/// read the first) unless `cma_split_min` is 0 (`nosplit`): odd offsets
+/// and lengths, one below the threshold, a window of gets at once, and a
+/// target that answers only after the split's deadline (it must then
+/// write nothing, and the get still completes with the right bytes).
+fn split(w: &mut World<'_>, on: bool) -> R<String> {
+    let (me, n) = (w.rank(), w.size());
+    if !w.describe().contains("single copy (CMA)") {
+        return Err(format!("single copy is not available: {}", w.describe()));
+    }
+    let len = (4 << 20) + 8192;
+    let key = w.register_owned(pattern(me, 11, len).into_boxed_slice());
+    let keys = exchange_keys(w, key)?;
+    let next = (me + 1) % n;
+    let k = keys[next as usize].ok_or("missing key")?;
+    let want = pattern(next, 11, len);
+    let scratch = w.register_owned(vec![0u8; len].into_boxed_slice());
+    // (remote offset, length, local offset)
+    let one_by_one = [
+        (0, 128 << 10, 0),
+        (3, (1 << 20) + 1, 5),
+        (4097, (4 << 20) + 13, 77),
+        (1, 100 << 10, 9),
+    ];
+    for (roff, l, loff) in one_by_one {
+        let r = w
+            .iget(&scratch, loff as u64, &k, roff as u64, l as u64)
+            .map_err(e)?;
+        w.wait(r).map_err(e)?;
+        let got = &w.region(&scratch).ok_or("scratch gone")?[loff..loff + l];
+        if got != &want[roff..roff + l] {
+            let bad = got.iter().zip(&want[roff..]).position(|(a, b)| a != b);
+            return Err(format!(
+                "get of {l} B at {roff} from rank {next}: wrong bytes from {bad:?}"
+            ));
+        }
+    }
+    // A window: eight gets of 512 KiB in flight at once.
+    let piece = 512 << 10;
+    let mut reqs = Vec::new();
+    for i in 0..8u64 {
+        let off = i * piece as u64 + i;
+        reqs.push(w.iget(&scratch, off, &k, off, piece as u64).map_err(e)?);
+    }
+    for r in reqs {
+        w.wait(r).map_err(e)?;
+    }
+    let got = w.region(&scratch).ok_or("scratch gone")?;
+    for i in 0..8usize {
+        let off = i * piece + i;
+        if got[off..off + piece] != want[off..off + piece] {
+            return Err(format!("windowed get {i} from rank {next}: wrong bytes"));
+        }
+    }
+    w.barrier().map_err(e)?;
+    let summary = w.summary();
+    let (splits, written) = (
+        counter(&summary, SPLIT_GETS)?,
+        counter(&summary, SPLIT_WRITTEN)?,
+    );
+    // Three of the four one by one (not the one below the threshold) and
+    // the eight of the window.
+    if on && (splits != 11 || written == 0) {
+        return Err(format!(
+            "expected 11 split gets and bytes written: {summary}"
+        ));
+    }
+    if !on && (splits != 0 || written != 0) {
+        return Err(format!("cma_split_min=0 but gets were split: {summary}"));
+    }
+    // A late target: rank 0 answers rank 1's get only after the deadline.
+    let k0 = keys[0].ok_or("missing key")?;
+    let l = 1 << 20;
+    // Rank 0 sleeps without progressing; rank 1 posts once rank 0 surely
+    // sleeps, so rank 0 takes the request up a second after its post (ten
+    // times the deadline).
+    if me == 0 {
+        w.barrier().map_err(e)?;
+        std::thread::sleep(Duration::from_millis(1500));
+    } else if me == 1 {
+        w.barrier().map_err(e)?;
+        std::thread::sleep(Duration::from_millis(500));
+        let r = w.iget(&scratch, 0, &k0, 64, l as u64).map_err(e)?;
+        w.wait(r).map_err(e)?;
+        if w.region(&scratch).ok_or("scratch gone")?[..l] != pattern(0, 11, len)[64..64 + l] {
+            return Err("the late target's get returned the wrong bytes".into());
+        }
+    } else {
+        w.barrier().map_err(e)?;
+    }
+    w.barrier().map_err(e)?;
+    let late = w.summary();
+    if me == 0 && counter(&late, SPLIT_WRITTEN)? != written {
+        return Err(format!(
+            "the late target wrote after the deadline: {written} B before, {late}"
+        ));
+    }
+    if me == 1 && counter(&late, SPLIT_GETS)? != splits + u64::from(on) {
+        return Err(format!(
+            "the late get did not complete as a split one: {late}"
+        ));
+    }
+    w.barrier().map_err(e)?;
+    Ok(format!("large gets, split={on}: {late}"))
+}
+
 #[test]
 fn role() {
     let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
@@ -480,7 +602,16 @@ fn role() {
     // Declared before the world, so it outlives it.
     let mut mem = vec![0u8; 4 * 8192];
     let r = (|| -> R<String> {
-        let mut w = Builder::new().transports(choice).init().map_err(e)?;
+        let mut b = Builder::new().transports(choice);
+        if scenario.ends_with("split") {
+            // Every get above one eager fragment by single copy (none of
+            // them large enough for the measured choice of mechanism).
+            b = b.set("sm", "min_rdma_pipeline_size", "64M").map_err(e)?;
+        }
+        if scenario == "nosplit" {
+            b = b.set("sm", "cma_split_min", "0").map_err(e)?;
+        }
+        let mut w = b.init().map_err(e)?;
         match scenario {
             "reqreply" => reqreply(&mut w),
             "overlap" => overlap(&mut w),
@@ -491,6 +622,8 @@ fn role() {
                 regions(&mut w, &mut mem[..n * 8192])
             }
             "cycle" => cycle(&mut w),
+            "split" => split(&mut w, true),
+            "nosplit" => split(&mut w, false),
             other => Err(format!("unknown scenario {other}")),
         }
     })();
@@ -562,6 +695,15 @@ fn registered_user_memory_and_keys() {
     if std::env::var_os("BTL_TEST_ROLE").is_none() {
         run_job(3, "regions", "sm");
         run_job(3, "regions", "tcp");
+    }
+}
+
+#[test]
+fn large_gets_are_split_with_the_target() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(2, "split", "sm");
+        run_job(3, "split", "sm");
+        run_job(2, "nosplit", "sm");
     }
 }
 

@@ -48,7 +48,7 @@ pub const MAX_FBOX_MAX: u32 = 1024;
 pub const MAX_FIFO_SIZE: u32 = 1 << 30;
 
 /// Number of parameters of the `sm` component (the length of [`SM_PARAMS`]).
-pub const SM_PARAM_COUNT: usize = 25;
+pub const SM_PARAM_COUNT: usize = 26;
 
 /// Identifies one `sm` parameter; its discriminant indexes [`SM_PARAMS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +63,8 @@ pub enum ParamId {
     KnemMaxSimultaneous,
     /// `use_cma`
     UseCma,
+    /// `cma_split_min` (btl's)
+    CmaSplitMin,
     /// `free_list_num`
     FreeListNum,
     /// `free_list_max`
@@ -114,6 +116,7 @@ impl ParamId {
         ParamId::KnemDmaMin,
         ParamId::KnemMaxSimultaneous,
         ParamId::UseCma,
+        ParamId::CmaSplitMin,
         ParamId::FreeListNum,
         ParamId::FreeListMax,
         ParamId::FreeListInc,
@@ -194,6 +197,15 @@ pub static SM_PARAMS: [ParamDef; SM_PARAM_COUNT] = table(
             "Whether or not to enable CMA (btl: on by default, unlike the seed's 0, which \
              reflected an optional build feature; btl always has CMA, probes it against every \
              peer at start and falls back to the pipelined copy where the kernel refuses it)",
+        ),
+        ParamDef::number("cma_split_min", ParamKind::Size, 131072, (0, U32_MAX)).doc(
+            5,
+            "0 (never) or a size in bytes (k, M, G suffixes allowed)",
+            "Smallest single-copy get that the two processes copy together: the target writes \
+             the second half into the requester's memory (process_vm_writev) while the \
+             requester reads the first half (process_vm_readv), so two cores copy at once \
+             instead of one. Only as the requester asks, with a deadline after which the \
+             target leaves the rest to the requester. 0 lets the requester copy alone.",
         ),
         base::free_list_num("Number of max-size fragments each process allocates up front."),
         base::free_list_max(),
@@ -328,6 +340,9 @@ pub struct SmParams {
     pub knem_max_simultaneous: u32,
     /// Whether single copy through CMA (`process_vm_readv`) is enabled.
     pub use_cma: bool,
+    /// Smallest single-copy get split between requester and target (0:
+    /// never).
+    pub cma_split_min: u32,
     /// Max-size fragments allocated up front.
     pub free_list_num: i32,
     /// Maximum fragments per free list (-1 = unlimited).
@@ -390,6 +405,7 @@ impl SmParams {
             knem_dma_min: 0,
             knem_max_simultaneous: 0,
             use_cma: true,
+            cma_split_min: 128 * 1024,
             free_list_num: 8,
             free_list_max: -1,
             free_list_inc: 64,
@@ -422,6 +438,7 @@ impl SmParams {
             ParamId::KnemDmaMin => i64::from(self.knem_dma_min),
             ParamId::KnemMaxSimultaneous => i64::from(self.knem_max_simultaneous),
             ParamId::UseCma => i64::from(self.use_cma),
+            ParamId::CmaSplitMin => i64::from(self.cma_split_min),
             ParamId::FreeListNum => i64::from(self.free_list_num),
             ParamId::FreeListMax => i64::from(self.free_list_max),
             ParamId::FreeListInc => i64::from(self.free_list_inc),
@@ -489,6 +506,7 @@ impl Params for SmParams {
             ParamId::KnemDmaMin => self.knem_dma_min = v.to_u32()?,
             ParamId::KnemMaxSimultaneous => self.knem_max_simultaneous = v.to_u32()?,
             ParamId::UseCma => self.use_cma = v.to_bool()?,
+            ParamId::CmaSplitMin => self.cma_split_min = v.to_u32()?,
             ParamId::FreeListNum => self.free_list_num = v.to_i32()?,
             ParamId::FreeListMax => self.free_list_max = v.to_i32()?,
             ParamId::FreeListInc => self.free_list_inc = v.to_i32()?,

@@ -125,6 +125,15 @@ impl Sm {
         self.state.partial[peer as usize] = None;
         self.state.acks.retain(|a| a.0 != peer);
         self.state.puts_in.retain(|&(p, _), _| p != peer);
+        // A failed peer may be alive (declared failed for what it wrote):
+        // the memory of a split get it may still be writing into is given
+        // back only once it can no longer (see `Sm::cancel`).
+        if let Some(until) = self.state.split_release(|w| w.peer == peer) {
+            log::debug!(
+                "local rank {peer} failed during a split get: waiting until it can no longer write"
+            );
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        }
         let lost: Vec<u64> = self
             .state
             .waiting

@@ -501,6 +501,12 @@ impl Sm {
         self.state.rma_single_copies
     }
 
+    /// Split single copies so far: (our gets completed so, bytes we wrote
+    /// into peers' memory for theirs).
+    pub fn split_copies(&self) -> (u64, u64) {
+        (self.state.split_gets, self.state.split_written)
+    }
+
     /// Messages sent through fast boxes (no fragment, no ACK) so far.
     pub fn fbox_sent(&self) -> u64 {
         self.shm.view().engine.fbox_sent()

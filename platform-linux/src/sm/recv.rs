@@ -14,7 +14,7 @@ use btl_core::rma::RmaStatus;
 use btl_core::sm::engine::{Dispatch, PeerError};
 use btl_core::sm::frag::FragView;
 
-use super::rma::{self, PutChunk, RangeReq, RmaWait, Work};
+use super::rma::{self, PutChunk, RangeReq, RmaWait, SplitTail, Work};
 use super::send::{Bulk, Chunk, Rndv};
 use super::{MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_RNDV};
 use crate::cma;
@@ -119,6 +119,13 @@ pub(super) struct State {
     /// One-sided transfers this rank moved by single copy (gets it read,
     /// puts it read into its region as their target).
     pub(super) rma_single_copies: u64,
+    /// Per peer: whether we write the parts of its split gets (until the
+    /// kernel refuses one).
+    pub(super) split_write_ok: Vec<bool>,
+    /// Our gets completed by a split single copy (of `rma_single_copies`).
+    pub(super) split_gets: u64,
+    /// Bytes we wrote into peers' memory for their split gets.
+    pub(super) split_written: u64,
 }
 
 impl State {
@@ -157,7 +164,27 @@ impl State {
             bulk_samples: Vec::new(),
             last_get_done: vec![None; nprocs as usize],
             rma_single_copies: 0,
+            split_write_ok: vec![true; nprocs as usize],
+            split_gets: 0,
+            split_written: 0,
         }
+    }
+
+    /// The latest time until which a target may still be writing into the
+    /// destination of one of our split gets that `which` selects and whose
+    /// last answer has not come (see `rma::SPLIT_GRACE`), if any is later
+    /// than now: such a get's memory is given back only then.
+    pub(super) fn split_release(&self, which: impl Fn(&RmaWait) -> bool) -> Option<Instant> {
+        let now = Instant::now();
+        self.waiting
+            .values()
+            .filter(|w| which(w))
+            .filter_map(|w| match w.kind {
+                rma::WaitKind::GetSplit { release, .. } => Some(release),
+                _ => None,
+            })
+            .max()
+            .filter(|&r| r > now)
     }
 }
 
@@ -346,10 +373,35 @@ impl Ctx<'_, '_> {
     /// address (single copy: the requester reads it) or served in
     /// fragments.
     fn recv_get_req(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let Some(get) = self.range_req(peer, frag, "get request") else {
-            return false;
+        let (get, tail) = if frag.info.len as usize == RangeReq::LEN + SplitTail::LEN {
+            // A split get: the range, then its tail.
+            let mut b = [0u8; RangeReq::LEN + SplitTail::LEN];
+            let req = frag
+                .copy_payload(&mut b)
+                .ok()
+                .and_then(|()| RangeReq::decode(&b[..RangeReq::LEN]))
+                .filter(|r| r.addr == rma::GET_SPLIT)
+                .zip(SplitTail::decode(&b[RangeReq::LEN..]))
+                .filter(|(r, t)| t.at <= r.len);
+            let Some((get, tail)) = req else {
+                violation!(self.st, peer, "malformed split get request");
+                return false;
+            };
+            (get, Some(tail))
+        } else {
+            let Some(get) = self.range_req(peer, frag, "get request") else {
+                return false;
+            };
+            (get, None)
         };
         match self.regions.range(get.id, get.offset, get.len) {
+            Ok(_) if get.addr == rma::GET_SPLIT => match tail {
+                Some(tail) => self.st.work.push(Work::Split { peer, get, tail }),
+                None => {
+                    violation!(self.st, peer, "split get request without its tail");
+                    return false;
+                }
+            },
             Ok(src) if get.addr == rma::GET_BY_SINGLE_COPY => self.st.work.push(Work::Reply {
                 peer,
                 req: get.req,
@@ -467,7 +519,7 @@ impl Ctx<'_, '_> {
         let result = match (status, w.kind) {
             (RmaStatus::Ok, rma::WaitKind::GetSingle { dst }) => {
                 // The target checked the range; we read it from its memory
-                // into ours (a process only ever writes its own memory).
+                // into ours.
                 // SAFETY: `dst` is the local side of our get, kept valid and
                 // unused by the caller until the operation completes (the
                 // job API pins its region; see `RawBuf`).
@@ -485,6 +537,108 @@ impl Ctx<'_, '_> {
                         log::warn!(
                             "single-copy get from local rank {peer} failed: {e}; using fragments"
                         );
+                        self.st.cma_ok[peer as usize] = false;
+                        self.st.work.push(Work::RetryGet {
+                            peer,
+                            req,
+                            wait: RmaWait {
+                                peer,
+                                op: w.op,
+                                kind: rma::WaitKind::Get { dst, got: 0 },
+                                remote: w.remote,
+                                timed: None,
+                            },
+                        });
+                        return true;
+                    }
+                }
+            }
+            (
+                RmaStatus::Ok,
+                rma::WaitKind::GetSplit {
+                    dst,
+                    at,
+                    src: None,
+                    release,
+                    ..
+                },
+            ) => {
+                // The first answer: the target writes `dst[at..]` now; we
+                // read `dst[..at]` meanwhile, then wait for its second.
+                let head = dst.sub(0, at).expect("at <= len (iget)");
+                // SAFETY: `dst` is the local side of our get (see
+                // GetSingle); the target writes only `dst[at..]`.
+                let head_ok = match self.st.cma_read(peer, addr, unsafe { head.as_mut_slice() }) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        log::warn!(
+                            "single-copy get from local rank {peer} failed: {e}; using fragments"
+                        );
+                        self.st.cma_ok[peer as usize] = false;
+                        false
+                    }
+                };
+                let mut w = w;
+                w.kind = rma::WaitKind::GetSplit {
+                    dst,
+                    at,
+                    src: Some(addr),
+                    head_ok,
+                    release,
+                };
+                self.st.waiting.insert(req, w);
+                return true;
+            }
+            (
+                RmaStatus::Ok,
+                rma::WaitKind::GetSplit {
+                    dst,
+                    at,
+                    src: Some(src),
+                    head_ok,
+                    ..
+                },
+            ) => {
+                // The second answer: `addr` bytes from `at` on are written;
+                // the target no longer touches `dst`.
+                let from = u64::try_from(at)
+                    .ok()
+                    .and_then(|at| at.checked_add(addr))
+                    .and_then(|f| usize::try_from(f).ok())
+                    .filter(|&f| f <= dst.len());
+                let Some(from) = from else {
+                    violation!(
+                        self.st,
+                        peer,
+                        "split get answered with {addr} bytes written of {}",
+                        dst.len() - at
+                    );
+                    self.st
+                        .done
+                        .push((w.op, Err(OpError::Refused(RmaStatus::CopyFailed))));
+                    return false;
+                };
+                let rest = dst.sub(from, dst.len() - from).expect("from <= len");
+                let read = || {
+                    // SAFETY: as the first answer's; the target is done.
+                    let r = unsafe { rest.as_mut_slice() };
+                    self.st.cma_read(peer, src + from as u64, r)
+                };
+                match head_ok.then(read) {
+                    Some(Ok(())) => {
+                        self.st.rma_single_copies += 1;
+                        self.st.split_gets += 1;
+                        if let Some(posted) = w.timed {
+                            self.st.time_get(peer, Bulk::SingleCopy, dst.len(), posted);
+                        }
+                        Ok(())
+                    }
+                    failed => {
+                        if let Some(Err(e)) = failed {
+                            log::warn!(
+                                "single-copy get from local rank {peer} failed: {e}; using fragments"
+                            );
+                        }
                         self.st.cma_ok[peer as usize] = false;
                         self.st.work.push(Work::RetryGet {
                             peer,

@@ -749,6 +749,15 @@ impl Sm {
                 }
             }
         }
+        // A split get's target may be writing into its destination until
+        // its second answer: the memory is the caller's again only once
+        // that can no longer happen (at most a deadline and its grace
+        // after the post, about a second; cancelling is what a blocking
+        // call does after its timeout).
+        if let Some(until) = self.state.split_release(|w| w.op == op) {
+            log::debug!("cancelling a split get: waiting until its target can no longer write");
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        }
         self.state.waiting.retain(|_, w| w.op != op);
         self.state.done.retain(|(o, _)| *o != op);
     }

@@ -710,10 +710,13 @@ impl<'m> World<'m> {
                 .filter(|&p| p != sm.rank() && sm.single_copy_to(p))
                 .count();
             let (eager, max) = sm.pool_sizes();
+            let (split, written) = sm.split_copies();
             s += &format!(
-                " (sm: single copy to {cma}, {} one-sided transfer(s) by single copy, {} sends \
-                 queued behind a full ring, {} messages sent by fast box, {} box(es) handed out, \
-                 fragments carved {eager} eager + {max} max-size, segment {} KiB reserved)",
+                " (sm: single copy to {cma}, {} one-sided transfer(s) by single copy, {split} \
+                 get(s) split with the target, {written} B written into peers' split gets, {} \
+                 sends queued behind a full ring, {} messages sent by fast box, {} box(es) \
+                 handed out, fragments carved {eager} eager + {max} max-size, segment {} KiB \
+                 reserved)",
                 sm.rma_single_copies(),
                 sm.queued_total(),
                 sm.fbox_sent(),
