@@ -32,6 +32,13 @@ pub const SM_PUT_DATA: u8 = 250;
 pub const SM_GET_DATA: u8 = 249;
 /// Shared memory: a put by single copy (the target reads the source).
 pub const SM_PUT_CMA: u8 = 248;
+/// Shared memory: a split single-copy rendezvous (the receiver reads the
+/// first part, the sender writes the rest into the receiver's landing
+/// buffer).
+pub const SM_RNDV_SPLIT: u8 = 247;
+/// Shared memory: a receiver's landing buffer for split rendezvous, made
+/// known to the sender.
+pub const SM_LANDING: u8 = 246;
 
 #[cfg(test)]
 mod tests {
@@ -48,6 +55,8 @@ mod tests {
             SM_PUT_DATA,
             SM_GET_DATA,
             SM_PUT_CMA,
+            SM_RNDV_SPLIT,
+            SM_LANDING,
         ];
         for (i, a) in internal.iter().enumerate() {
             assert!(!is_user(*a));

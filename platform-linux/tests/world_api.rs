@@ -592,6 +592,114 @@ fn split(w: &mut World<'_>, on: bool) -> R<String> {
     Ok(format!("large gets, split={on}: {late}"))
 }
 
+const SPLIT_IN: &str = " message(s) received split with the sender";
+const SPLIT_ALONE: &str = " split but read alone after waiting";
+const SPLIT_OUT: &str = " sent split";
+
+/// Large messages over shared memory, which single copy splits with the
+/// sender once the receiver has mapped a landing buffer for it
+/// (`splitsend`; `nosplitsend` with `cma_split_min` 0): every rank sends
+/// the next odd-sized large messages, blocking and posted together, and
+/// checks every byte of what it receives, in order.
+fn splitsend(w: &mut World<'_>, on: bool) -> R<String> {
+    let (me, n) = (w.rank(), w.size());
+    if !w.describe().contains("single copy (CMA)") {
+        return Err(format!("single copy is not available: {}", w.describe()));
+    }
+    let next = (me + 1) % n;
+    let prev = (me + n - 1) % n;
+    let sizes = [
+        300 << 10,
+        (1 << 20) + 1,
+        (4 << 20) + 13,
+        200 << 10,
+        (2 << 20) + 4095,
+    ];
+    let rounds = 4u64;
+    // Blocking sends, then a window posted together.
+    let mut expect = Vec::new();
+    for r in 0..rounds {
+        for (i, &l) in sizes.iter().enumerate() {
+            expect.push((r * 10 + i as u64, l));
+        }
+    }
+    let mut got = 0usize;
+    let mut bad = Vec::new();
+    let mut check = |from: u32, data: &[u8], got: &mut usize| {
+        if let Some(&(seq, l)) = expect.get(*got) {
+            if from != prev || data.len() != l || data != pattern(prev, seq, l).as_slice() {
+                bad.push(format!(
+                    "message {} from {from}: {} bytes",
+                    *got,
+                    data.len()
+                ));
+            }
+        }
+        *got += 1;
+    };
+    w.barrier().map_err(e)?;
+    for r in 0..rounds {
+        let msgs: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| pattern(me, r * 10 + i as u64, l))
+            .collect();
+        if r % 2 == 0 {
+            for m in &msgs {
+                w.send(next, TAG_DATA, m).map_err(e)?;
+            }
+        } else {
+            let reqs = msgs
+                .into_iter()
+                .map(|m| w.isend_owned(next, TAG_DATA, m))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(e)?;
+            for q in reqs {
+                w.wait(q).map_err(e)?;
+            }
+        }
+        let want = (r as usize + 1) * sizes.len();
+        w.drive("large messages", None, |_, ev| {
+            if let Event::Message {
+                from,
+                tag: TAG_DATA,
+                data,
+            } = ev
+            {
+                check(from, data, &mut got);
+            }
+            if got >= want {
+                Flow::Done
+            } else {
+                Flow::Continue
+            }
+        })
+        .map_err(e)?;
+    }
+    if !bad.is_empty() {
+        return Err(format!("wrong messages: {bad:?}"));
+    }
+    w.flush().map_err(e)?;
+    w.barrier().map_err(e)?;
+    let summary = w.summary();
+    let (split_in, alone, out) = (
+        counter(&summary, SPLIT_IN)?,
+        counter(&summary, SPLIT_ALONE)?,
+        counter(&summary, SPLIT_OUT)?,
+    );
+    // The first large message from a sender maps the landing buffer;
+    // after it, each of them goes split (all at least 128 KiB).
+    if on && (split_in + alone < 10 || out < 10) {
+        return Err(format!("too few split messages: {summary}"));
+    }
+    if !on && (split_in + alone != 0 || out != 0) {
+        return Err(format!(
+            "cma_split_min=0 but messages were split: {summary}"
+        ));
+    }
+    Ok(format!("large messages, split={on}: {summary}"))
+}
+
 #[test]
 fn role() {
     let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
@@ -603,12 +711,12 @@ fn role() {
     let mut mem = vec![0u8; 4 * 8192];
     let r = (|| -> R<String> {
         let mut b = Builder::new().transports(choice);
-        if scenario.ends_with("split") {
+        if scenario == "split" || scenario == "nosplit" {
             // Every get above one eager fragment by single copy (none of
             // them large enough for the measured choice of mechanism).
             b = b.set("sm", "min_rdma_pipeline_size", "64M").map_err(e)?;
         }
-        if scenario == "nosplit" {
+        if scenario == "nosplit" || scenario == "nosplitsend" {
             b = b.set("sm", "cma_split_min", "0").map_err(e)?;
         }
         let mut w = b.init().map_err(e)?;
@@ -624,6 +732,8 @@ fn role() {
             "cycle" => cycle(&mut w),
             "split" => split(&mut w, true),
             "nosplit" => split(&mut w, false),
+            "splitsend" => splitsend(&mut w, true),
+            "nosplitsend" => splitsend(&mut w, false),
             other => Err(format!("unknown scenario {other}")),
         }
     })();
@@ -704,6 +814,15 @@ fn large_gets_are_split_with_the_target() {
         run_job(2, "split", "sm");
         run_job(3, "split", "sm");
         run_job(2, "nosplit", "sm");
+    }
+}
+
+#[test]
+fn large_messages_are_split_with_the_sender() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(2, "splitsend", "sm");
+        run_job(3, "splitsend", "sm");
+        run_job(2, "nosplitsend", "sm");
     }
 }
 

@@ -174,6 +174,7 @@ impl Sm {
             unpins: Vec::new(),
             pump_pieces: Vec::new(),
             next_cookie: 0,
+            split_seq: vec![0; nprocs as usize],
             next_req: 0,
         })
     }
@@ -361,7 +362,8 @@ fn attach<'r>(
     if single_copy_everywhere && params.free_list_max < 0 {
         engine.set_pool_limits(layout.eager_frags, MAX_POOL_WITH_SINGLE_COPY);
     }
-    let state = State::new(nprocs, peers, cma_ok);
+    let mut state = State::new(nprocs, peers, cma_ok);
+    state.split_min = params.cma_split_min as usize;
     Ok((Shm { engine, control }, Rest { state, probe }))
 }
 

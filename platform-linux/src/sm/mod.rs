@@ -100,7 +100,10 @@ use crate::segment::{Attached, SegmentError, View};
 /// Largest tag available to users; the tags above are the transport's own
 /// (the table is [`btl_core::tags`]).
 pub use btl_core::tags::MAX_USER_TAG;
-use btl_core::tags::{BARRIER as TAG_BARRIER, CHUNK as TAG_CHUNK, SM_RNDV as TAG_RNDV};
+use btl_core::tags::{
+    BARRIER as TAG_BARRIER, CHUNK as TAG_CHUNK, SM_LANDING as TAG_LANDING, SM_RNDV as TAG_RNDV,
+    SM_RNDV_SPLIT as TAG_RNDV_SPLIT,
+};
 
 /// How often a blocking wait checks that its peers are alive.
 pub const LIVENESS_INTERVAL: Duration = Duration::from_millis(100);
@@ -225,6 +228,7 @@ from_err!(
 );
 
 mod attach;
+mod landing;
 mod liveness;
 mod recv;
 mod rma;
@@ -277,6 +281,8 @@ pub struct Sm {
     pump_pieces: Vec<RawBuf>,
     next_cookie: u64,
     next_req: u64,
+    /// Per receiver: the sequence number of our last split rendezvous.
+    split_seq: Vec<u64>,
 }
 
 // SAFETY: the engine and control area hold views of the mapping (owned with
@@ -505,6 +511,14 @@ impl Sm {
     /// into peers' memory for theirs).
     pub fn split_copies(&self) -> (u64, u64) {
         (self.state.split_gets, self.state.split_written)
+    }
+
+    /// Split rendezvous so far: (messages received with the sender's part
+    /// in time, received after reading that part ourselves, sent with our
+    /// part written).
+    pub fn split_messages(&self) -> (u64, u64, u64) {
+        let (in_time, alone) = self.state.split_in;
+        (in_time, alone, self.state.split_out)
     }
 
     /// Messages sent through fast boxes (no fragment, no ACK) so far.

@@ -10,13 +10,18 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use btl_core::sync::Ordering;
+
 use btl_core::rma::RmaStatus;
 use btl_core::sm::engine::{Dispatch, PeerError};
 use btl_core::sm::frag::FragView;
 
+use super::landing::{Landing, LandingAd, RndvSplit, LANDING_CAP, SPLIT_WAIT};
 use super::rma::{self, PutChunk, RangeReq, RmaWait, SplitTail, Work};
 use super::send::{Bulk, Chunk, Rndv};
-use super::{MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_RNDV};
+use super::{
+    MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_LANDING, TAG_RNDV, TAG_RNDV_SPLIT,
+};
 use crate::cma;
 use crate::ops::{OpError, OpId, Sink, TEvent};
 use crate::regions::Regions;
@@ -126,6 +131,21 @@ pub(super) struct State {
     pub(super) split_gets: u64,
     /// Bytes we wrote into peers' memory for their split gets.
     pub(super) split_written: u64,
+    /// `cma_split_min` (0: nothing is split).
+    pub(super) split_min: usize,
+    /// Per sender: our landing buffer for its split rendezvous, once
+    /// mapped (see [`super::landing`]).
+    pub(super) landings: Vec<Option<Landing>>,
+    /// Per sender: whether we tried to map one (a failure is not retried).
+    pub(super) landing_tried: Vec<bool>,
+    /// Per receiver: its landing buffer for our split rendezvous, once it
+    /// told us and our test write there succeeded.
+    pub(super) landing_to: Vec<Option<LandingAd>>,
+    /// Messages received by split rendezvous: (the sender's part came in
+    /// time, we read it ourselves).
+    pub(super) split_in: (u64, u64),
+    /// Messages we sent split whose part we wrote.
+    pub(super) split_out: u64,
 }
 
 impl State {
@@ -167,6 +187,12 @@ impl State {
             split_write_ok: vec![true; nprocs as usize],
             split_gets: 0,
             split_written: 0,
+            split_min: 0,
+            landings: (0..nprocs).map(|_| None).collect(),
+            landing_tried: vec![false; nprocs as usize],
+            landing_to: vec![None; nprocs as usize],
+            split_in: (0, 0),
+            split_out: 0,
         }
     }
 
@@ -252,7 +278,12 @@ impl Ctx<'_, '_> {
         }
         self.st.bufs[peer as usize] = buf;
         match res {
-            Ok(()) => true,
+            Ok(()) => {
+                if self.st.split_min != 0 && len >= self.st.split_min && len <= LANDING_CAP {
+                    self.offer_landing(peer, len);
+                }
+                true
+            }
             Err(e) => {
                 if self.st.cma_ok[peer as usize] {
                     log::warn!(
@@ -260,6 +291,133 @@ impl Ctx<'_, '_> {
                     );
                 }
                 self.st.cma_ok[peer as usize] = false;
+                false
+            }
+        }
+    }
+
+    /// Maps a landing buffer for `peer` (once) and queues telling it. Its
+    /// first `len` bytes (the message that made us map it) are touched
+    /// now, so the first split messages do not pay the page faults (they
+    /// are timed for the choice between single copy and fragments).
+    #[cold]
+    fn offer_landing(&mut self, peer: u32, len: usize) {
+        let p = peer as usize;
+        if self.st.landing_tried[p] {
+            return;
+        }
+        self.st.landing_tried[p] = true;
+        match Landing::new() {
+            Ok(mut l) => {
+                l.data(len).fill(0);
+                self.st.work.push(Work::Landing { peer, ad: l.ad() });
+                self.st.landings[p] = Some(l);
+            }
+            Err(e) => log::warn!(
+                "no landing buffer for local rank {peer} ({e}): its large messages are read by \
+                 us alone"
+            ),
+        }
+    }
+
+    /// A receiver's landing buffer for our split rendezvous: usable once a
+    /// write of the flag's value (0) there succeeds.
+    fn recv_landing(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+        let mut b = [0u8; LandingAd::LEN];
+        let ad = (frag.info.len as usize == LandingAd::LEN && frag.copy_payload(&mut b).is_ok())
+            .then(|| LandingAd::decode(&b))
+            .flatten();
+        let Some(ad) = ad else {
+            violation!(self.st, peer, "malformed landing buffer");
+            return false;
+        };
+        let pid = self.st.peers[peer as usize].pid;
+        let ok = pid != std::process::id()
+            && usize::try_from(ad.addr).is_ok_and(|a| {
+                // SAFETY: `pid` is another process (checked), the peer
+                // start-up identified, which told us this address of its
+                // landing buffer's flag for exactly such writes; 0 is what
+                // it holds until our first split message.
+                unsafe { cma::write_remote(pid, a, &0u64.to_le_bytes()) }
+                    .map_err(|e| log::debug!("local rank {peer}'s landing buffer: {e}"))
+                    .is_ok()
+            });
+        if ok {
+            self.st.landing_to[peer as usize] = Some(ad);
+        }
+        true
+    }
+
+    /// A split rendezvous: we read the part before `at` into our landing
+    /// buffer for `peer` while it writes the rest there, then deliver the
+    /// message from it (see [`super::landing`]).
+    fn recv_rndv_split(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+        let mut hdr = [0u8; RndvSplit::LEN];
+        let r = (frag.info.len as usize == RndvSplit::LEN && frag.copy_payload(&mut hdr).is_ok())
+            .then(|| RndvSplit::decode(&hdr))
+            .flatten();
+        let p = peer as usize;
+        let valid = r.filter(|r| {
+            r.tag <= MAX_USER_TAG
+                && r.len <= LANDING_CAP as u64
+                && r.at <= r.len
+                && self.st.landings[p].is_some()
+        });
+        let Some(r) = valid else {
+            violation!(
+                self.st,
+                peer,
+                "malformed split rendezvous {r:?} (landing buffer mapped: {})",
+                self.st.landings[p].is_some()
+            );
+            return false;
+        };
+        let Some(mut land) = self.st.landings[p].take() else {
+            return false;
+        };
+        let (len, at) = (r.len as usize, r.at as usize);
+        let data = land.data(len);
+        let mut res = self.st.cma_read(peer, r.addr, &mut data[..at]);
+        let mut in_time = false;
+        if res.is_ok() {
+            // The sender writes its part right after posting this.
+            let t0 = Instant::now();
+            let mut spins = 0u32;
+            in_time = loop {
+                if land.flag().load(Ordering::Acquire) == r.seq {
+                    break true;
+                }
+                btl_core::sync::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins % 1024 == 0 && t0.elapsed() > SPLIT_WAIT {
+                    break false;
+                }
+            };
+            if !in_time {
+                log::debug!("local rank {peer}'s part of a split message did not come in time");
+                let data = land.data(len);
+                res = self.st.cma_read(peer, r.addr + r.at, &mut data[at..]);
+            }
+        }
+        let res = res.map(|()| {
+            self.deliver(peer, r.tag, land.data(len));
+        });
+        self.st.landings[p] = Some(land);
+        match res {
+            Ok(()) => {
+                if in_time {
+                    self.st.split_in.0 += 1;
+                } else {
+                    self.st.split_in.1 += 1;
+                }
+                true
+            }
+            Err(e) => {
+                log::warn!(
+                    "single copy from local rank {peer} failed ({e}); using the pipelined copy \
+                     through shared fragments"
+                );
+                self.st.cma_ok[p] = false;
                 false
             }
         }
@@ -733,6 +891,8 @@ impl Dispatch for Ctx<'_, '_> {
     fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
         match tag {
             TAG_RNDV => self.recv_rndv(peer, frag),
+            TAG_RNDV_SPLIT => self.recv_rndv_split(peer, frag),
+            TAG_LANDING => self.recv_landing(peer, frag),
             TAG_CHUNK => self.recv_chunk(peer, frag),
             rma::TAG_GET_REQ => self.recv_get_req(peer, frag),
             rma::TAG_PUT_DATA => self.recv_put_data(peer, frag),

@@ -249,6 +249,11 @@ pub(super) enum Work {
     RetryGet { peer: u32, req: u64, wait: RmaWait },
     /// Send a put's data again, in fragments.
     RetryPut { peer: u32, req: u64, wait: RmaWait },
+    /// Tell a sender of our landing buffer for it.
+    Landing {
+        peer: u32,
+        ad: super::landing::LandingAd,
+    },
 }
 
 /// How one of our gets or puts travels.
@@ -524,6 +529,9 @@ impl Sm {
                     (peer, self.serve_split(regions, peer, get, tail))
                 }
                 Work::RetryGet { peer, req, wait } => (peer, self.send_get_req(req, wait)),
+                Work::Landing { peer, ad } => {
+                    (peer, self.send_ctl(peer, super::TAG_LANDING, &ad.encode()))
+                }
                 Work::RetryPut {
                     peer, req, wait, ..
                 } => (peer, self.send_put(req, wait)),

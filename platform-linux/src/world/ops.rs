@@ -711,9 +711,12 @@ impl<'m> World<'m> {
                 .count();
             let (eager, max) = sm.pool_sizes();
             let (split, written) = sm.split_copies();
+            let (msg_in, msg_alone, msg_out) = sm.split_messages();
             s += &format!(
                 " (sm: single copy to {cma}, {} one-sided transfer(s) by single copy, {split} \
-                 get(s) split with the target, {written} B written into peers' split gets, {} \
+                 get(s) split with the target, {written} B written into peers' split gets, \
+                 {msg_in} message(s) received split with the sender, {msg_alone} split but read \
+                 alone after waiting, {msg_out} sent split, {} \
                  sends queued behind a full ring, {} messages sent by fast box, {} box(es) \
                  handed out, fragments carved {eager} eager + {max} max-size, segment {} KiB \
                  reserved)",

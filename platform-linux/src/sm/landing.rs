@@ -1,0 +1,235 @@
+//! Split single-copy rendezvous: the two processes copy a large message at
+//! once, the receiver reading its first part from the sender's memory
+//! (`process_vm_readv`) while the sender writes the rest into the
+//! receiver's **landing buffer** for it (`process_vm_writev`). One core
+//! reading alone is what limits a single copy (see the README: a 4 MiB
+//! copy split between the two cores of this machine ran at twice the rate).
+//!
+//! The protocol, per sender → receiver pair:
+//!
+//! 1. The receiver maps a landing buffer for the sender ([`Landing`]: a
+//!    private anonymous mapping, a flag word then up to [`LANDING_CAP`]
+//!    bytes of data, pages touched only as used) the first time that
+//!    sender sends it a large single-copy message, and tells it the
+//!    address ([`SM_LANDING`](btl_core::tags::SM_LANDING): address and
+//!    capacity). The sender checks once that the kernel lets it write
+//!    there (it writes the flag's current value, 0); if not, it never
+//!    splits to that receiver.
+//! 2. A large single-copy message (at least `cma_split_min` bytes, at most
+//!    the capacity) then travels as [`RndvSplit`]: the sender posts it and,
+//!    right away in the same call, writes the message's bytes from `at` on
+//!    into the landing buffer, then (after a fence) the message's sequence
+//!    number into the flag word. The receiver reads the bytes before `at`
+//!    into the landing buffer itself, waits for the flag to show the
+//!    sequence number, and delivers the message from the landing buffer.
+//!    A rendezvous stays at the head of the sender's queue until the
+//!    receiver acknowledges it, so the landing buffer holds one message at
+//!    a time.
+//! 3. The receiver waits for the flag at most [`SPLIT_WAIT`] (the sender
+//!    writes synchronously, right after posting; a live sender takes
+//!    milliseconds for the largest message), checking meanwhile that the
+//!    sender lives; then it reads the rest itself. A sender still writing
+//!    then writes the same bytes into the same place, and it posts nothing
+//!    after this message before its write returned, so no later message
+//!    can meet a stale write.
+//!
+//! The sender writes only into the range the receiver advertised, by the
+//! pid start-up established; the receiver validates every [`RndvSplit`]
+//! against its own landing buffer (length within the capacity, `at`
+//! within the length) and reads only its own memory or the sender's.
+//! Dropping a landing buffer never unmaps it: it becomes inaccessible
+//! (`PROT_NONE`) and its pages are returned (`MADV_DONTNEED`), so a write
+//! from a sender that has not noticed our end fails instead of landing in
+//! memory reused for something else.
+
+use std::time::Duration;
+
+use btl_core::sync::AtomicU64;
+
+/// Most bytes of a message that travels split (the landing buffer's data
+/// capacity): address space, touched only as far as messages reach.
+pub(super) const LANDING_CAP: usize = 64 << 20;
+/// Where the data starts in the mapping (the flag word is at 0): a page,
+/// so the data is page-aligned as the sender's pages are.
+const DATA_OFF: usize = 4096;
+/// How long the receiver waits for the sender's part before reading it
+/// itself.
+pub(super) const SPLIT_WAIT: Duration = Duration::from_millis(50);
+
+/// Header of a split rendezvous fragment: the message's tag, the sender's
+/// address and length, where the sender's part starts and the sequence
+/// number its flag write carries. 33 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RndvSplit {
+    pub(super) tag: u8,
+    pub(super) addr: u64,
+    pub(super) len: u64,
+    pub(super) at: u64,
+    pub(super) seq: u64,
+}
+
+impl RndvSplit {
+    pub(super) const LEN: usize = 33;
+    pub(super) fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0; Self::LEN];
+        b[0] = self.tag;
+        b[1..9].copy_from_slice(&self.addr.to_le_bytes());
+        b[9..17].copy_from_slice(&self.len.to_le_bytes());
+        b[17..25].copy_from_slice(&self.at.to_le_bytes());
+        b[25..33].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+    pub(super) fn decode(b: &[u8]) -> Option<Self> {
+        let b: &[u8; Self::LEN] = b.try_into().ok()?;
+        let u = |r: core::ops::Range<usize>| b[r].try_into().ok().map(u64::from_le_bytes);
+        Some(Self {
+            tag: b[0],
+            addr: u(1..9)?,
+            len: u(9..17)?,
+            at: u(17..25)?,
+            seq: u(25..33)?,
+        })
+    }
+}
+
+/// A landing buffer as its sender knows it: the mapping's address (flag
+/// word there, data at [`DATA_OFF`]) and the data capacity. 16 bytes on
+/// the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LandingAd {
+    pub(super) addr: u64,
+    pub(super) cap: u64,
+}
+
+impl LandingAd {
+    pub(super) const LEN: usize = 16;
+    pub(super) fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0; Self::LEN];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.cap.to_le_bytes());
+        b
+    }
+    pub(super) fn decode(b: &[u8]) -> Option<Self> {
+        let b: &[u8; Self::LEN] = b.try_into().ok()?;
+        Some(Self {
+            addr: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            cap: u64::from_le_bytes(b[8..16].try_into().ok()?),
+        })
+    }
+    /// The address of data byte `off`.
+    pub(super) fn data_addr(&self, off: u64) -> Option<u64> {
+        self.addr.checked_add(DATA_OFF as u64)?.checked_add(off)
+    }
+}
+
+/// Our landing buffer for one sender.
+#[derive(Debug)]
+pub(super) struct Landing {
+    map: Option<memmap2::MmapMut>,
+}
+
+impl Landing {
+    /// Maps a landing buffer of [`LANDING_CAP`] bytes (address space only).
+    pub(super) fn new() -> std::io::Result<Self> {
+        let map = memmap2::MmapMut::map_anon(DATA_OFF + LANDING_CAP)?;
+        Ok(Self { map: Some(map) })
+    }
+
+    /// How the sender learns of it.
+    pub(super) fn ad(&self) -> LandingAd {
+        LandingAd {
+            addr: self.map.as_ref().map_or(0, |m| m.as_ptr() as u64),
+            cap: LANDING_CAP as u64,
+        }
+    }
+
+    /// The flag word the sender writes each message's sequence number
+    /// into when its part is in.
+    pub(super) fn flag(&self) -> &AtomicU64 {
+        let m = self.map.as_ref().expect("mapped until dropped");
+        // SAFETY: the mapping is page-aligned (so 8-aligned) and at least
+        // a page long; its first 8 bytes are used only as this atomic
+        // (written by us never, by the sender through the kernel, an
+        // aligned 8-byte write; a torn value can never equal the awaited,
+        // larger sequence number unless it is whole, since the bytes in
+        // which old and new differ must all be new); it lives as long as
+        // `self`.
+        unsafe { &*(m.as_ptr() as *const AtomicU64) }
+    }
+
+    /// The first `len` bytes of data (at most [`LANDING_CAP`]).
+    pub(super) fn data(&mut self, len: usize) -> &mut [u8] {
+        let m = self.map.as_mut().expect("mapped until dropped");
+        &mut m[DATA_OFF..DATA_OFF + len.min(LANDING_CAP)]
+    }
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        let Some(map) = self.map.take() else {
+            return;
+        };
+        let (ptr, len) = (map.as_ptr() as *mut std::ffi::c_void, map.len());
+        // Never unmapped: a sender that has not noticed our end may still
+        // write here, and the address range must not be reused meanwhile.
+        std::mem::forget(map);
+        // SAFETY: the range is our own mapping (forgotten just above, so
+        // nothing of ours uses it again); making it inaccessible and
+        // returning its pages affects only it.
+        unsafe {
+            if let Err(e) = rustix::mm::mprotect(ptr, len, rustix::mm::MprotectFlags::empty()) {
+                log::warn!("a landing buffer could not be made inaccessible: {e}");
+            }
+            let _ = rustix::mm::madvise(ptr, len, rustix::mm::Advice::LinuxDontNeed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use btl_core::sync::Ordering;
+
+    #[test]
+    fn headers_roundtrip_and_reject_bad_lengths() {
+        let r = RndvSplit {
+            tag: 7,
+            addr: 0x7fff_1234_5000,
+            len: (4 << 20) + 13,
+            at: 2 << 20,
+            seq: u64::MAX,
+        };
+        assert_eq!(RndvSplit::decode(&r.encode()), Some(r));
+        assert_eq!(RndvSplit::decode(&r.encode()[..32]), None);
+        let a = LandingAd {
+            addr: 0x7f00_0000_0000,
+            cap: LANDING_CAP as u64,
+        };
+        assert_eq!(LandingAd::decode(&a.encode()), Some(a));
+        assert_eq!(LandingAd::decode(&[0; 17]), None);
+        assert_eq!(a.data_addr(5), Some(0x7f00_0000_0000 + 4096 + 5));
+        assert_eq!(
+            LandingAd {
+                addr: u64::MAX - 10,
+                cap: 1
+            }
+            .data_addr(0),
+            None
+        );
+    }
+
+    #[test]
+    fn a_landing_buffer_is_written_through_the_kernel_and_retired() {
+        let mut l = Landing::new().unwrap();
+        assert_eq!(l.flag().load(Ordering::Acquire), 0);
+        let ad = l.ad();
+        // Our own process writing into it as a sender would.
+        let at = ad.data_addr(3).unwrap() as usize;
+        // SAFETY: the range is our mapping, valid for writes, not
+        // overlapping the source, with no reference into it during the
+        // call and nothing else using it.
+        unsafe { crate::cma::write_remote(std::process::id(), at, b"abc") }.unwrap();
+        assert_eq!(&l.data(6)[3..6], b"abc");
+        drop(l);
+    }
+}
