@@ -201,11 +201,14 @@ pub static SM_PARAMS: [ParamDef; SM_PARAM_COUNT] = table(
         ParamDef::number("cma_split_min", ParamKind::Size, 131072, (0, U32_MAX)).doc(
             5,
             "0 (never) or a size in bytes (k, M, G suffixes allowed)",
-            "Smallest single-copy get that the two processes copy together: the target writes \
-             the second half into the requester's memory (process_vm_writev) while the \
-             requester reads the first half (process_vm_readv), so two cores copy at once \
-             instead of one. Only as the requester asks, with a deadline after which the \
-             target leaves the rest to the requester. 0 lets the requester copy alone.",
+            "Smallest single-copy get or large message that the two processes copy together, \
+             so two cores copy at once instead of one: for a get, the target writes the \
+             second half into the requester's memory (process_vm_writev, only as the \
+             requester asks and before a deadline) while the requester reads the first \
+             (process_vm_readv); for a message, the sender writes its second half into a \
+             landing buffer the receiver mapped for it while the receiver reads the first. \
+             0 turns splitting off; it is off on an oversubscribed node (more ranks than \
+             cores), where the two copies would take turns.",
         ),
         base::free_list_num("Number of max-size fragments each process allocates up front."),
         base::free_list_max(),

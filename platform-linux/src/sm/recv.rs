@@ -131,7 +131,8 @@ pub(super) struct State {
     pub(super) split_gets: u64,
     /// Bytes we wrote into peers' memory for their split gets.
     pub(super) split_written: u64,
-    /// `cma_split_min` (0: nothing is split).
+    /// `cma_split_min`, or 0 (nothing is split) on an oversubscribed
+    /// node.
     pub(super) split_min: usize,
     /// Per sender: our landing buffer for its split rendezvous, once
     /// mapped (see [`super::landing`]).
@@ -380,16 +381,22 @@ impl Ctx<'_, '_> {
         let mut res = self.st.cma_read(peer, r.addr, &mut data[..at]);
         let mut in_time = false;
         if res.is_ok() {
-            // The sender writes its part right after posting this.
+            // The sender writes its part right after posting this: a
+            // short spin, then yielding the core (on an oversubscribed
+            // node the sender may be waiting for this very core).
             let t0 = Instant::now();
             let mut spins = 0u32;
             in_time = loop {
                 if land.flag().load(Ordering::Acquire) == r.seq {
                     break true;
                 }
-                btl_core::sync::spin_loop();
                 spins = spins.wrapping_add(1);
-                if spins % 1024 == 0 && t0.elapsed() > SPLIT_WAIT {
+                if spins < 4096 {
+                    btl_core::sync::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+                if spins % 256 == 0 && t0.elapsed() > SPLIT_WAIT {
                     break false;
                 }
             };

@@ -367,7 +367,7 @@ impl Sm {
         // against 12 GB/s read by one side (1 MiB: 55 against 20; 128
         // KiB: 42 against 30; 64 KiB: 32 against 28, where the second
         // answer's hand-off would eat the gain).
-        let split_min = self.params.cma_split_min as usize;
+        let split_min = self.state.split_min;
         let kind = if single && split_min != 0 && dst.len() >= split_min {
             WaitKind::GetSplit {
                 dst,

@@ -565,7 +565,7 @@ impl Sm {
                             && len as u64 <= ad.cap
                     });
                     let sent = match split {
-                        Some(_) => {
+                        Some(ad) => {
                             self.split_seq[peer as usize] += 1;
                             let hdr = RndvSplit {
                                 tag,
@@ -577,9 +577,10 @@ impl Sm {
                                 seq: self.split_seq[peer as usize],
                             };
                             let e = &mut self.shm.get().engine;
-                            e.send(peer, TAG_RNDV_SPLIT, &[&hdr.encode()], cookie)
-                                .map(|()| hdr)
-                                .ok()
+                            let sent = e.send(peer, TAG_RNDV_SPLIT, &[&hdr.encode()], cookie);
+                            // Our part right away, before anything else
+                            // (the receiver waits for it).
+                            sent.map(|()| self.write_split_part(peer, buf, ad, hdr))
                         }
                         None => {
                             let hdr = Rndv {
@@ -590,26 +591,15 @@ impl Sm {
                             .encode();
                             let e = &mut self.shm.get().engine;
                             e.send(peer, TAG_RNDV, &[&hdr], cookie)
-                                .ok()
-                                .map(|()| RndvSplit {
-                                    tag,
-                                    addr: 0,
-                                    len: 0,
-                                    at: 0,
-                                    seq: 0,
-                                })
                         }
                     };
-                    let Some(hdr) = sent else {
+                    if sent.is_err() {
                         return n;
-                    };
+                    }
                     if let Some(Out::Rndv { pushed, .. }) = self.out[peer as usize].q.front_mut() {
                         *pushed = Some(Instant::now());
                     }
                     n += 1;
-                    if let Some(ad) = split {
-                        self.write_split_part(peer, buf, ad, hdr);
-                    }
                     return n;
                 }
                 Out::Stream(s) => {
