@@ -403,7 +403,9 @@ impl Ctx<'_, '_> {
             if !in_time {
                 log::debug!("local rank {peer}'s part of a split message did not come in time");
                 let data = land.data(len);
-                res = self.st.cma_read(peer, r.addr + r.at, &mut data[at..]);
+                res = self
+                    .st
+                    .cma_read(peer, r.addr.wrapping_add(r.at), &mut data[at..]);
             }
         }
         let res = res.map(|()| {
@@ -787,7 +789,7 @@ impl Ctx<'_, '_> {
                 let read = || {
                     // SAFETY: as the first answer's; the target is done.
                     let r = unsafe { rest.as_mut_slice() };
-                    self.st.cma_read(peer, src + from as u64, r)
+                    self.st.cma_read(peer, src.wrapping_add(from as u64), r)
                 };
                 match head_ok.then(read) {
                     Some(Ok(())) => {
