@@ -46,6 +46,9 @@ use std::time::Duration;
 
 use btl_core::sync::AtomicU64;
 
+use super::rma::u64_at;
+use super::send::Rndv;
+
 /// Most bytes of a message that travels split (the landing buffer's data
 /// capacity): address space, touched only as far as messages reach.
 pub(super) const LANDING_CAP: usize = 64 << 20;
@@ -56,38 +59,31 @@ const DATA_OFF: usize = 4096;
 /// itself.
 pub(super) const SPLIT_WAIT: Duration = Duration::from_millis(50);
 
-/// Header of a split rendezvous fragment: the message's tag, the sender's
-/// address and length, where the sender's part starts and the sequence
-/// number its flag write carries. 33 bytes.
+/// Header of a split rendezvous fragment: the rendezvous's own header
+/// (tag, the sender's address and length), then where the sender's part
+/// starts and the sequence number its flag write carries. 33 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct RndvSplit {
-    pub(super) tag: u8,
-    pub(super) addr: u64,
-    pub(super) len: u64,
+    pub(super) rndv: Rndv,
     pub(super) at: u64,
     pub(super) seq: u64,
 }
 
 impl RndvSplit {
-    pub(super) const LEN: usize = 33;
+    pub(super) const LEN: usize = Rndv::LEN + 16;
     pub(super) fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0; Self::LEN];
-        b[0] = self.tag;
-        b[1..9].copy_from_slice(&self.addr.to_le_bytes());
-        b[9..17].copy_from_slice(&self.len.to_le_bytes());
-        b[17..25].copy_from_slice(&self.at.to_le_bytes());
-        b[25..33].copy_from_slice(&self.seq.to_le_bytes());
+        b[..Rndv::LEN].copy_from_slice(&self.rndv.encode());
+        b[Rndv::LEN..Rndv::LEN + 8].copy_from_slice(&self.at.to_le_bytes());
+        b[Rndv::LEN + 8..].copy_from_slice(&self.seq.to_le_bytes());
         b
     }
     pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        let b: &[u8; Self::LEN] = b.try_into().ok()?;
-        let u = |r: core::ops::Range<usize>| b[r].try_into().ok().map(u64::from_le_bytes);
+        (b.len() == Self::LEN).then_some(())?;
         Some(Self {
-            tag: b[0],
-            addr: u(1..9)?,
-            len: u(9..17)?,
-            at: u(17..25)?,
-            seq: u(25..33)?,
+            rndv: Rndv::decode(&b[..Rndv::LEN])?,
+            at: u64_at(b, Rndv::LEN)?,
+            seq: u64_at(b, Rndv::LEN + 8)?,
         })
     }
 }
@@ -110,10 +106,10 @@ impl LandingAd {
         b
     }
     pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        let b: &[u8; Self::LEN] = b.try_into().ok()?;
+        (b.len() == Self::LEN).then_some(())?;
         Some(Self {
-            addr: u64::from_le_bytes(b[0..8].try_into().ok()?),
-            cap: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            addr: u64_at(b, 0)?,
+            cap: u64_at(b, 8)?,
         })
     }
     /// The address of data byte `off`.
@@ -193,9 +189,11 @@ mod tests {
     #[test]
     fn headers_roundtrip_and_reject_bad_lengths() {
         let r = RndvSplit {
-            tag: 7,
-            addr: 0x7fff_1234_5000,
-            len: (4 << 20) + 13,
+            rndv: Rndv {
+                tag: 7,
+                addr: 0x7fff_1234_5000,
+                len: (4 << 20) + 13,
+            },
             at: 2 << 20,
             seq: u64::MAX,
         };

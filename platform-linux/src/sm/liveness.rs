@@ -128,12 +128,8 @@ impl Sm {
         // A failed peer may be alive (declared failed for what it wrote):
         // the memory of a split get it may still be writing into is given
         // back only once it can no longer (see `Sm::cancel`).
-        if let Some(until) = self.state.split_release(|w| w.peer == peer) {
-            log::debug!(
-                "local rank {peer} failed during a split get: waiting until it can no longer write"
-            );
-            std::thread::sleep(until.saturating_duration_since(Instant::now()));
-        }
+        self.state
+            .await_split_writers(|w| w.peer == peer, "a failed peer");
         let lost: Vec<u64> = self
             .state
             .waiting

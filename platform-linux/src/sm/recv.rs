@@ -23,7 +23,7 @@ use super::{
     MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_LANDING, TAG_RNDV, TAG_RNDV_SPLIT,
 };
 use crate::cma;
-use crate::ops::{OpError, OpId, Sink, TEvent};
+use crate::ops::{OpError, OpId, RawBuf, Sink, TEvent};
 use crate::regions::Regions;
 
 /// Problems caused by peers' data logged one by one; after these, only
@@ -197,11 +197,28 @@ impl State {
         }
     }
 
+    /// A single-copy read for one of our gets failed: logged, and `peer`
+    /// gets fragments from now on.
+    fn single_get_failed(&mut self, peer: u32, e: &cma::CmaError) {
+        log::warn!("single-copy get from local rank {peer} failed: {e}; using fragments");
+        self.cma_ok[peer as usize] = false;
+    }
+
+    /// Waits (sleeping) until no target can still be writing into the
+    /// destination of one of our split gets that `which` selects (see
+    /// `Sm::cancel`): `what` says why, in the debug log.
+    pub(super) fn await_split_writers(&self, which: impl Fn(&RmaWait) -> bool, what: &str) {
+        if let Some(until) = self.split_release(which) {
+            log::debug!("{what}: waiting until its split get's target can no longer write");
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        }
+    }
+
     /// The latest time until which a target may still be writing into the
     /// destination of one of our split gets that `which` selects and whose
     /// last answer has not come (see `rma::SPLIT_GRACE`), if any is later
     /// than now: such a get's memory is given back only then.
-    pub(super) fn split_release(&self, which: impl Fn(&RmaWait) -> bool) -> Option<Instant> {
+    fn split_release(&self, which: impl Fn(&RmaWait) -> bool) -> Option<Instant> {
         let now = Instant::now();
         self.waiting
             .values()
@@ -359,9 +376,9 @@ impl Ctx<'_, '_> {
             .flatten();
         let p = peer as usize;
         let valid = r.filter(|r| {
-            r.tag <= MAX_USER_TAG
-                && r.len <= LANDING_CAP as u64
-                && r.at <= r.len
+            r.rndv.tag <= MAX_USER_TAG
+                && r.rndv.len <= LANDING_CAP as u64
+                && r.at <= r.rndv.len
                 && self.st.landings[p].is_some()
         });
         let Some(r) = valid else {
@@ -376,9 +393,9 @@ impl Ctx<'_, '_> {
         let Some(mut land) = self.st.landings[p].take() else {
             return false;
         };
-        let (len, at) = (r.len as usize, r.at as usize);
+        let (len, at) = (r.rndv.len as usize, r.at as usize);
         let data = land.data(len);
-        let mut res = self.st.cma_read(peer, r.addr, &mut data[..at]);
+        let mut res = self.st.cma_read(peer, r.rndv.addr, &mut data[..at]);
         let mut in_time = false;
         if res.is_ok() {
             // The sender writes its part right after posting this: a
@@ -405,11 +422,11 @@ impl Ctx<'_, '_> {
                 let data = land.data(len);
                 res = self
                     .st
-                    .cma_read(peer, r.addr.wrapping_add(r.at), &mut data[at..]);
+                    .cma_read(peer, r.rndv.addr.wrapping_add(r.at), &mut data[at..]);
             }
         }
         let res = res.map(|()| {
-            self.deliver(peer, r.tag, land.data(len));
+            self.deliver(peer, r.rndv.tag, land.data(len));
         });
         self.st.landings[p] = Some(land);
         match res {
@@ -693,29 +710,12 @@ impl Ctx<'_, '_> {
                 let d = unsafe { dst.as_mut_slice() };
                 match self.st.cma_read(peer, addr, d) {
                     Ok(()) => {
-                        self.st.rma_single_copies += 1;
-                        if let Some(posted) = w.timed {
-                            self.st.time_get(peer, Bulk::SingleCopy, d.len(), posted);
-                        }
+                        self.single_get_done(peer, &w, dst.len());
                         Ok(())
                     }
                     Err(e) => {
-                        // Fall back: ask again for the data in fragments.
-                        log::warn!(
-                            "single-copy get from local rank {peer} failed: {e}; using fragments"
-                        );
-                        self.st.cma_ok[peer as usize] = false;
-                        self.st.work.push(Work::RetryGet {
-                            peer,
-                            req,
-                            wait: RmaWait {
-                                peer,
-                                op: w.op,
-                                kind: rma::WaitKind::Get { dst, got: 0 },
-                                remote: w.remote,
-                                timed: None,
-                            },
-                        });
+                        self.st.single_get_failed(peer, &e);
+                        self.retry_get_in_fragments(peer, req, &w, dst);
                         return true;
                     }
                 }
@@ -738,10 +738,7 @@ impl Ctx<'_, '_> {
                 let head_ok = match self.st.cma_read(peer, addr, unsafe { head.as_mut_slice() }) {
                     Ok(()) => true,
                     Err(e) => {
-                        log::warn!(
-                            "single-copy get from local rank {peer} failed: {e}; using fragments"
-                        );
-                        self.st.cma_ok[peer as usize] = false;
+                        self.st.single_get_failed(peer, &e);
                         false
                     }
                 };
@@ -793,31 +790,16 @@ impl Ctx<'_, '_> {
                 };
                 match head_ok.then(read) {
                     Some(Ok(())) => {
-                        self.st.rma_single_copies += 1;
                         self.st.split_gets += 1;
-                        if let Some(posted) = w.timed {
-                            self.st.time_get(peer, Bulk::SingleCopy, dst.len(), posted);
-                        }
+                        self.single_get_done(peer, &w, dst.len());
                         Ok(())
                     }
                     failed => {
+                        // Our half failed (reported then) or the rest did.
                         if let Some(Err(e)) = failed {
-                            log::warn!(
-                                "single-copy get from local rank {peer} failed: {e}; using fragments"
-                            );
+                            self.st.single_get_failed(peer, &e);
                         }
-                        self.st.cma_ok[peer as usize] = false;
-                        self.st.work.push(Work::RetryGet {
-                            peer,
-                            req,
-                            wait: RmaWait {
-                                peer,
-                                op: w.op,
-                                kind: rma::WaitKind::Get { dst, got: 0 },
-                                remote: w.remote,
-                                timed: None,
-                            },
-                        });
+                        self.retry_get_in_fragments(peer, req, &w, dst);
                         return true;
                     }
                 }
@@ -856,6 +838,31 @@ impl Ctx<'_, '_> {
         };
         self.st.done.push((w.op, result));
         true
+    }
+
+    /// One of our gets completed by single copy: counted, and timed for
+    /// the bulk rates if it is a large one.
+    fn single_get_done(&mut self, peer: u32, w: &RmaWait, len: usize) {
+        self.st.rma_single_copies += 1;
+        if let Some(posted) = w.timed {
+            self.st.time_get(peer, Bulk::SingleCopy, len, posted);
+        }
+    }
+
+    /// Asks again for get `req`'s data (into `dst`), in fragments, after
+    /// its single copy failed.
+    fn retry_get_in_fragments(&mut self, peer: u32, req: u64, w: &RmaWait, dst: RawBuf) {
+        self.st.work.push(Work::RetryGet {
+            peer,
+            req,
+            wait: RmaWait {
+                peer,
+                op: w.op,
+                kind: rma::WaitKind::Get { dst, got: 0 },
+                remote: w.remote,
+                timed: None,
+            },
+        });
     }
 
     /// Data of one of our gets arrived.

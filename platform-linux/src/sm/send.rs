@@ -440,11 +440,7 @@ impl Sm {
         // include the receiver's own work before it acknowledges (in a
         // ping-pong, writing its answer), which made the faster split look
         // slower than the pipelined copy.
-        let len = parts.len();
-        let split = self.state.cma_ok[peer as usize]
-            && self.state.landing_to[peer as usize].is_some_and(|ad| {
-                self.state.split_min != 0 && len >= self.state.split_min && len as u64 <= ad.cap
-            });
+        let split = self.state.cma_ok[peer as usize] && self.split_to(peer, parts.len()).is_some();
         let mut probe = Probe::No;
         if large && !split {
             // A large message through fragments (single copy refused, or
@@ -559,18 +555,17 @@ impl Sm {
                     }
                     let (tag, buf, cookie) = (*tag, *buf, *cookie);
                     let len = buf.len();
-                    let split = self.state.landing_to[peer as usize].filter(|ad| {
-                        self.state.split_min != 0
-                            && len >= self.state.split_min
-                            && len as u64 <= ad.cap
-                    });
+                    let split = self.split_to(peer, len);
+                    let rndv = Rndv {
+                        tag,
+                        addr: buf.addr(),
+                        len: len as u64,
+                    };
                     let sent = match split {
                         Some(ad) => {
                             self.split_seq[peer as usize] += 1;
                             let hdr = RndvSplit {
-                                tag,
-                                addr: buf.addr(),
-                                len: len as u64,
+                                rndv,
                                 // Page-aligned, so each side copies whole
                                 // pages.
                                 at: ((len / 2) & !4095) as u64,
@@ -583,14 +578,8 @@ impl Sm {
                             sent.map(|()| self.write_split_part(peer, buf, ad, hdr))
                         }
                         None => {
-                            let hdr = Rndv {
-                                tag,
-                                addr: buf.addr(),
-                                len: len as u64,
-                            }
-                            .encode();
                             let e = &mut self.shm.get().engine;
-                            e.send(peer, TAG_RNDV, &[&hdr], cookie)
+                            e.send(peer, TAG_RNDV, &[&rndv.encode()], cookie)
                         }
                     };
                     if sent.is_err() {
@@ -699,6 +688,14 @@ impl Sm {
                 }
             }
         }
+    }
+
+    /// `peer`'s landing buffer, if a message of `len` bytes to it goes by
+    /// split rendezvous (see [`super::landing`]).
+    fn split_to(&self, peer: u32, len: usize) -> Option<LandingAd> {
+        let st = &self.state;
+        st.landing_to[peer as usize]
+            .filter(|ad| st.split_min != 0 && len >= st.split_min && len as u64 <= ad.cap)
     }
 
     /// Writes our part of split rendezvous `hdr` (`buf[hdr.at..]`) into
@@ -842,10 +839,8 @@ impl Sm {
         // that can no longer happen (at most a deadline and its grace
         // after the post, about a second; cancelling is what a blocking
         // call does after its timeout).
-        if let Some(until) = self.state.split_release(|w| w.op == op) {
-            log::debug!("cancelling a split get: waiting until its target can no longer write");
-            std::thread::sleep(until.saturating_duration_since(Instant::now()));
-        }
+        self.state
+            .await_split_writers(|w| w.op == op, "cancelling a get");
         self.state.waiting.retain(|_, w| w.op != op);
         self.state.done.retain(|(o, _)| *o != op);
     }
