@@ -253,9 +253,6 @@ const KIND_MSG: u64 = 1;
 const KIND_WRAP: u64 = 2;
 /// The terminator: no record here yet.
 const EMPTY: u64 = 0;
-/// Payloads up to this many bytes are gathered on the stack before they
-/// are stored ([`BoxMem::write_payload`]).
-const STAGED_PAYLOAD: usize = 128;
 
 // The in-place payload view reads the data words as bytes: that needs the
 // shim's AtomicU64 to be a plain 8-byte integer in memory (portable-atomic
@@ -764,41 +761,18 @@ impl<'a> BoxMem<'a> {
     /// checked by the caller), the last word padded with zeros. Relaxed:
     /// published by the header's Release store.
     ///
-    /// The record's words are found with one bounds check. A payload up to
-    /// [`STAGED_PAYLOAD`] bytes (the common case: a header and a few bytes
-    /// in two pieces) is gathered on the stack by inline copies of 8, 4, 2
-    /// and 1 bytes (no `memcpy` call: at these sizes the call costs more
-    /// than the copy) and stored a word at a time; a larger one is
-    /// assembled word by word in a register ([`Self::write_words`]).
+    /// The record's words are found with one bounds check; each word is
+    /// assembled in a register from 8-byte loads of the pieces (shifted
+    /// together where a piece ends inside a word) and stored once. (An
+    /// earlier version gathered small payloads on the stack first: its
+    /// 8-byte loads of bytes just stored in overlapping pieces missed the
+    /// store-to-load forwarding, which `perf` showed as the one hot spot of
+    /// a send, and the stack copy cost more instructions than it saved:
+    /// 1048 against 1038 per C ping-pong round trip in
+    /// `scripts/capi-bench.sh --callgrind`, 8 B messages 5 % slower in
+    /// `btl bench` bandwidth.)
     #[inline]
     fn write_payload(&self, at: u64, parts: &[&[u8]], len: usize) {
-        if len > STAGED_PAYLOAD {
-            return self.write_words(at, parts, len);
-        }
-        let first = ((at & u64::from(self.size - 1)) >> 3) as usize;
-        let mut buf = [0u8; STAGED_PAYLOAD];
-        let mut n = 0usize;
-        for part in parts {
-            if let Some(dst) = buf.get_mut(n..n + part.len()) {
-                copy_short(dst, part);
-            }
-            n += part.len();
-        }
-        let words = len.div_ceil(8);
-        if let (Some(dst), Some(src)) = (self.data.get(first..first + words), buf.get(..words * 8))
-        {
-            for (w, chunk) in dst.iter().zip(src.chunks_exact(8)) {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(chunk);
-                w.store(u64::from_ne_bytes(word), Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// [`Self::write_payload`] for a larger payload: each word assembled
-    /// in a register from 8-byte loads of the pieces (shifted together
-    /// where a piece ends inside a word) and stored once.
-    fn write_words(&self, at: u64, parts: &[&[u8]], len: usize) {
         let first = ((at & u64::from(self.size - 1)) >> 3) as usize;
         let Some(words) = self.data.get(first..first + len.div_ceil(8)) else {
             return;
@@ -1109,40 +1083,6 @@ impl<'a> FboxWriter<'a> {
         }
         self.cached_tail = tail;
         Ok(tail)
-    }
-}
-
-/// `dst.copy_from_slice(src)` for a short piece (equal lengths), as
-/// fixed-size copies the compiler inlines: 8-byte words, the last one
-/// overlapping the one before; below 8 bytes two overlapping halves.
-#[inline(always)]
-fn copy_short(dst: &mut [u8], src: &[u8]) {
-    fn fixed<const N: usize>(dst: &mut [u8], src: &[u8], at: usize) {
-        if let (Some(d), Some(s)) = (dst.get_mut(at..at + N), src.get(at..at + N)) {
-            let mut w = [0u8; N];
-            w.copy_from_slice(s);
-            d.copy_from_slice(&w);
-        }
-    }
-    let n = src.len();
-    if n != dst.len() {
-        return;
-    }
-    if n >= 8 {
-        let mut i = 0;
-        while i + 8 < n {
-            fixed::<8>(dst, src, i);
-            i += 8;
-        }
-        fixed::<8>(dst, src, n - 8);
-    } else if n >= 4 {
-        fixed::<4>(dst, src, 0);
-        fixed::<4>(dst, src, n - 4);
-    } else if n >= 2 {
-        fixed::<2>(dst, src, 0);
-        fixed::<2>(dst, src, n - 2);
-    } else if n == 1 {
-        dst[0] = src[0];
     }
 }
 
@@ -1748,21 +1688,15 @@ mod tests {
     }
 
     #[test]
-    fn vectored_writes_above_the_staged_size_equal_one_slice() {
-        // Payloads on both sides of STAGED_PAYLOAD (the stack-gathered
-        // path and the word-assembling one), split into three pieces.
+    fn vectored_writes_of_any_split_equal_one_slice() {
+        // Payloads short and long, split into three pieces at every few
+        // bytes (pieces ending inside a word, empty pieces, whole words).
         let mut buf = buffer(Fbox::memory_size(2048).unwrap());
         let r = region(&mut buf);
         let (mut reader, mut w) = pair(&r, 2048);
         // Split points every few bytes (fewer under miri).
         let step = if cfg!(miri) { (41, 37) } else { (7, 5) };
-        for n in [
-            STAGED_PAYLOAD - 1,
-            STAGED_PAYLOAD,
-            STAGED_PAYLOAD + 1,
-            200,
-            301,
-        ] {
+        for n in [1, 7, 8, 9, 22, 127, 128, 129, 200, 301] {
             let msg = content(n as u64, n);
             for a in (0..=n).step_by(step.0) {
                 for b in (a..=n).step_by(step.1) {
