@@ -45,8 +45,9 @@
  *   by default; btl's eager_limit if that is larger). Over TCP each of
  *   the rendezvous' extra messages costs a few microseconds, more than
  *   the receiver's copy out of the frame up to a max-size frame: measured
- *   (README), 64 KiB latency 24-25 -> 17-19 us (tcp 23-24) and windowed
- *   bandwidth 1.12-1.16x tcp's; 96 KiB 28-31 -> 22-23 us.
+ *   (README), 64 KiB latency 25-26 -> 17-19 us (tcp 23-25) and windowed
+ *   bandwidth 1.10-1.16x tcp's; 96 KiB 28-30 -> 22-23 us. A larger
+ *   btl_rtcp_max_send_size raises it too (and the receiver's buffers).
  * - RDMA: register_mem packs btl's key (BTL_KEY_BYTES, with the base
  *   address) as the registration handle; put/get are btl_iput/btl_iget
  *   with absolute remote addresses, validated by the target.
