@@ -513,20 +513,25 @@ static int m_sendi(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoi
     iov[0].base = header;
     iov[0].len = header_size;
     if (payload_size > 0) {
-        struct iovec v;
-        uint32_t cnt = 1;
-        size_t max_data = payload_size;
         if (!opal_convertor_need_buffers(conv)) {
-            v.iov_base = NULL;
-        } else if (payload_size <= sizeof(packed)) {
-            v.iov_base = (IOVBASE_TYPE *) packed;
+            /* contiguous: read in place, the convertor not advanced (as
+             * vader's sendi): a sendi that succeeds ends the message, and
+             * ob1 resets the convertor after one that fails */
+            void *p;
+            opal_convertor_get_current_pointer(conv, &p);
+            iov[1].base = p;
+            iov[1].len = payload_size;
         } else {
-            goto busy;
+            struct iovec v;
+            uint32_t cnt = 1;
+            size_t max_data = payload_size;
+            if (payload_size > sizeof(packed)) goto busy;
+            v.iov_base = (IOVBASE_TYPE *) packed;
+            v.iov_len = payload_size;
+            if (opal_convertor_pack(conv, &v, &cnt, &max_data) < 0) goto busy;
+            iov[1].base = v.iov_base;
+            iov[1].len = max_data;
         }
-        v.iov_len = payload_size;
-        if (opal_convertor_pack(conv, &v, &cnt, &max_data) < 0) goto busy;
-        iov[1].base = v.iov_base;
-        iov[1].len = max_data;
         n = 2;
     }
     rc = btl_sendi(module.h, ep->rank, tag, iov, n);
