@@ -448,6 +448,13 @@ impl FragView<'_> {
             }),
         }
     }
+
+    /// A copy of the payload if it is exactly `N` bytes (a fixed-size
+    /// protocol header), else `None`.
+    pub fn exact<const N: usize>(&self) -> Option<[u8; N]> {
+        let mut b = [0u8; N];
+        (self.info.len as usize == N && self.copy_payload(&mut b).is_ok()).then_some(b)
+    }
 }
 
 /// Resolves and validates the fragment a slot names: known owner, header

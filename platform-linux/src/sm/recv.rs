@@ -267,10 +267,7 @@ impl Ctx<'_, '_> {
     }
 
     fn recv_rndv(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut hdr = [0u8; Rndv::LEN];
-        let r = (frag.info.len as usize == Rndv::LEN && frag.copy_payload(&mut hdr).is_ok())
-            .then(|| Rndv::decode(&hdr))
-            .flatten();
+        let r = frag.exact::<{ Rndv::LEN }>().and_then(|b| Rndv::decode(&b));
         let Some(r) = r else {
             violation!(self.st, peer, "malformed single-copy header");
             return false;
@@ -341,10 +338,9 @@ impl Ctx<'_, '_> {
     /// A receiver's landing buffer for our split rendezvous: usable once a
     /// write of the flag's value (0) there succeeds.
     fn recv_landing(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; LandingAd::LEN];
-        let ad = (frag.info.len as usize == LandingAd::LEN && frag.copy_payload(&mut b).is_ok())
-            .then(|| LandingAd::decode(&b))
-            .flatten();
+        let ad = frag
+            .exact::<{ LandingAd::LEN }>()
+            .and_then(|b| LandingAd::decode(&b));
         let Some(ad) = ad else {
             violation!(self.st, peer, "malformed landing buffer");
             return false;
@@ -370,10 +366,9 @@ impl Ctx<'_, '_> {
     /// buffer for `peer` while it writes the rest there, then deliver the
     /// message from it (see [`super::landing`]).
     fn recv_rndv_split(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut hdr = [0u8; RndvSplit::LEN];
-        let r = (frag.info.len as usize == RndvSplit::LEN && frag.copy_payload(&mut hdr).is_ok())
-            .then(|| RndvSplit::decode(&hdr))
-            .flatten();
+        let r = frag
+            .exact::<{ RndvSplit::LEN }>()
+            .and_then(|b| RndvSplit::decode(&b));
         let p = peer as usize;
         let valid = r.filter(|r| {
             r.rndv.tag <= MAX_USER_TAG
@@ -559,13 +554,13 @@ impl Ctx<'_, '_> {
     fn recv_get_req(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
         let (get, tail) = if frag.info.len as usize == RangeReq::LEN + SplitTail::LEN {
             // A split get: the range, then its tail.
-            let mut b = [0u8; RangeReq::LEN + SplitTail::LEN];
             let req = frag
-                .copy_payload(&mut b)
-                .ok()
-                .and_then(|()| RangeReq::decode(&b[..RangeReq::LEN]))
-                .filter(|r| r.addr == rma::GET_SPLIT)
-                .zip(SplitTail::decode(&b[RangeReq::LEN..]))
+                .exact::<{ RangeReq::LEN + SplitTail::LEN }>()
+                .and_then(|b| {
+                    RangeReq::decode(&b[..RangeReq::LEN])
+                        .filter(|r| r.addr == rma::GET_SPLIT)
+                        .zip(SplitTail::decode(&b[RangeReq::LEN..]))
+                })
                 .filter(|(r, t)| t.at <= r.len);
             let Some((get, tail)) = req else {
                 violation!(self.st, peer, "malformed split get request");
@@ -678,10 +673,9 @@ impl Ctx<'_, '_> {
 
     /// A status reply to one of our gets or puts arrived.
     fn recv_reply(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; rma::REPLY_LEN];
-        let reply = (frag.info.len as usize == rma::REPLY_LEN && frag.copy_payload(&mut b).is_ok())
-            .then(|| rma::decode_reply(&b))
-            .flatten();
+        let reply = frag
+            .exact::<{ rma::REPLY_LEN }>()
+            .and_then(|b| rma::decode_reply(&b));
         let Some((req, status, addr)) = reply else {
             violation!(self.st, peer, "malformed one-sided reply");
             return false;
@@ -916,11 +910,10 @@ impl Dispatch for Ctx<'_, '_> {
             rma::TAG_RMA_REPLY => self.recv_reply(peer, frag),
             rma::TAG_GET_DATA => self.recv_get_data(peer, frag),
             TAG_BARRIER => {
-                let mut b = [0u8; 8];
-                if frag.info.len != 8 || frag.copy_payload(&mut b).is_err() {
+                let Some(b) = frag.exact::<8>() else {
                     violation!(self.st, peer, "malformed barrier message");
                     return false;
-                }
+                };
                 (self.sink)(
                     self.regions,
                     TEvent::Barrier {
@@ -1008,10 +1001,9 @@ impl Dispatch for Ctx<'_, '_> {
 impl Ctx<'_, '_> {
     /// The 36-byte request of a single-copy put or a get, or a violation.
     fn range_req(&mut self, peer: u32, frag: &FragView<'_>, what: &str) -> Option<RangeReq> {
-        let mut b = [0u8; RangeReq::LEN];
-        let req = (frag.info.len as usize == RangeReq::LEN && frag.copy_payload(&mut b).is_ok())
-            .then(|| RangeReq::decode(&b))
-            .flatten();
+        let req = frag
+            .exact::<{ RangeReq::LEN }>()
+            .and_then(|b| RangeReq::decode(&b));
         if req.is_none() {
             violation!(self.st, peer, "malformed {what}");
         }
