@@ -5,6 +5,7 @@ pub use btl_core as core;
 
 pub mod cli;
 pub mod cma;
+mod idmap;
 pub mod ifaddrs;
 pub mod job;
 pub mod ops;

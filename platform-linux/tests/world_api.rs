@@ -182,10 +182,18 @@ fn overlap(w: &mut World<'_>) -> R<String> {
 /// those that cannot leave at once wait in the queue as that memory (their
 /// requests complete when they leave, not when posted), and all arrive
 /// intact and in order. (Over TCP the kernel's buffers may take them all
-/// at once.)
+/// at once.) Every fourth message is tiny (1 to 240 bytes: over TCP a
+/// frame that fits one gathered send, copied when it must wait), between
+/// larger ones that wait as the caller's memory.
 fn rawqueue(w: &mut World<'_>, tcp: bool) -> R<String> {
     const N: u64 = 4000;
-    let size = |i: u64| 100 + (i as usize * 37) % 3000;
+    let size = |i: u64| {
+        if i % 4 == 0 {
+            1 + (i as usize * 7) % 240
+        } else {
+            100 + (i as usize * 37) % 3000
+        }
+    };
     w.barrier().map_err(e)?;
     match w.rank() {
         0 => {

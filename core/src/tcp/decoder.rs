@@ -271,6 +271,42 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Decoder<B> {
         }
     }
 
+    /// A whole frame in one step: when the stream is at a frame boundary,
+    /// the buffer holds the frame's header and all of its payload, the
+    /// frame is not an RMA frame (PUT/GET, whose payload opens with a
+    /// sub-header) and `accept` takes its header, returns the header and
+    /// the payload (in the buffer) and moves past the frame, as the
+    /// `Header`, `Payload` and `FrameEnd` events would. Otherwise `None`
+    /// and nothing is consumed: [`Self::next_event`] goes on from the same
+    /// place (and reports a header that does not parse).
+    ///
+    /// The adapter's fast path for small messages: one header parse and no
+    /// event state per frame.
+    pub fn next_whole_frame(
+        &mut self,
+        max_frame: u32,
+        accept: impl FnOnce(&FrameRepr) -> bool,
+    ) -> Option<(FrameRepr, &[u8])> {
+        if !matches!(self.stage, Stage::Header) || self.poison.is_some() {
+            return None;
+        }
+        let avail = self.end - self.start;
+        if avail < FRAME_HEADER_LEN {
+            return None;
+        }
+        let bytes = &self.buf.as_ref()[self.start..self.start + FRAME_HEADER_LEN];
+        let frame = FrameRepr::parse(&FrameHeader::new_unchecked(bytes), max_frame).ok()?;
+        // `len` is at most max_frame (u32): no overflow.
+        let total = FRAME_HEADER_LEN + frame.len as usize;
+        if avail < total || matches!(frame.kind, FrameType::Put | FrameType::Get) || !accept(&frame)
+        {
+            return None;
+        }
+        let from = self.start + FRAME_HEADER_LEN;
+        self.start += total;
+        Some((frame, &self.buf.as_ref()[from..self.start]))
+    }
+
     fn fail<'s>(&mut self, e: WireError) -> Option<Result<Event<'s>, WireError>> {
         self.poison = Some(e);
         Some(Err(e))
@@ -624,6 +660,104 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// [`decode`] with [`Decoder::next_whole_frame`] tried before every
+    /// event (accepting a header when `rng` says so): the same events.
+    fn decode_whole(stream: &[u8], cuts: &[usize], buf_len: usize, seed: u64) -> Vec<Owned> {
+        let mut buf = vec![0u8; buf_len];
+        let mut d = Decoder::expecting_handshake(&mut buf[..]).unwrap();
+        let mut rng = Rng(seed);
+        let (mut out, mut pos, mut whole) = (Vec::new(), 0, 0);
+        for &cut in cuts.iter().chain(core::iter::once(&stream.len())) {
+            let mut piece = &stream[pos..cut.clamp(pos, stream.len())];
+            pos += piece.len();
+            while !piece.is_empty() {
+                let spare = d.spare();
+                let n = spare.len().min(piece.len());
+                spare[..n].copy_from_slice(&piece[..n]);
+                d.filled(n);
+                piece = &piece[n..];
+                loop {
+                    let take = rng.below(4) != 0;
+                    if let Some((h, p)) = d.next_whole_frame(1 << 20, |_| take) {
+                        assert!(!matches!(h.kind, FrameType::Put | FrameType::Get));
+                        assert_eq!(p.len(), h.len as usize);
+                        out.push(Owned::Header(h));
+                        if !p.is_empty() {
+                            out.push(Owned::Payload(p.to_vec()));
+                        }
+                        out.push(Owned::End);
+                        whole += 1;
+                        continue;
+                    }
+                    match d.next_event(1 << 20) {
+                        Some(e) => push(&mut out, &e.unwrap()),
+                        None => break,
+                    }
+                }
+            }
+        }
+        assert!(!d.has_partial());
+        assert!(whole > 0, "no frame was taken whole");
+        out
+    }
+
+    #[test]
+    fn whole_frames_mixed_with_events_give_the_same_events() {
+        let (frames, max_size) = if cfg!(miri) { (6, 200) } else { (60, 3000) };
+        let (bytes, expected) = stream(0x2545_f491_4f6c_dd1d, frames, max_size);
+        let mut rng = Rng(777);
+        let mut random = Vec::new();
+        let mut at = 0;
+        loop {
+            let span = if rng.below(3) == 0 { 6000 } else { 30 };
+            at += 1 + rng.below(span) as usize;
+            if at >= bytes.len() {
+                break;
+            }
+            random.push(at);
+        }
+        for buf_len in [MIN_BUFFER, DEFAULT_BUFFER] {
+            for (i, cuts) in [&[][..], &random[..]].into_iter().enumerate() {
+                assert_eq!(
+                    decode_whole(&bytes, cuts, buf_len, 99 + i as u64),
+                    expected,
+                    "buffer {buf_len}, {} cuts",
+                    cuts.len()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn whole_frame_leaves_partial_and_bad_frames_to_events() {
+        let mut buf = [0u8; 256];
+        let mut d = Decoder::new(&mut buf).unwrap();
+        let mut wire = FrameRepr::send(5, 10).to_bytes().to_vec();
+        wire.extend_from_slice(&[1; 6]);
+        d.spare()[..wire.len()].copy_from_slice(&wire);
+        d.filled(wire.len());
+        // Four payload bytes missing: nothing taken, nothing consumed.
+        assert!(d.next_whole_frame(100, |_| true).is_none());
+        assert_eq!(d.buffered(), 22);
+        d.spare()[..4].copy_from_slice(&[2; 4]);
+        d.filled(4);
+        // Refused by `accept`: still nothing consumed.
+        assert!(d.next_whole_frame(100, |h| h.tag != 5).is_none());
+        let (h, p) = d.next_whole_frame(100, |_| true).unwrap();
+        assert_eq!(
+            (h, p),
+            (FrameRepr::send(5, 10), &[1, 1, 1, 1, 1, 1, 2, 2, 2, 2][..])
+        );
+        assert_eq!(d.buffered(), 0);
+        // A header announcing more than max_frame: left to next_event,
+        // which reports it.
+        d.spare()[..16].copy_from_slice(&FrameRepr::send(1, 500).to_bytes());
+        d.filled(16);
+        assert!(d.next_whole_frame(100, |_| true).is_none());
+        assert!(matches!(d.next_event(100), Some(Err(_))));
+        assert!(d.next_whole_frame(1000, |_| true).is_none(), "poisoned");
     }
 
     #[test]

@@ -23,6 +23,7 @@ use super::{
     MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_LANDING, TAG_RNDV, TAG_RNDV_SPLIT,
 };
 use crate::cma;
+use crate::idmap::IdMap;
 use crate::ops::{OpError, OpId, RawBuf, Sink, TEvent};
 use crate::regions::Regions;
 
@@ -114,7 +115,7 @@ pub(super) struct State {
     /// Incoming pipelined puts, by (peer, request).
     pub(super) puts_in: HashMap<(u32, u64), PutIn>,
     /// Our gets and puts waiting for their answer, by request.
-    pub(super) waiting: HashMap<u64, RmaWait>,
+    pub(super) waiting: IdMap<u64, RmaWait>,
     /// Gets timed this pass (peer, how, bytes, time), for the per-peer
     /// bulk rates the choice between single copy and fragments follows.
     pub(super) bulk_samples: Vec<(u32, Bulk, usize, Duration)>,
@@ -181,7 +182,7 @@ impl State {
             acks: Vec::new(),
             work: Vec::new(),
             puts_in: HashMap::new(),
-            waiting: HashMap::new(),
+            waiting: IdMap::default(),
             bulk_samples: Vec::new(),
             last_get_done: vec![None; nprocs as usize],
             rma_single_copies: 0,

@@ -18,7 +18,8 @@ use std::os::fd::AsFd;
 use btl_core::tcp::decoder::Event;
 use btl_core::tcp::endpoint::{ConnId, SendDecision};
 use btl_core::tcp::wire::{
-    FrameRepr, FrameType, HandshakeRepr, CHUNK_HEADER_LEN as CHUNK_HEADER, TAG_BARRIER, TAG_CHUNK,
+    FrameRepr, FrameType, HandshakeRepr, CHUNK_HEADER_LEN as CHUNK_HEADER, FRAME_HEADER_LEN,
+    TAG_BARRIER, TAG_CHUNK,
 };
 use rustix::event::epoll;
 
@@ -51,9 +52,24 @@ pub(super) struct OutBuf {
     counted: bool,
 }
 
-/// Frames up to this many bytes (header included) are gathered on the
-/// stack and written with one `send(2)`.
-const SMALL_FRAME: usize = 256;
+/// Frames up to this many bytes (header included) are gathered in one
+/// buffer and written with one `send(2)`.
+pub(super) const SMALL_FRAME: usize = 256;
+
+/// The concatenation of `parts` (`len` bytes in all) without its first
+/// `skip` bytes.
+fn concat_from(parts: &[&[u8]], mut skip: usize, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len.saturating_sub(skip));
+    for p in parts {
+        if skip >= p.len() {
+            skip -= p.len();
+        } else {
+            out.extend_from_slice(&p[skip..]);
+            skip = 0;
+        }
+    }
+    out
+}
 
 impl OutBuf {
     /// Raw protocol bytes (handshake, FIN), not counted.
@@ -208,6 +224,13 @@ impl Tcp {
         self.admit(peer, 0)?;
         let max = self.cfg.max_frame as usize;
         match parts.contiguous() {
+            Some(buf) if FRAME_HEADER_LEN + buf.len() <= SMALL_FRAME => {
+                // A small message leaves now, or waits as a copy: done at
+                // once either way (as `isend`; nothing to complete later).
+                // SAFETY: the caller's promise; read before returning.
+                let data = unsafe { buf.as_slice() };
+                self.isend(peer, tag, &[data]).map(|()| Posted::Done)
+            }
             Some(buf) if buf.len() > max => {
                 // SAFETY: the caller's promise.
                 let data = unsafe { buf.as_slice() };
@@ -281,43 +304,26 @@ impl Tcp {
     ) -> Result<Posted, PostError> {
         let hdr = repr.to_bytes();
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if parts.len() > 1 && len <= SMALL_FRAME {
-            // A small message in pieces (a protocol header and its payload,
-            // typically): gathered on the stack, then the one-piece path
-            // below (no allocation unless the socket is full).
-            let mut buf = [0u8; SMALL_FRAME];
-            let mut at = 0;
-            for p in parts {
-                buf[at..at + p.len()].copy_from_slice(p);
-                at += p.len();
-            }
-            return self.post(peer, repr, &[&buf[..len]], op);
-        }
-        if parts.len() <= 1 {
+        if parts.len() <= 1 || hdr.len() + len <= SMALL_FRAME {
             // The common case: try the socket first, copy only what is left
             // (memory is taken only for that).
-            let data = parts.first().copied().unwrap_or(&[]);
-            if let Some(written) = self.write_now(peer, &hdr, data)? {
-                if written == hdr.len() + data.len() {
+            if let Some(written) = self.write_now(peer, &hdr, parts, len)? {
+                if written == hdr.len() + len {
                     return Ok(Posted::Done);
                 }
                 let mut rest = OutBuf::frame(&[], Body::Owned(Vec::new()), op);
-                let body = if written < hdr.len() {
+                let skip = if written < hdr.len() {
                     rest.head[..hdr.len() - written].copy_from_slice(&hdr[written..]);
                     rest.head_len = hdr.len() - written;
-                    data.to_vec()
+                    0
                 } else {
-                    data[written - hdr.len()..].to_vec()
+                    written - hdr.len()
                 };
-                rest.body = Body::Owned(body);
+                rest.body = Body::Owned(concat_from(parts, skip, len));
                 return self.queue_on_conn(peer, rest);
             }
-            return self.post_buf(peer, OutBuf::frame(&[&hdr], Body::Owned(data.to_vec()), op));
         }
-        let mut body = Vec::with_capacity(len);
-        for p in parts {
-            body.extend_from_slice(p);
-        }
+        let body = concat_from(parts, 0, len);
         self.post_buf(peer, OutBuf::frame(&[&hdr], Body::Owned(body), op))
     }
 
@@ -366,14 +372,16 @@ impl Tcp {
         }
     }
 
-    /// Writes `hdr` + `data` to `peer` now if it is connected with nothing
-    /// queued: `Some(bytes written)` (possibly partial), `None` if it must
-    /// be queued.
+    /// Writes `hdr` and the concatenation of `parts` (`len` bytes; at most
+    /// one part unless the frame fits [`SMALL_FRAME`]) to `peer` now if it
+    /// is connected with nothing queued: `Some(bytes written)` (possibly
+    /// partial), `None` if it must be queued.
     fn write_now(
         &mut self,
         peer: u32,
         hdr: &[u8],
-        data: &[u8],
+        parts: &[&[u8]],
+        len: usize,
     ) -> Result<Option<usize>, PostError> {
         let Some(conn) = self.ready_conn(peer)? else {
             return Ok(None);
@@ -381,15 +389,20 @@ impl Tcp {
         let Some(c) = self.conns.get_mut(&conn.0) else {
             return Ok(None);
         };
-        let total = hdr.len() + data.len();
+        let total = hdr.len() + len;
         let mut written = 0usize;
         if total <= SMALL_FRAME {
-            // One contiguous send(2) rather than sendmsg(2) with two
+            // One contiguous send(2) rather than sendmsg(2) with several
             // pieces: less work per call in the kernel (no msghdr or iovec
-            // to import) and in user space.
-            let mut buf = [0u8; SMALL_FRAME];
+            // to import) and in user space. Gathered in a buffer kept for
+            // this (not zeroed per message, warm in the cache).
+            let buf = &mut self.small_out[..];
             buf[..hdr.len()].copy_from_slice(hdr);
-            buf[hdr.len()..total].copy_from_slice(data);
+            let mut at = hdr.len();
+            for p in parts {
+                buf[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
             loop {
                 match c.sock.send(&buf[..total]) {
                     Ok(n) => written = n,
@@ -405,6 +418,7 @@ impl Tcp {
                 return Ok(Some(written));
             }
         }
+        let data = parts.first().copied().unwrap_or(&[]);
         while written < total {
             let bufs: [IoSlice<'_>; 2] = if written < hdr.len() {
                 [IoSlice::new(&hdr[written..]), IoSlice::new(data)]
@@ -732,8 +746,8 @@ impl Tcp {
                 }
                 Ok(n) => {
                     c.dec.filled(n);
+                    let full = n == c.dec.capacity();
                     events += self.decode(conn, pass);
-                    let full = n == self.conns.get(&conn.0).map_or(0, |c| c.dec.capacity());
                     if !full {
                         // Drained what the socket had (probably): stop here,
                         // epoll says when there is more.
@@ -768,6 +782,25 @@ impl Tcp {
                     return events;
                 };
                 let peer = c.peer.filter(|_| c.incoming.is_none());
+                // The small-message fast path: a whole user message in the
+                // read-ahead buffer goes out in place in one step (what the
+                // Header, Payload and FrameEnd events below would do, one
+                // header parse and no per-event state).
+                if let Some(p) = peer.filter(|_| c.payload.is_empty()) {
+                    while let Some((h, data)) = c.dec.next_whole_frame(max_frame, |h| {
+                        h.kind == FrameType::Send && h.tag <= MAX_USER_TAG && h.len > 0
+                    }) {
+                        (pass.sink)(
+                            pass.regions,
+                            TEvent::Message {
+                                from: p,
+                                tag: h.tag,
+                                data,
+                            },
+                        );
+                        events += 1;
+                    }
+                }
                 match c.dec.next_event(max_frame) {
                     None => return events,
                     Some(Err(e)) => Todo::Error(e, peer),
@@ -996,5 +1029,21 @@ impl Tcp {
             None,
         )
         .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::concat_from;
+
+    #[test]
+    fn concat_from_skips_across_pieces() {
+        let parts: [&[u8]; 3] = [b"abc", b"", b"defgh"];
+        let all = b"abcdefgh";
+        for skip in 0..=all.len() + 2 {
+            let want = &all[skip.min(all.len())..];
+            assert_eq!(concat_from(&parts, skip, all.len()), want, "skip {skip}");
+        }
+        assert!(concat_from(&[], 0, 0).is_empty());
     }
 }

@@ -37,7 +37,7 @@
 //!   are refused with [`crate::ops::PostError::PeerFailed`], and the failure is
 //!   reported once as [`TEvent::PeerFailed`]; a FIN is a clean close.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -52,6 +52,7 @@ use btl_core::tcp::wire::{job_hash, FrameRepr};
 use rustix::event::epoll;
 use socket2::Socket;
 
+use crate::idmap::IdMap;
 use crate::ops::{OpError, OpId, QueueLimits, RawBuf, Sink, TEvent};
 use crate::regions::Regions;
 use crate::wireup::{Identity, WireupError};
@@ -135,32 +136,8 @@ fn io_err(what: &'static str) -> impl Fn(io::Error) -> TcpError {
     move |source| TcpError::Io { what, source }
 }
 
-/// The connections by id. Ids are ours (a counter, never chosen by a
-/// peer), so the table needs no flood-resistant hash: a multiplicative
-/// one, a few cycles where SipHash took tens on every message's path
-/// (several lookups per message; about 1.5 % of the 8 B ping-pong's
-/// profile).
-type ConnMap = HashMap<u32, Conn, std::hash::BuildHasherDefault<ConnIdHasher>>;
-
-/// Fibonacci hashing of a connection id: the odd multiplier spreads
-/// consecutive ids over the high bits (the table's tag) and keeps them
-/// distinct in the low bits (its bucket).
-#[derive(Clone, Copy, Debug, Default)]
-struct ConnIdHasher(u64);
-
-impl std::hash::Hasher for ConnIdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.0 = (self.0 ^ u64::from(v)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
+/// The connections by id (ids are ours: see [`IdMap`]).
+type ConnMap = IdMap<u32, Conn>;
 
 /// One socket: a connection in any state.
 struct Conn {
@@ -225,6 +202,8 @@ pub struct Tcp {
     events: Vec<epoll::Event>,
     /// Connections polled directly this pass (see `progress_timeout`).
     direct: Vec<ConnId>,
+    /// Where a small frame is gathered for its one send(2) (`write_now`).
+    small_out: Box<[u8; frames::SMALL_FRAME]>,
     /// Connections dropped for bad input (for tests and diagnostics).
     rejected: u64,
     /// Progress passes (timers run every 64).
@@ -232,10 +211,10 @@ pub struct Tcp {
     limits: QueueLimits,
     next_req: u64,
     /// Our get/put frames waiting for their answer, by request id.
-    rma_wait: HashMap<u64, rma::Wait>,
+    rma_wait: IdMap<u64, rma::Wait>,
     /// Our get/put operations: frames still unanswered and the first
     /// refusal.
-    rma_ops: HashMap<OpId, rma::OpState>,
+    rma_ops: IdMap<OpId, rma::OpState>,
     /// Completions to report at the end of the pass.
     done: Vec<(OpId, Result<(), OpError>)>,
     /// Failures to report at the end of the pass.
@@ -333,11 +312,12 @@ impl Tcp {
             start: Instant::now(),
             events: Vec::with_capacity(64),
             direct: Vec::with_capacity(DIRECT_POLL_MAX + 1),
+            small_out: Box::new([0; frames::SMALL_FRAME]),
             rejected: 0,
             passes: 0,
             next_req: 0,
-            rma_wait: HashMap::new(),
-            rma_ops: HashMap::new(),
+            rma_wait: IdMap::default(),
+            rma_ops: IdMap::default(),
             done: Vec::new(),
             to_report: Vec::new(),
             io_error: None,

@@ -531,7 +531,7 @@ fn finish<'m>(
             outbox: Outbox::default(),
             stash: VecDeque::new(),
             to_self: VecDeque::new(),
-            reqs: HashMap::new(),
+            reqs: Default::default(),
             completed: VecDeque::new(),
             next_req: 0,
             barrier_in: HashMap::<u64, HashSet<u32>>::new(),

@@ -55,6 +55,7 @@ use std::time::Duration;
 
 use btl_core::rma::RmaStatus;
 
+use crate::idmap::IdMap;
 use crate::ops::{OpError, PostError, TEvent};
 use crate::progress::{Idle, Waiter, CLOCK_EVERY};
 use crate::regions::Regions;
@@ -547,7 +548,7 @@ struct Hub<'m> {
     stash: VecDeque<(u32, u8, Vec<u8>)>,
     /// Messages to ourselves, delivered by the next pass.
     to_self: VecDeque<(u8, Vec<u8>)>,
-    reqs: HashMap<u64, Req>,
+    reqs: IdMap<u64, Req>,
     /// Requests completed with nobody listening, in order.
     completed: VecDeque<u64>,
     next_req: u64,
