@@ -56,6 +56,11 @@ pub(super) struct OutBuf {
 /// buffer and written with one `send(2)`.
 pub(super) const SMALL_FRAME: usize = 256;
 
+/// The most pieces (the frame header counted) a frame is written from
+/// straight, with one `sendmsg(2)`, when the socket takes it at once; a
+/// frame in more pieces is gathered into one buffer first.
+const WRITE_IOV: usize = 8;
+
 /// The concatenation of `parts` (`len` bytes in all) without its first
 /// `skip` bytes.
 fn concat_from(parts: &[&[u8]], mut skip: usize, len: usize) -> Vec<u8> {
@@ -304,7 +309,7 @@ impl Tcp {
     ) -> Result<Posted, PostError> {
         let hdr = repr.to_bytes();
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if parts.len() <= 1 || hdr.len() + len <= SMALL_FRAME {
+        if parts.len() < WRITE_IOV || hdr.len() + len <= SMALL_FRAME {
             // The common case: try the socket first, copy only what is left
             // (memory is taken only for that).
             if let Some(written) = self.write_now(peer, &hdr, parts, len)? {
@@ -372,10 +377,10 @@ impl Tcp {
         }
     }
 
-    /// Writes `hdr` and the concatenation of `parts` (`len` bytes; at most
-    /// one part unless the frame fits [`SMALL_FRAME`]) to `peer` now if it
-    /// is connected with nothing queued: `Some(bytes written)` (possibly
-    /// partial), `None` if it must be queued.
+    /// Writes `hdr` and the concatenation of `parts` (`len` bytes; fewer
+    /// than [`WRITE_IOV`] parts unless the frame fits [`SMALL_FRAME`]) to
+    /// `peer` now if it is connected with nothing queued: `Some(bytes
+    /// written)` (possibly partial), `None` if it must be queued.
     fn write_now(
         &mut self,
         peer: u32,
@@ -391,7 +396,8 @@ impl Tcp {
         };
         let total = hdr.len() + len;
         let mut written = 0usize;
-        if total <= SMALL_FRAME {
+        let small = total <= SMALL_FRAME;
+        if small {
             // One contiguous send(2) rather than sendmsg(2) with several
             // pieces: less work per call in the kernel (no msghdr or iovec
             // to import) and in user space. Gathered in a buffer kept for
@@ -403,40 +409,44 @@ impl Tcp {
                 buf[at..at + p.len()].copy_from_slice(p);
                 at += p.len();
             }
-            loop {
-                match c.sock.send(&buf[..total]) {
-                    Ok(n) => written = n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => {
-                        self.io_error = Some(e.to_string());
-                        self.conn_broken(conn, false);
-                        return Err(PostError::PeerFailed);
-                    }
-                }
-                // What the socket did not take is queued by the caller.
-                return Ok(Some(written));
-            }
+        } else if parts.len() >= WRITE_IOV {
+            return Ok(None);
         }
-        let data = parts.first().copied().unwrap_or(&[]);
         while written < total {
-            let bufs: [IoSlice<'_>; 2] = if written < hdr.len() {
-                [IoSlice::new(&hdr[written..]), IoSlice::new(data)]
+            let r = if small {
+                c.sock.send(&self.small_out[written..total])
             } else {
-                [
-                    IoSlice::new(&data[written - hdr.len()..]),
-                    IoSlice::new(&[]),
-                ]
+                // Straight from the pieces (no copy): one sendmsg(2) of
+                // what is left of the header and the parts.
+                let mut iov = [IoSlice::new(&[]); WRITE_IOV];
+                let mut n = 0;
+                let mut skip = written;
+                for p in std::iter::once(hdr).chain(parts.iter().copied()) {
+                    if skip >= p.len() {
+                        skip -= p.len();
+                        continue;
+                    }
+                    iov[n] = IoSlice::new(&p[skip..]);
+                    skip = 0;
+                    n += 1;
+                }
+                c.sock.send_vectored(&iov[..n])
             };
-            match c.sock.send_vectored(&bufs) {
+            match r {
                 Ok(n) => written += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // What the socket did not take is queued by the caller.
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => {
                     self.io_error = Some(e.to_string());
                     self.conn_broken(conn, false);
                     return Err(PostError::PeerFailed);
                 }
+            }
+            if small {
+                // A short write of a small frame: the socket is full, the
+                // caller queues the rest.
+                break;
             }
         }
         Ok(Some(written))
