@@ -404,6 +404,36 @@ pub fn decode_all(
     expect_handshake: bool,
     on_event: &mut dyn FnMut(&Event<'_>),
 ) -> Result<(), WireError> {
+    decode_all_with(
+        stream,
+        cuts,
+        buf,
+        max_frame,
+        expect_handshake,
+        &mut |_| false,
+        on_event,
+    )
+}
+
+/// [`decode_all`], trying [`Decoder::next_whole_frame`] (with `whole` as
+/// its `accept`) before every event, as an adapter's fast path does; a
+/// frame taken whole is reported as its `Header`, `Payload` (when not
+/// empty) and `FrameEnd` events, so the events must equal
+/// [`decode_all`]'s.
+///
+/// # Panics
+///
+/// If `buf` is shorter than [`MIN_BUFFER`] (a caller bug, not an input
+/// error).
+pub fn decode_all_with(
+    stream: &[u8],
+    cuts: &[usize],
+    buf: &mut [u8],
+    max_frame: u32,
+    expect_handshake: bool,
+    whole: &mut dyn FnMut(&FrameRepr) -> bool,
+    on_event: &mut dyn FnMut(&Event<'_>),
+) -> Result<(), WireError> {
     let decoder = if expect_handshake {
         Decoder::expecting_handshake(buf)
     } else {
@@ -426,8 +456,19 @@ pub fn decode_all(
             spare[..n].copy_from_slice(&piece[..n]);
             decoder.filled(n);
             piece = &piece[n..];
-            while let Some(event) = decoder.next_event(max_frame) {
-                on_event(&event?);
+            loop {
+                if let Some((h, p)) = decoder.next_whole_frame(max_frame, &mut *whole) {
+                    on_event(&Event::Header(h));
+                    if !p.is_empty() {
+                        on_event(&Event::Payload(p));
+                    }
+                    on_event(&Event::FrameEnd);
+                    continue;
+                }
+                match decoder.next_event(max_frame) {
+                    Some(event) => on_event(&event?),
+                    None => break,
+                }
             }
         }
     }
@@ -662,43 +703,27 @@ mod tests {
         }
     }
 
-    /// [`decode`] with [`Decoder::next_whole_frame`] tried before every
-    /// event (accepting a header when `rng` says so): the same events.
+    /// [`decode`] through [`decode_all_with`], a frame's header taken
+    /// whole when `rng` says so: counts the frames taken whole.
     fn decode_whole(stream: &[u8], cuts: &[usize], buf_len: usize, seed: u64) -> Vec<Owned> {
         let mut buf = vec![0u8; buf_len];
-        let mut d = Decoder::expecting_handshake(&mut buf[..]).unwrap();
         let mut rng = Rng(seed);
-        let (mut out, mut pos, mut whole) = (Vec::new(), 0, 0);
-        for &cut in cuts.iter().chain(core::iter::once(&stream.len())) {
-            let mut piece = &stream[pos..cut.clamp(pos, stream.len())];
-            pos += piece.len();
-            while !piece.is_empty() {
-                let spare = d.spare();
-                let n = spare.len().min(piece.len());
-                spare[..n].copy_from_slice(&piece[..n]);
-                d.filled(n);
-                piece = &piece[n..];
-                loop {
-                    let take = rng.below(4) != 0;
-                    if let Some((h, p)) = d.next_whole_frame(1 << 20, |_| take) {
-                        assert!(!matches!(h.kind, FrameType::Put | FrameType::Get));
-                        assert_eq!(p.len(), h.len as usize);
-                        out.push(Owned::Header(h));
-                        if !p.is_empty() {
-                            out.push(Owned::Payload(p.to_vec()));
-                        }
-                        out.push(Owned::End);
-                        whole += 1;
-                        continue;
-                    }
-                    match d.next_event(1 << 20) {
-                        Some(e) => push(&mut out, &e.unwrap()),
-                        None => break,
-                    }
-                }
-            }
-        }
-        assert!(!d.has_partial());
+        let (mut out, mut whole) = (Vec::new(), 0);
+        decode_all_with(
+            stream,
+            cuts,
+            &mut buf,
+            1 << 20,
+            true,
+            &mut |h| {
+                assert!(!matches!(h.kind, FrameType::Put | FrameType::Get));
+                let take = rng.below(4) != 0;
+                whole += usize::from(take);
+                take
+            },
+            &mut |e| push(&mut out, e),
+        )
+        .unwrap();
         assert!(whole > 0, "no frame was taken whole");
         out
     }
