@@ -12,9 +12,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// A [`HashMap`] keyed by our own ids (see the module docs).
 pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
-/// Fibonacci hashing of an id: the odd multiplier spreads consecutive ids
-/// over the high bits (the table's tag) and keeps them distinct in the
-/// low bits (its bucket).
+/// Fibonacci hashing of an id: the odd multiplier spreads the id over the
+/// high bits, and `finish` rotates the middle of the product into the
+/// low bits (the table's bucket), so ids that share their low bits
+/// (multiples of 16, say) still land apart.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct IdHasher(u64);
 
@@ -22,7 +23,8 @@ const K: u64 = 0x9e37_79b9_7f4a_7c15;
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // The product's well-mixed middle bits become the bucket bits.
+        self.0.rotate_left(26)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
@@ -44,19 +46,21 @@ mod tests {
 
     #[test]
     fn consecutive_ids_stay_apart() {
-        // Distinct low bits (buckets) for a run of consecutive ids, and a
-        // table of them behaves as a map.
+        // Distinct low bits (buckets) for runs of consecutive ids and of
+        // ids a power of two apart, and a table of them behaves as a map.
         let h = |v: u64| {
             let mut s = IdHasher::default();
             s.write_u64(v);
             s.finish()
         };
-        let buckets: HashSet<u64> = (1..=1024u64).map(|v| h(v) & 1023).collect();
-        assert!(
-            buckets.len() > 600,
-            "{} distinct buckets of 1024",
-            buckets.len()
-        );
+        for step in [1u64, 2, 3, 16, 4096, 1 << 20] {
+            let buckets: HashSet<u64> = (1..=1024u64).map(|v| h(v * step) & 1023).collect();
+            assert!(
+                buckets.len() > 600,
+                "ids {step} apart: {} distinct buckets of 1024",
+                buckets.len()
+            );
+        }
         let mut m: IdMap<u64, u64> = IdMap::default();
         for v in 0..10_000u64 {
             m.insert(v, v * 3);
