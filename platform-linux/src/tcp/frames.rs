@@ -744,9 +744,6 @@ impl Tcp {
                     }
                 }
             }
-            let Some(c) = self.conns.get_mut(&conn.0) else {
-                return events;
-            };
             let spare = c.dec.spare();
             let r = io::Read::read(&mut &c.sock, spare);
             match r {
@@ -757,7 +754,13 @@ impl Tcp {
                 Ok(n) => {
                     c.dec.filled(n);
                     let full = n == c.dec.capacity();
-                    events += self.decode(conn, pass);
+                    // Small messages first, without the general decoder
+                    // (which a frame boundary with nothing left after them
+                    // does not need: it would find no event).
+                    events += Self::whole_messages(c, self.cfg.max_frame, pass);
+                    if c.dec.buffered() > 0 {
+                        events += self.decode(conn, pass);
+                    }
                     if !full {
                         // Drained what the socket had (probably): stop here,
                         // epoll says when there is more.
@@ -776,6 +779,35 @@ impl Tcp {
         events
     }
 
+    /// The small-message fast path: every whole user message at the front
+    /// of `c`'s read-ahead buffer goes out in place, one step each (what
+    /// the Header, Payload and FrameEnd events of [`Self::decode`] would
+    /// do, with one header parse and no per-event state). Leaves the
+    /// stream at a frame boundary or where it was; returns the messages.
+    fn whole_messages(c: &mut Conn, max_frame: u32, pass: &mut Pass<'_, '_>) -> usize {
+        let Some(from) = c
+            .peer
+            .filter(|_| c.incoming.is_none() && c.payload.is_empty())
+        else {
+            return 0;
+        };
+        let mut n = 0;
+        while let Some((h, data)) = c.dec.next_whole_frame(max_frame, |h| {
+            h.kind == FrameType::Send && h.tag <= MAX_USER_TAG && h.len > 0
+        }) {
+            (pass.sink)(
+                pass.regions,
+                TEvent::Message {
+                    from,
+                    tag: h.tag,
+                    data,
+                },
+            );
+            n += 1;
+        }
+        n
+    }
+
     /// Drains the decoder of `conn`.
     fn decode(&mut self, conn: ConnId, pass: &mut Pass<'_, '_>) -> usize {
         enum Todo {
@@ -792,25 +824,7 @@ impl Tcp {
                     return events;
                 };
                 let peer = c.peer.filter(|_| c.incoming.is_none());
-                // The small-message fast path: a whole user message in the
-                // read-ahead buffer goes out in place in one step (what the
-                // Header, Payload and FrameEnd events below would do, one
-                // header parse and no per-event state).
-                if let Some(p) = peer.filter(|_| c.payload.is_empty()) {
-                    while let Some((h, data)) = c.dec.next_whole_frame(max_frame, |h| {
-                        h.kind == FrameType::Send && h.tag <= MAX_USER_TAG && h.len > 0
-                    }) {
-                        (pass.sink)(
-                            pass.regions,
-                            TEvent::Message {
-                                from: p,
-                                tag: h.tag,
-                                data,
-                            },
-                        );
-                        events += 1;
-                    }
-                }
+                events += Self::whole_messages(c, max_frame, pass);
                 match c.dec.next_event(max_frame) {
                     None => return events,
                     Some(Err(e)) => Todo::Error(e, peer),
