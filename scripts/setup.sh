@@ -106,6 +106,26 @@ if ! command -v size >/dev/null; then
   fi
 fi
 
+# `setup.sh --bench`: also the tools of the benchmarks (not of the tests):
+# the anchors' peers (../shared/anchors: ucx_perftest from ucx-utils,
+# fi_pingpong from libfabric-bin) and the profilers (perf from linux-perf,
+# valgrind's callgrind).
+if [ "${1:-}" = --bench ]; then
+  bneed=()
+  command -v ucx_perftest >/dev/null || bneed+=(ucx-utils)
+  command -v fi_pingpong >/dev/null || bneed+=(libfabric-bin)
+  command -v perf >/dev/null || bneed+=(linux-perf)
+  command -v valgrind >/dev/null || bneed+=(valgrind)
+  if [ ${#bneed[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      log "installing ${bneed[*]}"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${bneed[@]}"
+    else
+      echo "${bneed[*]} missing and cannot be installed here (run as root with apt-get)" >&2; exit 1
+    fi
+  fi
+fi
+
 # Build miri's sysroot once, quietly (the first miri run would do it anyway).
 cargo +nightly miri setup >/dev/null 2>&1 || cargo +nightly miri setup
 log "ready"
