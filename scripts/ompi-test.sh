@@ -336,6 +336,25 @@ if [[ $groups == *" hosts "* ]]; then
     else
       bad "3 hosts x 2 ranks over self,rsm,rtcp (rsm $nrsm, rtcp $nrtcp, wrong: $wrong; $s)" "$log"
     fi
+    # A host with one rank (rsm declines there) must not keep the other
+    # hosts' rsm from connecting: its address is published all the same.
+    # Ranks 0 and 1 on host 1 ping-pong (platform-linux/ompi/bench/mixpp.c),
+    # rank 2 on host 2.
+    log2=$d/onerank.log
+    mpicc -O2 -Wall -Werror -o "$work/mixpp" platform-linux/ompi/bench/mixpp.c
+    BTL_NETNS_HOSTS=$hdir/hosts timeout 300 mpirun --host "bo$$h1:2,bo$$h2:1" -n 3 \
+      --mca plm_rsh_agent "$root/scripts/netns-agent.sh" \
+      --mca oob_tcp_if_include "$net.0/24" -x OMPI_MCA_mca_base_component_path \
+      -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
+      --mca pml ob1 --mca btl self,rsm,rtcp --mca btl_rtcp_if_include "$net.0/24" \
+      --mca btl_base_verbose 10 "$work/mixpp" >"$log2" 2>&1 || true
+    nrsm=$(grep -c 'mca: bml: Using rsm btl' "$log2" || true)
+    nrtcp=$(grep -c 'mca: bml: Using rtcp btl' "$log2" || true)
+    if grep -q '^mix size=8' "$log2" && [ "$nrsm" = 2 ] && [ "$nrtcp" = 4 ]; then
+      ok "hosts of 2 ranks and of 1: rsm inside the first (2), rtcp between them (4)"
+    else
+      bad "hosts of 2 ranks and of 1 (rsm $nrsm, rtcp $nrtcp)" "$log2"
+    fi
     cleanup_hosts
     trap - EXIT
   fi

@@ -756,69 +756,63 @@ impl<'a> BoxMem<'a> {
         &self.header.reader.tail
     }
 
-    /// Stores the concatenation of `parts` (`len` bytes) into the words
-    /// from data byte `at` on (8-aligned; the record fits without wrapping,
-    /// checked by the caller), the last word padded with zeros. Relaxed:
-    /// published by the header's Release store.
+    /// Stores the concatenation of `parts` into `out` (its words, in
+    /// order; `out` holds exactly the payload rounded up to words), the
+    /// last word padded with zeros. Relaxed: published by the header's
+    /// Release store.
     ///
-    /// The record's words are found with one bounds check; each word is
-    /// assembled in a register from 8-byte loads of the pieces (shifted
-    /// together where a piece ends inside a word) and stored once. (An
-    /// earlier version gathered small payloads on the stack first: its
-    /// 8-byte loads of bytes just stored in overlapping pieces missed the
-    /// store-to-load forwarding, which `perf` showed as the one hot spot of
-    /// a send, and the stack copy cost more instructions than it saved:
-    /// 1048 against 1038 per C ping-pong round trip in
-    /// `scripts/capi-bench.sh --callgrind`, 8 B messages 5 % slower in
-    /// `btl bench` bandwidth.)
-    #[inline]
-    fn write_payload(&self, at: u64, parts: &[&[u8]], len: usize) {
-        let first = ((at & u64::from(self.size - 1)) >> 3) as usize;
-        let Some(words) = self.data.get(first..first + len.div_ceil(8)) else {
-            return;
-        };
-        let mut out = words.iter();
-        let mut put = |v: u64| {
-            if let Some(w) = out.next() {
-                // Bytes in order in memory: `v` holds byte i at bits 8i.
-                w.store(v.to_le(), Ordering::Relaxed);
-            }
-        };
+    /// Each word is assembled in a register from 8-byte loads of the
+    /// pieces (shifted together where a piece ends inside a word) and
+    /// stored once. (An earlier version gathered small payloads on the
+    /// stack first: its 8-byte loads of bytes just stored in overlapping
+    /// pieces missed the store-to-load forwarding, which `perf` showed as
+    /// the one hot spot of a send, and the stack copy cost more
+    /// instructions than it saved: 1048 against 1038 per C ping-pong round
+    /// trip in `scripts/capi-bench.sh --callgrind`, 8 B messages 5 % slower
+    /// in `btl bench` bandwidth.)
+    #[inline(always)]
+    fn write_words(out: &[AtomicU64], parts: &[&[u8]]) {
+        let mut slots = out.iter();
+        // Bytes in order in memory: `v` holds byte i at bits 8i.
+        macro_rules! put {
+            ($v:expr) => {
+                if let Some(w) = slots.next() {
+                    w.store(($v).to_le(), Ordering::Relaxed);
+                }
+            };
+        }
         // `fill` bytes (0..8) not yet stored, in the low bytes of `acc`.
         let (mut acc, mut fill) = (0u64, 0u32);
-        for part in parts {
-            let mut chunks = part.chunks_exact(8);
-            for c in &mut chunks {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                let v = u64::from_le_bytes(b);
+        for &part in parts {
+            let mut p = part;
+            while let Some((c, rest)) = p.split_first_chunk::<8>() {
+                let v = u64::from_le_bytes(*c);
                 if fill == 0 {
-                    put(v);
+                    put!(v);
                 } else {
-                    put(acc | v << (8 * fill));
+                    put!(acc | v << (8 * fill));
                     acc = v >> (64 - 8 * fill);
                 }
+                p = rest;
             }
-            let rest = chunks.remainder();
-            if rest.is_empty() {
+            if p.is_empty() {
                 continue;
             }
-            let v = le_bytes_below_8(rest);
+            let v = le_bytes_below_8(p);
             acc |= v << (8 * fill);
-            fill += rest.len() as u32;
-            if fill >= 8 {
-                put(acc);
-                fill -= 8;
-                // The part of `v` that did not fit: its top `fill` bytes.
-                acc = if fill == 0 {
-                    0
-                } else {
-                    v >> (8 * (rest.len() as u32 - fill))
-                };
+            let n = fill + p.len() as u32;
+            if n >= 8 {
+                put!(acc);
+                // `fill` > 0 here (a remainder is below 8 bytes): the bytes
+                // of `v` that did not fit, zero when none is left.
+                acc = v >> (8 * (8 - fill));
+                fill = n - 8;
+            } else {
+                fill = n;
             }
         }
         if fill > 0 {
-            put(acc);
+            put!(acc);
         }
     }
 
@@ -1003,10 +997,49 @@ impl<'a> FboxWriter<'a> {
         }
         let size = u64::from(self.mem.size);
         let rec = u64::from(Fbox::record_size(len32));
+        if (self.head & (size - 1)) + rec > size {
+            // Not before the box's end: a wrap record first.
+            self.wrap(rec)?;
+        } else if self.head + rec + 8 - self.cached_tail > size {
+            // The record and the word after it for the terminator.
+            let tail = self.load_tail()?;
+            if self.head + rec + 8 - tail > size {
+                return Err(SendError::Full);
+            }
+        }
+        // The record's words, found once: [pos, pos + rec) lies inside the
+        // box (checked above), `data` is `size / 8` words.
+        let first = ((self.head & (size - 1)) >> 3) as usize;
+        let data = self.mem.data;
+        let words = (rec >> 3) as usize;
+        // Terminator first (free space: counted above), at the box's start
+        // when the record ends the box.
+        if let Some(w) = data.get(first + words).or_else(|| data.first()) {
+            w.store(EMPTY, Ordering::Relaxed);
+        }
+        if let Some((header, body)) = data.get(first..first + words).and_then(<[_]>::split_first) {
+            BoxMem::write_words(body, parts);
+            // Release: pairs with the reader's Acquire load of the header
+            // in `poll`, publishing the payload and the terminator stored
+            // above.
+            header.store(msg_word(tag, len32, self.seq), Ordering::Release);
+        }
+        self.seq = (self.seq + 1) & SEQ_MASK;
+        self.head += rec;
+        Ok(())
+    }
+
+    /// Writes a wrap record at `head` (the rest of the box is padding)
+    /// when a record of `rec` bytes does not fit before the box's end,
+    /// having checked that the padding, the record and its terminator fit.
+    #[cold]
+    #[inline(never)]
+    fn wrap(&mut self, rec: u64) -> Result<(), SendError> {
+        let size = u64::from(self.mem.size);
         let pos = self.head & (size - 1);
-        let pad = if pos + rec > size { size - pos } else { 0 };
-        // The record, a wrap record before it if needed, and the word after
-        // it for the terminator.
+        let pad = size - pos;
+        // The padding, the record, and the word after it for the
+        // terminator.
         let need = pad + rec + 8;
         if self.head + need - self.cached_tail > size {
             let tail = self.load_tail()?;
@@ -1014,25 +1047,13 @@ impl<'a> FboxWriter<'a> {
                 return Err(SendError::Full);
             }
         }
-        if pad != 0 {
-            // The wrap record's terminator is the first word of the box.
-            self.mem.store(0, EMPTY, Ordering::Relaxed);
-            // Release: pairs with the reader's Acquire load of this header
-            // (publishes the terminator at position 0).
-            self.mem.store(pos, wrap_word(self.seq), Ordering::Release);
-            self.seq = (self.seq + 1) & SEQ_MASK;
-            self.head += pad;
-        }
-        let pos = self.head & (size - 1);
-        // Terminator first (free space: `need` counted its word).
-        self.mem.store(pos + rec, EMPTY, Ordering::Relaxed);
-        self.mem.write_payload(pos + 8, parts, len);
-        // Release: pairs with the reader's Acquire load of the header in
-        // `poll`, publishing the payload and the terminator stored above.
-        self.mem
-            .store(pos, msg_word(tag, len32, self.seq), Ordering::Release);
+        // The wrap record's terminator is the first word of the box.
+        self.mem.store(0, EMPTY, Ordering::Relaxed);
+        // Release: pairs with the reader's Acquire load of this header
+        // (publishes the terminator at position 0).
+        self.mem.store(pos, wrap_word(self.seq), Ordering::Release);
         self.seq = (self.seq + 1) & SEQ_MASK;
-        self.head += rec;
+        self.head += pad;
         Ok(())
     }
 
@@ -1236,7 +1257,7 @@ impl<'a> FboxReader<'a> {
     /// The next message, in place, or `None` if there is none yet. The
     /// message is consumed (its space given back to the writer) when the
     /// [`Record`] is dropped. Never blocks.
-    #[inline]
+    #[inline(always)]
     pub fn poll(&mut self) -> Result<Option<Record<'_, 'a>>, Corruption> {
         if let Some(c) = self.failed {
             return Err(c);
