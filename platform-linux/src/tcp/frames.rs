@@ -351,6 +351,8 @@ impl Tcp {
     /// connect starts its handshake deadline): a clock read costs about as
     /// much as a small message's own work, and this is on every send.
     fn send_decision(&mut self, peer: u32) -> SendDecision {
+        // A post: the transport is in use (the answer is awaited).
+        self.io_moves = self.io_moves.wrapping_add(1);
         let closed = self.peers[peer as usize].ep.state() == EndpointState::Closed;
         let now = if closed { self.now_ms() } else { 0 };
         self.peers[peer as usize].ep.on_send_request(now)
@@ -433,7 +435,10 @@ impl Tcp {
                 c.sock.send_vectored(&iov[..n])
             };
             match r {
-                Ok(n) => written += n,
+                Ok(n) => {
+                    self.io_moves = self.io_moves.wrapping_add(1);
+                    written += n;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // What the socket did not take is queued by the caller.
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -578,6 +583,7 @@ impl Tcp {
             }
             match c.sock.send_vectored(&slices) {
                 Ok(mut n) => {
+                    self.io_moves = self.io_moves.wrapping_add(1);
                     while let Some(f) = c.out.front() {
                         let left = f.len() - c.out_off;
                         if n >= left {
@@ -731,6 +737,7 @@ impl Tcp {
                         return events;
                     }
                     Ok(n) => {
+                        self.io_moves = self.io_moves.wrapping_add(1);
                         c.dec.payload_read_directly(n as u32);
                         events += self.decode(conn, pass);
                         continue;
@@ -752,6 +759,7 @@ impl Tcp {
                     return events;
                 }
                 Ok(n) => {
+                    self.io_moves = self.io_moves.wrapping_add(1);
                     c.dec.filled(n);
                     let full = n == c.dec.capacity();
                     // Small messages first, without the general decoder
