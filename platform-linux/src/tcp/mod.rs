@@ -538,8 +538,8 @@ impl Tcp {
     /// 0.3 µs here, and a program that polls TCP and shared memory together
     /// (btl's own job across hosts, Open MPI with `self,rsm,rtcp`) pays it
     /// on every pass while only shared memory talks: between two ranks of
-    /// a host whose job reaches another host, 8 B took 1.03 µs instead of
-    /// 0.26 (`scripts/ompi-mixbench.sh`). Open MPI's own tcp BTL is polled
+    /// a host whose job reaches another host, 8 B took 1.02 µs instead of
+    /// 0.32 (`scripts/ompi-mixbench.sh`). Open MPI's own tcp BTL is polled
     /// through libevent, which `opal_progress` likewise calls less often
     /// while nobody waits on it. The cost: a message reaching a quiet
     /// transport waits up to `QUIET_EVERY - 1` cheap passes more; a
