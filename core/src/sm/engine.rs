@@ -293,11 +293,33 @@ pub trait Dispatch {
     /// `frag.info.len` validated bytes. Return `false` to make the ACK carry
     /// the error status (no handler for the tag, handler failed).
     ///
-    /// Messages from a peer's fast box come the same way, in order with
+    /// Messages from a peer's fast box come the same way (through
+    /// [`Self::boxed`]'s provided method), in order with
     /// its ring messages, with `frag.header` `None` and the payload in
     /// place in the box (valid during the call); they have no ACK, so the
     /// return value is dropped: report what is refused another way.
     fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool;
+    /// A message from `peer`'s fast box, in place in the box (`payload`,
+    /// valid during the call; `part` is our part of the segment, which
+    /// holds the box). The provided method hands it to [`Self::recv`] as a
+    /// [`FragView`] without a header ([`deliver_boxed`]); an adapter may
+    /// take the messages it hands on unchanged straight from `payload` (a
+    /// layer less on the small-message path) and pass the others to
+    /// [`deliver_boxed`]. An error is the box's corruption (the peer is
+    /// failed).
+    #[inline(always)]
+    fn boxed(
+        &mut self,
+        part: &Region<'_>,
+        peer: u32,
+        tag: u8,
+        payload: fbox::Payload<'_>,
+    ) -> Result<(), Corruption>
+    where
+        Self: Sized,
+    {
+        deliver_boxed(part, peer, tag, payload, self)
+    }
     /// A fragment we sent to `peer` with `cookie` came back; `ok` is false if
     /// the receiver reported an error or the peer failed.
     fn complete(&mut self, peer: u32, cookie: u64, ok: bool);
@@ -310,6 +332,16 @@ pub trait Dispatch {
     /// fragments in flight to it complete with an error ([`Self::complete`]);
     /// nothing more is sent to it or accepted from it.
     fn failed(&mut self, peer: u32, why: PeerError);
+}
+
+/// What [`SmEngine::sweep_boxes`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// User messages handed out.
+    pub delivered: usize,
+    /// Whether a full [`SmEngine::progress`] pass has work in the boxes
+    /// (or their faults) that the sweep left to it.
+    pub rest: bool,
 }
 
 /// Something a peer wrote into our rings or its fragments was invalid.
@@ -1523,6 +1555,72 @@ where
         sent
     }
 
+    /// The small-message lane: hands the user messages waiting in our fast
+    /// boxes to `f` (sender, tag, payload in place, valid during the call),
+    /// in order, up to [`POLL_BATCH`] per box, without the rest of a
+    /// [`Self::progress`] pass (rings, queued sends, faults: no
+    /// [`Dispatch`]). [`Sweep::rest`] says the full pass has work here
+    /// that the lane leaves to it: a record with a protocol tag (left in
+    /// its box, unread), a box found corrupt (the pass fails its peer), a
+    /// full batch, a box a send found corrupt.
+    ///
+    /// A box's records are older than every ring SEND of its sender not
+    /// yet dispatched (the hand-off rule, [`crate::sm::fbox`]), so a sweep
+    /// before, between or instead of passes keeps every peer's order.
+    #[cfg(not(loom))]
+    pub fn sweep_boxes(&mut self, mut f: impl FnMut(u32, u8, &[u8])) -> Sweep {
+        let mut sweep = Sweep {
+            delivered: 0,
+            rest: self.fbox_faults > 0,
+        };
+        for i in 0..self.boxes_out as usize {
+            let Some(&sender) = self.box_senders.get(i) else {
+                break;
+            };
+            let peer = u32::from(sender);
+            let Some(p) = self.peers.as_mut().get_mut(peer as usize) else {
+                continue;
+            };
+            let Some(reader) = p
+                .fbox_in
+                .as_mut()
+                .filter(|_| p.state == PeerState::Connected)
+            else {
+                continue;
+            };
+            let mut n = 0;
+            loop {
+                if n == POLL_BATCH {
+                    sweep.rest = true;
+                    break;
+                }
+                match reader.poll() {
+                    Ok(None) => break,
+                    Ok(Some(rec)) if crate::tags::is_user(rec.tag()) => {
+                        f(peer, rec.tag(), rec.payload().as_bytes());
+                        drop(rec);
+                        n += 1;
+                    }
+                    Ok(Some(rec)) => {
+                        // Not consumed: the full pass dispatches it.
+                        core::mem::forget(rec);
+                        sweep.rest = true;
+                        break;
+                    }
+                    Err(_) => {
+                        // The reader keeps its failure: the full pass's
+                        // poll finds it again and fails the peer.
+                        sweep.rest = true;
+                        break;
+                    }
+                }
+            }
+            self.fbox_received += n as u64;
+            sweep.delivered += n;
+        }
+        sweep
+    }
+
     /// One pass of the progress engine (see the module docs). Returns the
     /// number of events (slots handled and pending values sent).
     pub fn progress<H: Dispatch>(&mut self, d: &mut H) -> usize {
@@ -1651,7 +1749,7 @@ where
             match reader.poll() {
                 Ok(None) => break None,
                 Ok(Some(rec)) => {
-                    let delivered = deliver_boxed(&part, peer, rec.tag(), rec.payload(), d);
+                    let delivered = d.boxed(&part, peer, rec.tag(), rec.payload());
                     drop(rec);
                     if let Err(e) = delivered {
                         break Some(e);
@@ -1679,7 +1777,7 @@ where
         let mut bad = None;
         let drained = reader.drain(|tag, payload| {
             if bad.is_none() {
-                bad = deliver_boxed(&part, peer, tag, payload, d).err();
+                bad = d.boxed(&part, peer, tag, payload).err();
             }
         });
         let error = match (drained, bad) {
@@ -1950,8 +2048,9 @@ fn offered_box<'a>(
 
 /// Hands a fast-box message to `d` as a [`FragView`] without a header:
 /// in place (a sub-region of our part, `part`), or, under loom (whose
-/// atomics are not plain words), copied.
-fn deliver_boxed<H: Dispatch>(
+/// atomics are not plain words), copied. What [`Dispatch::boxed`] does
+/// unless the adapter takes the message itself.
+pub fn deliver_boxed<H: Dispatch>(
     part: &Region<'_>,
     peer: u32,
     tag: u8,

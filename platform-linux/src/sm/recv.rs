@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use btl_core::sync::Ordering;
 
 use btl_core::rma::RmaStatus;
-use btl_core::sm::engine::{Dispatch, PeerError};
+use btl_core::shm::Region;
+use btl_core::sm::engine::{deliver_boxed, Dispatch, PeerError};
+use btl_core::sm::fbox::{self, Corruption};
 use btl_core::sm::frag::FragView;
 
 use super::landing::{Landing, LandingAd, RndvSplit, LANDING_CAP, SPLIT_WAIT};
@@ -899,6 +901,33 @@ impl Ctx<'_, '_> {
 }
 
 impl Dispatch for Ctx<'_, '_> {
+    /// A user message goes to the sink straight from the box (no
+    /// [`FragView`], no dispatch on the tag: the small-message path); the
+    /// protocol's own messages go through [`Self::recv`].
+    #[inline(always)]
+    fn boxed(
+        &mut self,
+        part: &Region<'_>,
+        peer: u32,
+        tag: u8,
+        payload: fbox::Payload<'_>,
+    ) -> Result<(), Corruption> {
+        if tag <= MAX_USER_TAG {
+            // In place, as `recv` delivers a user message: the bytes are
+            // the record's, inside the box in our part (the reader
+            // validated its header and bounds), and the box's one writer
+            // does not write them until the reader's tail moves past the
+            // record, after this returns (`btl_core::sm::fbox`, "One
+            // writer, one reader"); the event's data cannot outlive the
+            // sink call. A writer breaking the protocol can only change
+            // the bytes of its own message meanwhile.
+            self.deliver(peer, tag, payload.as_bytes());
+            Ok(())
+        } else {
+            deliver_boxed(part, peer, tag, payload, self)
+        }
+    }
+
     fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
         match tag {
             TAG_RNDV => self.recv_rndv(peer, frag),

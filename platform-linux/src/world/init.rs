@@ -550,6 +550,7 @@ fn finish<'m>(
         tcp_sizes,
         idle_passes: 0,
         passes: 0,
+        lane_streak: 0,
         barrier_epoch: 0,
         _mem: PhantomData,
     })

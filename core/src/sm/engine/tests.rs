@@ -251,13 +251,27 @@ fn small_messages_take_the_box_without_fragment_or_ack() {
 
 #[test]
 fn order_holds_across_box_and_ring() {
-    // Small ring, small boxes: the box fills, the ring takes over until
-    // its ACKs are back, and small and large messages alternate.
+    order_across_box_and_ring(false);
+}
+
+#[test]
+fn order_holds_with_sweeps_between_passes() {
+    // The small-message lane (sweep_boxes) between full passes, as the
+    // job API runs it: same order.
+    order_across_box_and_ring(true);
+}
+
+/// Small ring, small boxes: the box fills, the ring takes over until its
+/// ACKs are back, and small and large messages alternate; `sweep`: the
+/// receivers sweep their boxes before each pass, and skip the pass every
+/// other round when the sweep left it nothing.
+fn order_across_box_and_ring(sweep: bool) {
     with_job_params(3, box_params(4), |e, _| {
         let mut recs: Vec<Rec> = (0..3).map(|_| Rec::default()).collect();
         let per_pair = 400u32;
         let mut next = [[0u32; 3]; 3];
         let mut rounds = 0;
+        let mut swept = 0;
         let size = |seq: u32| -> usize {
             match seq % 5 {
                 0 => 4,
@@ -288,6 +302,14 @@ fn order_holds_across_box_and_ring() {
                 }
             }
             for (r, rec) in recs.iter_mut().enumerate() {
+                if sweep {
+                    let got = &mut rec.got;
+                    let s = e[r].sweep_boxes(|p, t, d| got.push((p, t, d.to_vec())));
+                    swept += s.delivered;
+                    if !s.rest && s.delivered > 0 && rounds % 2 == 0 {
+                        continue;
+                    }
+                }
                 e[r].progress(rec);
             }
             let got: usize = recs.iter().map(|r| r.got.len()).sum();
@@ -316,6 +338,71 @@ fn order_holds_across_box_and_ring() {
             // Both paths were taken.
             assert!(x.fbox_sent() > 0 && x.fbox_sent() < 2 * u64::from(per_pair));
         }
+        assert_eq!(sweep, swept > 0, "{swept} messages swept");
+    });
+}
+
+#[test]
+fn the_sweep_hands_out_user_messages_and_leaves_the_rest_to_the_pass() {
+    with_job_params(3, box_params(16), |e, region| {
+        let layout = segment_layout(&box_params(16), 3).unwrap();
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        let mut swept = Vec::new();
+        // Nothing waiting: nothing handed out, nothing left.
+        let s = e[1].sweep_boxes(|p, t, d| swept.push((p, t, d.to_vec())));
+        assert_eq!(s, Sweep::default());
+        // Two user messages, a protocol message, a user message.
+        e[0].send(1, 1, &[b"a"], 0).unwrap();
+        e[0].send(1, 2, &[b"b", b"c"], 0).unwrap();
+        e[0].send(1, crate::tags::BARRIER, &[&[0; 8]], 0).unwrap();
+        e[0].send(1, 3, &[b"d"], 0).unwrap();
+        assert_eq!(e[0].fbox_sent(), 4);
+        let s = e[1].sweep_boxes(|p, t, d| swept.push((p, t, d.to_vec())));
+        assert_eq!((s.delivered, s.rest), (2, true));
+        assert_eq!(swept, vec![(0, 1, b"a".to_vec()), (0, 2, b"bc".to_vec())]);
+        // The pass takes the protocol message where the sweep stopped.
+        assert_eq!(e[1].progress(&mut r1), 2);
+        assert_eq!(
+            r1.got,
+            vec![(0, crate::tags::BARRIER, vec![0; 8]), (0, 3, b"d".to_vec())]
+        );
+        assert_eq!(e[1].fbox_received(), 4);
+        // A corrupt record: the sweep hands out what precedes it and
+        // leaves the failure to the pass, which fails its writer only.
+        e[0].send(1, 4, &[b"ok"], 0).unwrap();
+        e[2].send(1, 5, &[b"ok"], 0).unwrap();
+        e[0].send(1, 4, &[b"bad"], 0).unwrap();
+        // Records of 16 bytes: four above, then "ok"; "bad" is the sixth.
+        let at = box_data_at(region, &layout, 1, 0) + 80;
+        let mut word = [0u8; 8];
+        region.read_bytes(at, &mut word).unwrap();
+        let word = u64::from_ne_bytes(word) | 1 << 37;
+        region.write_bytes(at, &word.to_ne_bytes()).unwrap();
+        swept.clear();
+        let s = e[1].sweep_boxes(|p, t, d| swept.push((p, t, d.to_vec())));
+        assert!(s.rest);
+        assert!(swept.contains(&(0, 4, b"ok".to_vec())));
+        assert!(swept.contains(&(2, 5, b"ok".to_vec())));
+        assert_eq!(s.delivered, 2);
+        assert_eq!(e[1].peer_state(0), Some(PeerState::Connected));
+        e[1].progress(&mut r1);
+        assert!(matches!(
+            r1.failed[..],
+            [(
+                0,
+                PeerError::FastBox {
+                    peer: 0,
+                    error: fbox::Corruption::ReservedBits { .. }
+                }
+            )]
+        ));
+        assert_eq!(e[1].peer_state(2), Some(PeerState::Connected));
+        // The failed peer's box is not swept again.
+        swept.clear();
+        e[2].send(1, 6, &[b"on"], 0).unwrap();
+        let s = e[1].sweep_boxes(|p, t, d| swept.push((p, t, d.to_vec())));
+        assert_eq!((s.delivered, swept), (1, vec![(2, 6, b"on".to_vec())]));
+        e[0].progress(&mut r0);
     });
 }
 
