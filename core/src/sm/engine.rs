@@ -339,8 +339,8 @@ pub trait Dispatch {
 pub struct Sweep {
     /// User messages handed out.
     pub delivered: usize,
-    /// Whether a full [`SmEngine::progress`] pass has work in the boxes
-    /// (or their faults) that the sweep left to it.
+    /// Whether a full [`SmEngine::progress`] pass has anything to do (in
+    /// the boxes, the rings, the queues).
     pub rest: bool,
 }
 
@@ -1559,10 +1559,11 @@ where
     /// boxes to `f` (sender, tag, payload in place, valid during the call),
     /// in order, up to [`POLL_BATCH`] per box, without the rest of a
     /// [`Self::progress`] pass (rings, queued sends, faults: no
-    /// [`Dispatch`]). [`Sweep::rest`] says the full pass has work here
-    /// that the lane leaves to it: a record with a protocol tag (left in
-    /// its box, unread), a box found corrupt (the pass fails its peer), a
-    /// full batch, a box a send found corrupt.
+    /// [`Dispatch`]). [`Sweep::rest`] says whether a full pass has
+    /// anything to do: a record with a protocol tag (left in its box,
+    /// unread), a box found corrupt (the pass fails its peer), a full
+    /// batch, a box a send found corrupt, a ring slot waiting, values
+    /// queued for full rings. One load per box and per ring when idle.
     ///
     /// A box's records are older than every ring SEND of its sender not
     /// yet dispatched (the hand-off rule, [`crate::sm::fbox`]), so a sweep
@@ -1571,7 +1572,7 @@ where
     pub fn sweep_boxes(&mut self, mut f: impl FnMut(u32, u8, &[u8])) -> Sweep {
         let mut sweep = Sweep {
             delivered: 0,
-            rest: self.fbox_faults > 0,
+            rest: self.fbox_faults > 0 || self.pending_total > 0,
         };
         for i in 0..self.boxes_out as usize {
             let Some(&sender) = self.box_senders.get(i) else {
@@ -1617,6 +1618,13 @@ where
             }
             self.fbox_received += n as u64;
             sweep.delivered += n;
+        }
+        if !sweep.rest {
+            sweep.rest = self
+                .consumers
+                .as_mut()
+                .iter()
+                .any(|c| c.as_ref().is_some_and(|c| !c.is_empty()));
         }
         sweep
     }

@@ -404,11 +404,13 @@ impl Sm {
     /// The small-message lane ([`SmEngine::sweep_boxes`]): the user
     /// messages in our fast boxes to `f` (the sender's local rank, tag,
     /// payload in place), without the rest of a [`Self::progress`] pass;
-    /// `rest` when that pass has work the lane left to it.
+    /// `rest` when that pass has anything to do.
     #[inline]
     pub fn sweep_boxes(&mut self, f: impl FnMut(u32, u8, &[u8])) -> btl_core::sm::engine::Sweep {
         let mut sweep = self.shm.get().engine.sweep_boxes(f);
-        sweep.rest |= !self.unpins.is_empty() || self.follow_up_pending();
+        sweep.rest |= !self.unpins.is_empty()
+            || !self.state.bulk_samples.is_empty()
+            || self.follow_up_pending();
         sweep
     }
 

@@ -76,8 +76,16 @@ pub const MAX_USER_TAG: u8 = btl_core::tags::MAX_USER_TAG;
 /// spinning).
 const RELEASE_AFTER_IDLE: u32 = 64;
 /// Most passes in a row that end after the small-message lane
-/// ([`World::lane`]) before a full pass.
+/// ([`World::lane`]) having handed out messages, before a full pass.
 const LANE_STREAK: u32 = 8;
+
+/// How [`World::lane`] left a pass.
+enum Lane {
+    /// It is over: this many messages were handed out.
+    Done(usize),
+    /// The full pass runs; this many messages were handed out already.
+    Pass(usize),
+}
 
 /// Wire-up key of a rank's node name.
 pub const NODE_KEY: &str = "node";
@@ -945,10 +953,10 @@ impl<'m> World<'m> {
     fn pass<U: Consumer + ?Sized>(&mut self, user: &mut Option<&mut U>, block: Duration) -> usize {
         // The small-message lane first: a pass that hands out fast-box
         // messages and finds nothing else to do ends there.
-        let mut n = self.lane(user);
-        if n > 0 && self.lane_streak > 0 {
-            return n;
-        }
+        let mut n = match self.lane(user) {
+            Lane::Done(n) => return n,
+            Lane::Pass(n) => n,
+        };
         // The idle pass (a poll that finds nothing) sets the latency of
         // everything built on this: each queue gets one look inline, the
         // work on it is out of line.
@@ -1008,44 +1016,59 @@ impl<'m> World<'m> {
     /// The small-message lane: the user messages in the shared-memory fast
     /// boxes go to the consumer with no more than a box poll and a call
     /// each ([`Sm::sweep_boxes`]), where a full pass runs every transport's
-    /// queues, the follow-up work and the counters around them — on the
-    /// path of every small message under a ping-pong, about 250 of an Open
-    /// MPI rank's 1100 instructions per message (callgrind, `ppmin 8` over
-    /// `self,rsm`). Returns how many; `lane_streak` is non-zero when the
-    /// pass may end here: the sweep left nothing to a full pass and
-    /// handed something out.
+    /// queues, the follow-up work and the counters around them; the sweep
+    /// also says whether shared memory has anything else to do (a ring
+    /// slot, queued work), so a pass that finds nothing else ends here too.
+    /// The full pass is about 250 of the 1100 instructions an Open MPI rank
+    /// spent per small message under a ping-pong (callgrind, `ppmin 8` over
+    /// `self,rsm`), and an idle pass (the poll a receiver spins on, whose
+    /// length delays every arrival) was 370 instructions of the C ABI.
     ///
     /// Order: a box's records are older than its sender's ring messages
     /// not yet dispatched (the hand-off rule), and nothing orders one
     /// sender's messages against another's or against completions. Not
     /// taken while messages kept by a blocking call wait for the consumer
     /// (`replay`), so those still come first. Fairness: at most
-    /// [`LANE_STREAK`] lane passes in a row, and never on the pass that
-    /// looks at the clock (liveness), so the rings, TCP and the queued work
-    /// wait at most that many messages longer.
+    /// [`LANE_STREAK`] lane passes that hand out messages in a row, never
+    /// the pass that looks at the clock (liveness) or the one that hands
+    /// consumed ring slots back, and an idle pass ends here only without
+    /// TCP, messages to ourselves or queued replies: TCP and those wait at
+    /// most that many messages longer.
     #[inline(always)]
-    fn lane<U: Consumer + ?Sized>(&mut self, user: &mut Option<&mut U>) -> usize {
+    fn lane<U: Consumer + ?Sized>(&mut self, user: &mut Option<&mut U>) -> Lane {
         let allowed = self.lane_streak < LANE_STREAK
             && user.is_some()
             && (self.passes.wrapping_add(1)) % CLOCK_EVERY != 0
             && !self.hub.has_replay();
         let Some(sm) = self.sm.as_mut().filter(|_| allowed) else {
             self.lane_streak = 0;
-            return 0;
+            return Lane::Pass(0);
         };
         let (hub, regions) = (&mut self.hub, &mut self.regions);
         let sweep = sm.sweep_boxes(|local, tag, data| {
             let from = hub.global(true, local);
             hub.message(from, tag, data, regions, user);
         });
-        if sweep.delivered > 0 && !sweep.rest {
+        let n = sweep.delivered;
+        if sweep.rest {
+            self.lane_streak = 0;
+            return Lane::Pass(n);
+        }
+        if n > 0 {
             self.lane_streak += 1;
-            self.passes = self.passes.wrapping_add(1);
             self.idle_passes = 0;
+        } else if self.tcp.is_none()
+            && self.hub.to_self.is_empty()
+            && self.hub.outbox.is_empty()
+            && (self.idle_passes.wrapping_add(1)) % RELEASE_AFTER_IDLE != 0
+        {
+            self.idle_passes = self.idle_passes.wrapping_add(1);
         } else {
             self.lane_streak = 0;
+            return Lane::Pass(0);
         }
-        sweep.delivered
+        self.passes = self.passes.wrapping_add(1);
+        Lane::Done(n)
     }
 
     /// Delivers our messages to ourselves; returns how many.
