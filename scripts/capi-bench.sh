@@ -18,7 +18,7 @@
 # Rust side runs `btl bench --window 1`, whose bandwidth loop is the same
 # ping-pong (8 B, then a 1-byte acknowledgement), so it counts two
 # loops. Stable on a loaded machine except for idle passes (a poll that
-# finds nothing, ~270 instructions) when the native peer is descheduled:
+# finds nothing, ~260 instructions) when the native peer is descheduled:
 # the smallest of ROUNDS (default 3) is printed.
 #
 #   bash scripts/capi-bench.sh --idle               # instructions per idle pass
