@@ -951,8 +951,9 @@ impl<'m> World<'m> {
     /// its calls.
     #[inline(never)]
     fn pass<U: Consumer + ?Sized>(&mut self, user: &mut Option<&mut U>, block: Duration) -> usize {
-        // The small-message lane first: a pass that hands out fast-box
-        // messages and finds nothing else to do ends there.
+        // The small-message lane first: a pass that finds nothing to do
+        // beyond handing out fast-box messages (or nothing at all) ends
+        // there.
         let mut n = match self.lane(user) {
             Lane::Done(n) => return n,
             Lane::Pass(n) => n,
