@@ -34,7 +34,9 @@
 //! - **Supervision.** Each rank runs in its own process group (as Open MPI's
 //!   launcher does), so signals reach a rank and everything it started. The
 //!   launcher polls the ranks every [`POLL_INTERVAL`]. The first rank that
-//!   exits with a non-zero status or is killed by a signal fails the job:
+//!   exits with a non-zero status or is killed by a signal fails the job
+//!   (of several found in one poll, one killed by a signal before one that
+//!   exited with an error, which is most likely its peer reacting to it):
 //!   the launcher prints one line on stderr (`btl run: rank 3 (pid 1234) was
 //!   killed by signal 9 (SIGKILL); stopping the other 7 ranks`), sends
 //!   SIGTERM to the other ranks, SIGKILL after [`KILL_GRACE`] to those still
@@ -624,6 +626,25 @@ fn remote_command(spec: &LaunchSpec, job_vars: &[(&str, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_signal_is_named_before_an_exit_found_in_the_same_poll() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::ExitStatus;
+        let ok = ExitStatus::from_raw(0);
+        let exit1 = ExitStatus::from_raw(1 << 8);
+        let exit3 = ExitStatus::from_raw(3 << 8);
+        let killed = ExitStatus::from_raw(9);
+        let first = super::supervise::names_first;
+        assert!(!first(&ok, None));
+        assert!(first(&exit1, None) && first(&killed, None));
+        // Rank order otherwise: the first failure found stays.
+        assert!(!first(&exit3, Some(&exit1)));
+        assert!(!first(&ExitStatus::from_raw(15), Some(&killed)));
+        // A signal replaces an exit found earlier in the same poll.
+        assert!(first(&killed, Some(&exit1)));
+        assert!(!first(&exit1, Some(&killed)));
+    }
+
     use super::*;
     use std::fs;
     use std::os::unix::fs::MetadataExt;

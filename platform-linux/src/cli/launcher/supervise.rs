@@ -2,6 +2,7 @@
 //! that stops the job when a rank fails, on a timeout or a signal.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, ExitStatus};
 use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
@@ -174,6 +175,16 @@ pub(super) fn wait_for_output(done: &mpsc::Receiver<()>, readers: Vec<JoinHandle
     }
 }
 
+/// Whether `status`, found in a poll, is the failure to name rather than
+/// `earlier` (the one chosen so far in the same poll, in rank order): a
+/// failure when none was, and a rank killed by a signal before one that
+/// exited with an error — a rank whose peer dies ends with status 1 (its
+/// liveness check), so when both are found together the signal is the
+/// cause and the exit its consequence.
+pub(super) fn names_first(status: &ExitStatus, earlier: Option<&ExitStatus>) -> bool {
+    !status.success() && earlier.is_none_or(|e| status.signal().is_some() && e.signal().is_none())
+}
+
 /// Polls the ranks until they have all ended, stopping the job on the first
 /// failure, the timeout or a signal to the launcher.
 pub(super) fn supervise(
@@ -224,7 +235,12 @@ pub(super) fn supervise(
                             p.pid
                         );
                     }
-                    if !status.success() && first_failure.is_none() {
+                    if names_first(
+                        &status,
+                        first_failure
+                            .as_ref()
+                            .map(|f: &(u32, u32, ExitStatus)| &f.2),
+                    ) {
                         first_failure = Some((p.rank, p.pid, status));
                     }
                 }
