@@ -43,10 +43,9 @@ if [ -n "${MIN:-}" ]; then
   mpicc -O2 -o "$out/ppmin" platform-linux/ompi/bench/ppmin.c
   mpicc -O2 -o "$out/pollcost" platform-linux/ompi/bench/pollcost.c
 fi
-sysdir=$(ompi_info --param mca base --level 9 --parsable |
-  sed -n 's/^mca:mca:base:param:mca_base_component_path:value:"\{0,1\}\([^:"]*\).*/\1/p')
-sysdir=${sysdir:-/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3}
-export OMPI_MCA_mca_base_component_path=$sysdir:$root/target/ompi
+# shellcheck source=scripts/ompi-lib.sh
+. scripts/ompi-lib.sh
+ompi_use_components "$root"
 
 configs=(
   "vader-cma|--mca btl self,vader --mca btl_vader_single_copy_mechanism cma"
@@ -56,11 +55,8 @@ configs=(
   "rtcp|--mca btl self,rtcp"
 )
 names="vader-cma vader-none rsm tcp rtcp"
-if [ -n "${BASELINE:-}" ]; then
-  for f in mca_btl_rsm.so mca_btl_rtcp.so; do
-    [ -f "$BASELINE/$f" ] || { echo "ompi-bench: $BASELINE/$f not found (BASELINE)" >&2; exit 1; }
-  done
-  base=$(cd "$BASELINE" && pwd)
+ompi_baseline ompi-bench
+if [ -n "$base" ]; then
   configs+=(
     "rsm@base|--mca mca_base_component_path $sysdir:$base --mca btl self,rsm"
     "rtcp@base|--mca mca_base_component_path $sysdir:$base --mca btl self,rtcp"

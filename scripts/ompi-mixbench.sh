@@ -26,35 +26,15 @@ out=$root/target/ompi-mixbench
 mkdir -p "$out"
 mpicc -O2 -o "$out/mixpp" platform-linux/ompi/bench/mixpp.c
 mpicc -O2 -o "$out/ppmin" platform-linux/ompi/bench/ppmin.c
-sysdir=$(ompi_info --param mca base --level 9 --parsable |
-  sed -n 's/^mca:mca:base:param:mca_base_component_path:value:"\{0,1\}\([^:"]*\).*/\1/p')
-sysdir=${sysdir:-/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3}
-export OMPI_MCA_mca_base_component_path=$sysdir:$root/target/ompi
+# shellcheck source=scripts/ompi-lib.sh
+. scripts/ompi-lib.sh
+ompi_use_components "$root"
 
-br=btlmx$$ net=10.79.$(($$ % 200 + 20))
+net=10.79.$(($$ % 200 + 20))
 hA=mx$$a hB=mx$$b
-cleanup() {
-  ip netns del "$hA" 2>/dev/null || true
-  ip netns del "$hB" 2>/dev/null || true
-  ip link del "$br" 2>/dev/null || true
-}
-trap cleanup EXIT
-ip link add "$br" type bridge
-ip addr add "$net.254/24" dev "$br"
-ip link set "$br" up
+trap netns_hosts_del EXIT
 hosts=$out/hosts
-printf '127.0.0.1 localhost\n%s.254 head\n' "$net" >"$hosts"
-i=0
-for h in "$hA" "$hB"; do
-  i=$((i + 1))
-  ip netns add "$h"
-  ip link add "mx$$v$i" type veth peer name eth0 netns "$h"
-  ip link set "mx$$v$i" master "$br" up
-  ip -n "$h" addr add "$net.$i/24" dev eth0
-  ip -n "$h" link set eth0 up
-  ip -n "$h" link set lo up
-  printf '%s.%s %s\n' "$net" "$i" "$h" >>"$hosts"
-done
+netns_hosts "mx$$" "$net" "$hosts" "$hA" "$hB"
 
 common=(--mca plm_rsh_agent "$root/scripts/netns-agent.sh" --mca oob_tcp_if_include "$net.0/24"
   -x OMPI_MCA_mca_base_component_path -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
@@ -65,11 +45,8 @@ configs=(
   "vader+tcp|--mca btl self,vader,tcp"
 )
 names="rsm+rtcp vader+tcp"
-if [ -n "${BASELINE:-}" ]; then
-  for f in mca_btl_rsm.so mca_btl_rtcp.so; do
-    [ -f "$BASELINE/$f" ] || { echo "ompi-mixbench: $BASELINE/$f not found (BASELINE)" >&2; exit 1; }
-  done
-  base=$(cd "$BASELINE" && pwd)
+ompi_baseline ompi-mixbench
+if [ -n "$base" ]; then
   configs+=("rsm+rtcp@base|--mca mca_base_component_path $sysdir:$base --mca btl self,rsm,rtcp")
   names="$names rsm+rtcp@base"
 fi

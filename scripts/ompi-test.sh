@@ -56,10 +56,9 @@ cargo build --release --locked -p btl-linux --bin btl 2>/dev/null
 work=$root/target/ompi-test
 rm -rf "$work"
 mkdir -p "$work"
-sysdir=$(ompi_info --param mca base --level 9 --parsable |
-  sed -n 's/^mca:mca:base:param:mca_base_component_path:value:"\{0,1\}\([^:"]*\).*/\1/p')
-[ -n "$sysdir" ] || sysdir=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
-export OMPI_MCA_mca_base_component_path=$sysdir:$root/target/ompi
+# shellcheck source=scripts/ompi-lib.sh
+. scripts/ompi-lib.sh
+ompi_use_components "$root"
 mpicc -O2 -Wall -Werror -o "$work/mpi_check" platform-linux/ompi/tests/mpi_check.c -lpthread
 tar -C "$work" -xzf "$sdist"
 suite=$work/mpi4py-$m4ver
@@ -275,30 +274,12 @@ if [[ $groups == *" hosts "* ]]; then
     [ -z "${CI:-}" ] && echo "ompi-test: SKIPPED the 3-host run: cannot make network namespaces"
   else
     ip netns del btlompiprobe$$
-    br=btlob$$ net=10.78.$(($$ % 200 + 20))
+    net=10.78.$(($$ % 200 + 20))
     hdir=$work/hosts
     mkdir -p "$hdir"
-    cleanup_hosts() {
-      for i in 1 2 3; do ip netns del "bo$$h$i" 2>/dev/null || true; done
-      ip link del "$br" 2>/dev/null || true
-    }
-    trap cleanup_hosts EXIT
-    ip link add "$br" type bridge
-    ip addr add "$net.254/24" dev "$br"
-    ip link set "$br" up
-    printf '127.0.0.1 localhost\n%s.254 head\n' "$net" >"$hdir/hosts"
-    hl=
-    for i in 1 2 3; do
-      h=bo$$h$i
-      ip netns add "$h"
-      ip link add "bo$$v$i" type veth peer name eth0 netns "$h"
-      ip link set "bo$$v$i" master "$br" up
-      ip -n "$h" addr add "$net.$i/24" dev eth0
-      ip -n "$h" link set eth0 up
-      ip -n "$h" link set lo up
-      printf '%s.%s %s\n' "$net" "$i" "$h" >>"$hdir/hosts"
-      hl="$hl${hl:+,}$h:2"
-    done
+    trap netns_hosts_del EXIT
+    netns_hosts "bo$$" "$net" "$hdir/hosts" "bo$$h1" "bo$$h2" "bo$$h3"
+    hl="bo$$h1:2,bo$$h2:2,bo$$h3:2"
     # 6 ranks on this machine's 2 cores, in hosts Open MPI believes are
     # separate: without mpi_yield_when_idle the busy-polling ranks starve
     # the kernel's softirq work that moves packets across the veths (each
@@ -355,7 +336,7 @@ if [[ $groups == *" hosts "* ]]; then
     else
       bad "hosts of 2 ranks and of 1 (rsm $nrsm, rtcp $nrtcp)" "$log2"
     fi
-    cleanup_hosts
+    netns_hosts_del
     trap - EXIT
   fi
 fi
