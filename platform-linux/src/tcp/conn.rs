@@ -125,6 +125,7 @@ impl Tcp {
             Decoder::new(buf)
         }
         .map_err(|e| TcpError::Param(e.to_string()))?;
+        self.direct_stale = true;
         self.conns.insert(
             id,
             Conn {
@@ -152,6 +153,7 @@ impl Tcp {
     /// an error (their peer's stream is gone).
     pub(super) fn drop_conn(&mut self, id: ConnId) {
         if let Some(c) = self.conns.remove(&id.0) {
+            self.direct_stale = true;
             let _ = epoll::delete(&self.epoll, c.sock.as_fd());
             if c.out.iter().any(|b| b.op().is_some() || b.len() > 0) {
                 self.abandon(c.peer, c.out);
@@ -351,6 +353,7 @@ impl Tcp {
             if let Ok(peer) = v {
                 c.peer = Some(peer);
                 c.incoming = None;
+                self.direct_stale = true;
             }
             v
         };
@@ -416,6 +419,7 @@ impl Tcp {
         };
         if c.connecting {
             c.connecting = false;
+            self.direct_stale = true;
             let peer = c.peer.unwrap_or(0);
             let err = c.sock.take_error().ok().flatten();
             if let Some(e) = err {

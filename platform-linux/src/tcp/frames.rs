@@ -22,6 +22,8 @@ use btl_core::tcp::wire::{
     TAG_BARRIER, TAG_CHUNK,
 };
 use rustix::event::epoll;
+use rustix::io::Errno;
+use rustix::net::RecvFlags;
 
 use super::*;
 use crate::ops::{PostError, Posted, RawParts};
@@ -657,14 +659,17 @@ impl Tcp {
     /// path does not apply.
     pub(super) fn poll_direct(&mut self, pass: &mut Pass<'_, '_>) -> Option<usize> {
         let mut ids = std::mem::take(&mut self.direct);
-        ids.clear();
-        for (&id, c) in &self.conns {
-            if c.connecting || c.incoming.is_some() || c.peer.is_none() {
-                continue;
-            }
-            ids.push(ConnId(id));
-            if ids.len() > DIRECT_POLL_MAX {
-                break;
+        if self.direct_stale {
+            self.direct_stale = false;
+            ids.clear();
+            for (&id, c) in &self.conns {
+                if c.connecting || c.incoming.is_some() || c.peer.is_none() {
+                    continue;
+                }
+                ids.push(ConnId(id));
+                if ids.len() > DIRECT_POLL_MAX {
+                    break;
+                }
             }
         }
         let usable = !ids.is_empty() && ids.len() <= DIRECT_POLL_MAX;
@@ -752,7 +757,9 @@ impl Tcp {
                 }
             }
             let spare = c.dec.spare();
-            let r = io::Read::read(&mut &c.sock, spare);
+            // rustix's recv: the error is the errno itself, so the
+            // "nothing yet" of a busy-polled socket costs no decoding.
+            let r = rustix::net::recv(&c.sock, spare, RecvFlags::empty()).map(|(n, _)| n);
             match r {
                 Ok(0) => {
                     self.conn_broken(conn, true);
@@ -775,10 +782,10 @@ impl Tcp {
                         return events;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return events,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(Errno::AGAIN) => return events,
+                Err(Errno::INTR) => continue,
                 Err(e) => {
-                    self.io_error = Some(e.to_string());
+                    self.io_error = Some(io::Error::from(e).to_string());
                     self.conn_broken(conn, false);
                     return events;
                 }

@@ -208,8 +208,12 @@ pub struct Tcp {
     peers: Vec<Peer>,
     start: Instant,
     events: Vec<epoll::Event>,
-    /// Connections polled directly this pass (see `progress_timeout`).
+    /// The established connections a non-blocking pass reads directly
+    /// (`poll_direct`), rebuilt only when `direct_stale`: a connection was
+    /// added, dropped, finished connecting or its handshake.
     direct: Vec<ConnId>,
+    /// `direct` is out of date (see there).
+    direct_stale: bool,
     /// Where a small frame is gathered for its one send(2) (`write_now`).
     small_out: Box<[u8; frames::SMALL_FRAME]>,
     /// Connections dropped for bad input (for tests and diagnostics).
@@ -327,6 +331,7 @@ impl Tcp {
             start: Instant::now(),
             events: Vec::with_capacity(64),
             direct: Vec::with_capacity(DIRECT_POLL_MAX + 1),
+            direct_stale: true,
             small_out: Box::new([0; frames::SMALL_FRAME]),
             rejected: 0,
             passes: 0,
@@ -744,6 +749,20 @@ mod quiet_tests {
             }
         }
         assert_eq!(first.as_deref(), Some(&b"first"[..]));
+        // The direct-poll list follows the connections (rebuilt when one
+        // finished connecting or its handshake): each side reads its one
+        // connection without epoll.
+        for t in [&mut a, &mut b] {
+            for _ in 0..2 {
+                t.progress(&mut regions, &mut |_, _| {});
+            }
+            assert!(!t.direct_stale);
+            let established: Vec<u32> = t.conns.keys().copied().collect();
+            assert_eq!(
+                t.direct.iter().map(|c| c.0).collect::<Vec<_>>(),
+                established
+            );
+        }
         // Nothing moves: both become quiet (and stay correct).
         for _ in 0..(QUIET_AFTER * 4) {
             a.progress(&mut regions, &mut |_, _| {});
