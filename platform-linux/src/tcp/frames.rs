@@ -52,6 +52,9 @@ pub(super) struct OutBuf {
     op: Option<OpId>,
     /// Counted in the peer's queue bounds.
     counted: bool,
+    /// The registered region `body` reads (an answer to a peer's get
+    /// written straight from it), pinned until the frame leaves the queues.
+    pin: Option<u32>,
 }
 
 /// Frames up to this many bytes (header included) are gathered in one
@@ -87,6 +90,7 @@ impl OutBuf {
             body: Body::Owned(bytes),
             op: None,
             counted: false,
+            pin: None,
         }
     }
 
@@ -103,6 +107,7 @@ impl OutBuf {
             body,
             op,
             counted: true,
+            pin: None,
         }
     }
 
@@ -334,6 +339,38 @@ impl Tcp {
         self.post_buf(peer, OutBuf::frame(&[&hdr], Body::Owned(body), op))
     }
 
+    /// Posts the answer `repr` to a peer's get whose data is `data`, a
+    /// range of registered region `region` that the caller pinned: written
+    /// straight from the region (what the socket does not take waits as a
+    /// reference, not a copy), the pin ended when the frame leaves the
+    /// queues. On an error nothing was queued and the pin is the caller's.
+    pub(super) fn post_pinned_answer(
+        &mut self,
+        peer: u32,
+        repr: FrameRepr,
+        data: RawBuf,
+        region: u32,
+    ) -> Result<Posted, PostError> {
+        let hdr = repr.to_bytes();
+        let mut buf = OutBuf::frame(&[&hdr], Body::Raw(data), None);
+        buf.pin = Some(region);
+        self.post_buf(peer, buf)
+    }
+
+    /// Ends the pins of frames that left the queues. Before any message is
+    /// handed out (every `read_conn` step) and at the end of a pass: a
+    /// peer's word that it has our answer (Open MPI's FIN, which lets the
+    /// region go) comes after the answer's last byte, so its region is
+    /// unpinned by then.
+    #[inline]
+    pub(super) fn apply_unpins(&mut self, regions: &mut Regions) {
+        if !self.unpins.is_empty() {
+            for id in self.unpins.drain(..) {
+                regions.unpin(id);
+            }
+        }
+    }
+
     /// Posts one frame: `head` bytes after the frame header, then `data`
     /// from caller memory (written straight from it).
     pub(super) fn post_raw(
@@ -488,7 +525,13 @@ impl Tcp {
         self.uncount(peer, buf);
     }
 
+    /// A frame leaves the queues (written, abandoned or cancelled): out of
+    /// the peer's queue bounds, and the region it read from unpinned (at
+    /// the next [`Self::apply_unpins`]).
     fn uncount(&mut self, peer: Option<u32>, buf: &OutBuf) {
+        if let Some(id) = buf.pin {
+            self.unpins.push(id);
+        }
         if let (true, Some(p)) = (
             buf.counted,
             peer.and_then(|p| self.peers.get_mut(p as usize)),
@@ -694,6 +737,7 @@ impl Tcp {
     pub(super) fn read_conn(&mut self, conn: ConnId, pass: &mut Pass<'_, '_>) -> usize {
         let mut events = 0;
         for _ in 0..16 {
+            self.apply_unpins(pass.regions);
             let Some(c) = self.conns.get_mut(&conn.0) else {
                 return events;
             };

@@ -236,6 +236,9 @@ pub struct Tcp {
     rma_ops: IdMap<OpId, rma::OpState>,
     /// Completions to report at the end of the pass.
     done: Vec<(OpId, Result<(), OpError>)>,
+    /// Regions of answers that left the queues, to unpin
+    /// ([`Self::apply_unpins`]).
+    unpins: Vec<u32>,
     /// Failures to report at the end of the pass.
     to_report: Vec<(u32, String)>,
     /// The last socket error, for the failure it causes.
@@ -340,6 +343,7 @@ impl Tcp {
             quiet: 0,
             next_req: 0,
             rma_wait: IdMap::default(),
+            unpins: Vec::new(),
             rma_ops: IdMap::default(),
             done: Vec::new(),
             to_report: Vec::new(),
@@ -468,6 +472,7 @@ impl Tcp {
     ) -> usize {
         let mut pass = Pass { regions, sink };
         let n = self.poll_sockets(&mut pass, timeout);
+        self.apply_unpins(pass.regions);
         n + self.report(pass.regions, pass.sink)
     }
 
@@ -686,7 +691,8 @@ impl Drop for Tcp {
 #[cfg(test)]
 mod quiet_tests {
     use super::*;
-    use crate::ops::TEvent;
+    use crate::ops::{RawBuf, TEvent};
+    use crate::regions::DeregisterError;
     use std::net::Ipv4Addr;
 
     fn pair() -> (Tcp, Tcp) {
@@ -795,5 +801,115 @@ mod quiet_tests {
             Duration::from_secs(5),
         );
         assert_eq!(got.as_deref(), Some(&b"blocking"[..]));
+    }
+
+    /// Progresses `t` once; true if it reported the completion of `op`
+    /// (asserting it succeeded).
+    fn done_once(t: &mut Tcp, regions: &mut Regions, op: OpId) -> bool {
+        let mut done = false;
+        t.progress(regions, &mut |_, ev| {
+            if let TEvent::Done { op: o, result } = ev {
+                assert_eq!(o, op);
+                assert!(result.is_ok(), "{result:?}");
+                done = true;
+            }
+        });
+        done
+    }
+
+    #[test]
+    #[allow(unsafe_code)] // iget's contract, kept by the test (SAFETY below)
+    fn large_get_answers_are_written_from_the_pinned_region() {
+        let (mut a, mut b) = pair();
+        let (mut ra, mut rb) = (Regions::new(), Regions::new());
+        // Connected (a message each way), so the get's frames leave at once.
+        a.isend(1, 3, &[b"hello"]).unwrap();
+        for _ in 0..200_000 {
+            a.progress(&mut ra, &mut |_, _| {});
+            if passes_until_message(&mut b, &mut rb, 1).is_some() {
+                break;
+            }
+        }
+        // 16 MiB of b's, more than the loopback socket buffers hold: with a
+        // not reading, b's answers (one per max_frame) wait in its queue.
+        let len = 16usize << 20;
+        let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let id = rb.insert_owned(src.clone().into_boxed_slice());
+        let mut dst = vec![0u8; len];
+        let op: OpId = 7;
+        // SAFETY: `dst` outlives the get, which completes below (or the
+        // test fails and the transports are dropped before it).
+        unsafe { a.iget(1, id, 0, RawBuf::new_mut(&mut dst), op) }.unwrap();
+        let waiting = |t: &Tcp| t.conns.values().map(|c| c.out.len()).sum::<usize>();
+        for _ in 0..20_000 {
+            b.progress(&mut rb, &mut |_, _| {});
+            if waiting(&b) > 0 && a.rma_wait.len() < len / a.cfg.max_frame as usize / 2 {
+                break;
+            }
+        }
+        assert!(waiting(&b) > 0, "b wrote every answer: no wait to check");
+        // Answers wait as references into the region: it cannot go.
+        assert!(matches!(rb.remove(id), Err(DeregisterError::Busy { .. })));
+        let held: u64 = b.peers.iter().map(|p| p.queued_bytes).sum();
+        assert!(
+            held < 64 * 1024,
+            "answers were copied: {held} bytes held in b's queues"
+        );
+        // Both progress: the get completes with the region's bytes, and the
+        // region is free again once the last answer is written.
+        let mut complete = false;
+        for _ in 0..2_000_000 {
+            b.progress(&mut rb, &mut |_, _| {});
+            if done_once(&mut a, &mut ra, op) {
+                complete = true;
+                break;
+            }
+        }
+        assert!(complete, "the get did not complete");
+        assert!(dst == src, "the get's bytes differ from the region's");
+        b.progress(&mut rb, &mut |_, _| {});
+        assert_eq!(waiting(&b), 0);
+        assert!(rb.remove(id).is_ok(), "the region stayed pinned");
+    }
+
+    #[test]
+    #[allow(unsafe_code)] // iget's contract, kept by the test (SAFETY below)
+    fn a_dropped_connection_unpins_its_answers() {
+        let (mut a, mut b) = pair();
+        let (mut ra, mut rb) = (Regions::new(), Regions::new());
+        a.isend(1, 3, &[b"hello"]).unwrap();
+        for _ in 0..200_000 {
+            a.progress(&mut ra, &mut |_, _| {});
+            if passes_until_message(&mut b, &mut rb, 1).is_some() {
+                break;
+            }
+        }
+        let len = 16usize << 20;
+        let id = rb.insert_owned(vec![1u8; len].into_boxed_slice());
+        let mut dst = vec![0u8; len];
+        // SAFETY: `a` (and the get) is dropped before `dst`.
+        unsafe { a.iget(1, id, 0, RawBuf::new_mut(&mut dst), 9) }.unwrap();
+        let waiting = |t: &Tcp| t.conns.values().map(|c| c.out.len()).sum::<usize>();
+        for _ in 0..20_000 {
+            b.progress(&mut rb, &mut |_, _| {});
+            if waiting(&b) > 0 {
+                break;
+            }
+        }
+        assert!(waiting(&b) > 0, "b wrote every answer: no wait to check");
+        assert!(matches!(rb.remove(id), Err(DeregisterError::Busy { .. })));
+        // The requester goes away: b's connection breaks, its queued
+        // answers are abandoned and the region unpinned.
+        drop(a);
+        drop(dst);
+        let mut freed = false;
+        for _ in 0..200_000 {
+            b.progress(&mut rb, &mut |_, _| {});
+            if waiting(&b) == 0 && rb.remove(id).is_ok() {
+                freed = true;
+                break;
+            }
+        }
+        assert!(freed, "the region stayed pinned after the connection broke");
     }
 }

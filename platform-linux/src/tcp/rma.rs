@@ -17,6 +17,12 @@ use btl_core::tcp::wire::{FrameRepr, FrameType, RmaPacket, RmaRepr, RMA_HEADER_L
 use super::*;
 use crate::ops::{PostError, Posted};
 
+/// Answers to gets of at least this many bytes are written straight from
+/// the pinned region (`serve_rma`); smaller ones are copied when the socket
+/// does not take them at once (a copy that costs less than the pin's
+/// bookkeeping, and leaves the region free to deregister at once).
+pub(super) const PIN_ANSWER_MIN: u64 = 32 * 1024;
+
 /// One of our PUT or GET frames, waiting for its answer.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Wait {
@@ -167,6 +173,30 @@ impl Tcp {
             .get(..RMA_HEADER_LEN)
             .ok_or(())
             .and_then(|b| RmaRepr::parse(&RmaPacket::new_unchecked(b)).map_err(|_| ()));
+        // A large get is answered from the region itself, pinned until the
+        // answer is written (or abandoned): what the socket does not take
+        // at once waits as a reference, not a copy (with a window of gets
+        // in flight the socket is full and nearly every answer used to be
+        // copied whole into fresh memory).
+        if let (FrameType::Get, Ok(r)) = (h.kind, parsed) {
+            if r.len >= PIN_ANSWER_MIN {
+                if let Ok(src) = regions.range(r.region, r.offset, r.len) {
+                    let reply = FrameRepr {
+                        kind: FrameType::GetResp,
+                        tag: 0,
+                        error: false,
+                        len: src.len() as u32,
+                        id: h.id,
+                    };
+                    regions.pin(r.region);
+                    if let Err(e) = self.post_pinned_answer(peer, reply, src, r.region) {
+                        regions.unpin(r.region);
+                        log::warn!("tcp: cannot answer {peer}'s request: {e}");
+                    }
+                    return;
+                }
+            }
+        }
         let range = parsed
             .ok()
             .and_then(|r| regions.range_mut(r.region, r.offset, r.len).ok());
