@@ -503,7 +503,9 @@ int btl_barrier(struct btl_t *h);
 int btl_register(struct btl_t *h, void *base, size_t len, struct btl_key_t *key);
 
 // Removes one of our regions: later requests naming it (ours or peers')
-// are refused. BTL_ERR_BUSY while operations of ours use it; BTL_ERR_KEY
+// are refused. BTL_ERR_BUSY while operations of ours use it, or while a
+// peer's get is answered from it (over shared memory, and over TCP for
+// answers of 32 KiB or more: progress and retry); BTL_ERR_KEY
 // for a key that is not ours or names no region. Allowed inside an event
 // callback.
 //

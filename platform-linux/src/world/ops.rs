@@ -233,7 +233,8 @@ impl<'m> World<'m> {
     }
 
     /// Removes one of our regions: later requests naming it are refused.
-    /// Refused while operations of ours use it; hands back an owned buffer.
+    /// Refused while operations of ours use it or a peer's get is answered
+    /// from it (progress and retry); hands back an owned buffer.
     pub fn deregister(&mut self, key: &RegionKey) -> Result<Option<Box<[u8]>>, WorldError> {
         deregister(&mut self.regions, self.id.rank, key)
     }
