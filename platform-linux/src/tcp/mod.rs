@@ -817,12 +817,20 @@ mod quiet_tests {
         done
     }
 
-    #[test]
-    #[allow(unsafe_code)] // iget's contract, kept by the test (SAFETY below)
-    fn large_get_answers_are_written_from_the_pinned_region() {
+    /// Frames waiting in `t`'s connections.
+    fn waiting(t: &Tcp) -> usize {
+        t.conns.values().map(|c| c.out.len()).sum()
+    }
+
+    /// A get that stalls: `a` and `b` connected, `b`'s region of `len`
+    /// patterned bytes (handed back with its id) gotten whole by `a` into
+    /// `dst` as `op`, and `b` progressed until some of its answers wait
+    /// (`a` does not read: more than the loopback socket buffers hold).
+    #[allow(unsafe_code)] // iget's contract (SAFETY below)
+    fn stalled_get(dst: &mut [u8], op: OpId) -> (Tcp, Tcp, Regions, Regions, u32, Vec<u8>) {
         let (mut a, mut b) = pair();
         let (mut ra, mut rb) = (Regions::new(), Regions::new());
-        // Connected (a message each way), so the get's frames leave at once.
+        // Connected first, so the get's frames leave at once.
         a.isend(1, 3, &[b"hello"]).unwrap();
         for _ in 0..200_000 {
             a.progress(&mut ra, &mut |_, _| {});
@@ -830,25 +838,28 @@ mod quiet_tests {
                 break;
             }
         }
-        // 16 MiB of b's, more than the loopback socket buffers hold: with a
-        // not reading, b's answers (one per max_frame) wait in its queue.
-        let len = 16usize << 20;
-        let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let src: Vec<u8> = (0..dst.len()).map(|i| (i % 251) as u8).collect();
         let id = rb.insert_owned(src.clone().into_boxed_slice());
-        let mut dst = vec![0u8; len];
-        let op: OpId = 7;
-        // SAFETY: `dst` outlives the get, which completes below (or the
-        // test fails and the transports are dropped before it).
-        unsafe { a.iget(1, id, 0, RawBuf::new_mut(&mut dst), op) }.unwrap();
-        let waiting = |t: &Tcp| t.conns.values().map(|c| c.out.len()).sum::<usize>();
+        // SAFETY: the callers declare `dst` before `a`, which (with its
+        // get) is dropped first.
+        unsafe { a.iget(1, id, 0, RawBuf::new_mut(dst), op) }.unwrap();
         for _ in 0..20_000 {
             b.progress(&mut rb, &mut |_, _| {});
-            if waiting(&b) > 0 && a.rma_wait.len() < len / a.cfg.max_frame as usize / 2 {
+            if waiting(&b) > 0 {
                 break;
             }
         }
         assert!(waiting(&b) > 0, "b wrote every answer: no wait to check");
-        // Answers wait as references into the region: it cannot go.
+        (a, b, ra, rb, id, src)
+    }
+
+    #[test]
+    fn large_get_answers_are_written_from_the_pinned_region() {
+        let mut dst = vec![0u8; 16 << 20];
+        let op: OpId = 7;
+        let (mut a, mut b, mut ra, mut rb, id, src) = stalled_get(&mut dst, op);
+        // Answers wait as references into the region: it cannot go, and
+        // b holds no copy of them.
         assert!(matches!(rb.remove(id), Err(DeregisterError::Busy { .. })));
         let held: u64 = b.peers.iter().map(|p| p.queued_bytes).sum();
         assert!(
@@ -866,6 +877,7 @@ mod quiet_tests {
             }
         }
         assert!(complete, "the get did not complete");
+        drop(a);
         assert!(dst == src, "the get's bytes differ from the region's");
         b.progress(&mut rb, &mut |_, _| {});
         assert_eq!(waiting(&b), 0);
@@ -873,35 +885,13 @@ mod quiet_tests {
     }
 
     #[test]
-    #[allow(unsafe_code)] // iget's contract, kept by the test (SAFETY below)
     fn a_dropped_connection_unpins_its_answers() {
-        let (mut a, mut b) = pair();
-        let (mut ra, mut rb) = (Regions::new(), Regions::new());
-        a.isend(1, 3, &[b"hello"]).unwrap();
-        for _ in 0..200_000 {
-            a.progress(&mut ra, &mut |_, _| {});
-            if passes_until_message(&mut b, &mut rb, 1).is_some() {
-                break;
-            }
-        }
-        let len = 16usize << 20;
-        let id = rb.insert_owned(vec![1u8; len].into_boxed_slice());
-        let mut dst = vec![0u8; len];
-        // SAFETY: `a` (and the get) is dropped before `dst`.
-        unsafe { a.iget(1, id, 0, RawBuf::new_mut(&mut dst), 9) }.unwrap();
-        let waiting = |t: &Tcp| t.conns.values().map(|c| c.out.len()).sum::<usize>();
-        for _ in 0..20_000 {
-            b.progress(&mut rb, &mut |_, _| {});
-            if waiting(&b) > 0 {
-                break;
-            }
-        }
-        assert!(waiting(&b) > 0, "b wrote every answer: no wait to check");
+        let mut dst = vec![0u8; 16 << 20];
+        let (a, mut b, _ra, mut rb, id, _) = stalled_get(&mut dst, 9);
         assert!(matches!(rb.remove(id), Err(DeregisterError::Busy { .. })));
         // The requester goes away: b's connection breaks, its queued
         // answers are abandoned and the region unpinned.
         drop(a);
-        drop(dst);
         let mut freed = false;
         for _ in 0..200_000 {
             b.progress(&mut rb, &mut |_, _| {});
