@@ -822,14 +822,17 @@ mod quiet_tests {
         t.conns.values().map(|c| c.out.len()).sum()
     }
 
-    /// A get that stalls: `a` and `b` connected, `b`'s region of `len`
-    /// patterned bytes (handed back with its id) gotten whole by `a` into
-    /// `dst` as `op`, and `b` progressed until some of its answers wait
-    /// (`a` does not read: more than the loopback socket buffers hold).
+    /// A get that stalls: `a` and `b` connected, `b`'s region of
+    /// `dst.len()` patterned bytes (handed back with its id) gotten whole
+    /// by `a` into `dst` as `op`, and `b` progressed until some of its
+    /// answers wait (`a` does not read: more than the loopback socket
+    /// buffers hold). The regions come first: bound in this order, the
+    /// transports (whose drop may still write answers from `b`'s region)
+    /// are dropped before them.
     #[allow(unsafe_code)] // iget's contract (SAFETY below)
-    fn stalled_get(dst: &mut [u8], op: OpId) -> (Tcp, Tcp, Regions, Regions, u32, Vec<u8>) {
-        let (mut a, mut b) = pair();
+    fn stalled_get(dst: &mut [u8], op: OpId) -> (Regions, Regions, Tcp, Tcp, u32, Vec<u8>) {
         let (mut ra, mut rb) = (Regions::new(), Regions::new());
+        let (mut a, mut b) = pair();
         // Connected first, so the get's frames leave at once.
         a.isend(1, 3, &[b"hello"]).unwrap();
         for _ in 0..200_000 {
@@ -850,14 +853,14 @@ mod quiet_tests {
             }
         }
         assert!(waiting(&b) > 0, "b wrote every answer: no wait to check");
-        (a, b, ra, rb, id, src)
+        (ra, rb, a, b, id, src)
     }
 
     #[test]
     fn large_get_answers_are_written_from_the_pinned_region() {
         let mut dst = vec![0u8; 16 << 20];
         let op: OpId = 7;
-        let (mut a, mut b, mut ra, mut rb, id, src) = stalled_get(&mut dst, op);
+        let (mut ra, mut rb, mut a, mut b, id, src) = stalled_get(&mut dst, op);
         // Answers wait as references into the region: it cannot go, and
         // b holds no copy of them.
         assert!(matches!(rb.remove(id), Err(DeregisterError::Busy { .. })));
@@ -887,7 +890,7 @@ mod quiet_tests {
     #[test]
     fn a_dropped_connection_unpins_its_answers() {
         let mut dst = vec![0u8; 16 << 20];
-        let (a, mut b, _ra, mut rb, id, _) = stalled_get(&mut dst, 9);
+        let (_ra, mut rb, a, mut b, id, _) = stalled_get(&mut dst, 9);
         assert!(matches!(rb.remove(id), Err(DeregisterError::Busy { .. })));
         // The requester goes away: b's connection breaks, its queued
         // answers are abandoned and the region unpinned.
