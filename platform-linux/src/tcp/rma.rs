@@ -15,7 +15,7 @@ use btl_core::rma::RmaStatus;
 use btl_core::tcp::wire::{FrameRepr, FrameType, RmaPacket, RmaRepr, RMA_HEADER_LEN};
 
 use super::*;
-use crate::ops::{PostError, Posted};
+use crate::ops::{PostError, Posted, RawBuf};
 
 /// Answers to gets of at least this many bytes are written straight from
 /// the pinned region (`serve_rma`); smaller ones are copied when the socket
@@ -173,37 +173,14 @@ impl Tcp {
             .get(..RMA_HEADER_LEN)
             .ok_or(())
             .and_then(|b| RmaRepr::parse(&RmaPacket::new_unchecked(b)).map_err(|_| ()));
-        // A large get is answered from the region itself, pinned until the
-        // answer is written (or abandoned): what the socket does not take
-        // at once waits as a reference, not a copy (with a window of gets
-        // in flight the socket is full and nearly every answer used to be
-        // copied whole into fresh memory).
-        if let (FrameType::Get, Ok(r)) = (h.kind, parsed) {
-            if r.len >= PIN_ANSWER_MIN {
-                if let Ok(src) = regions.range(r.region, r.offset, r.len) {
-                    let reply = FrameRepr {
-                        kind: FrameType::GetResp,
-                        tag: 0,
-                        error: false,
-                        len: src.len() as u32,
-                        id: h.id,
-                    };
-                    regions.pin(r.region);
-                    if let Err(e) = self.post_pinned_answer(peer, reply, src, r.region) {
-                        regions.unpin(r.region);
-                        log::warn!("tcp: cannot answer {peer}'s request: {e}");
-                    }
-                    return;
-                }
-            }
-        }
         let range = parsed
             .ok()
             .and_then(|r| regions.range_mut(r.region, r.offset, r.len).ok());
         // A get is answered straight from the region: `post` writes what
         // the socket takes at once from it and copies only the rest (no
         // copy of the whole range first: on a 1 MiB get that copy, into
-        // fresh pages, was a fifth of the target's time).
+        // fresh pages, was a fifth of the target's time); a large one
+        // copies nothing (below).
         let (reply_kind, ok, data): (FrameType, bool, &[u8]) = match (h.kind, range) {
             (FrameType::Put, Some(dst)) => match payload.get(RMA_HEADER_LEN..) {
                 Some(src) if src.len() == dst.len() => {
@@ -233,7 +210,21 @@ impl Tcp {
         };
         // Answers are never refused for queue bounds: they are bounded by
         // the peer's own requests.
-        if let Err(e) = self.post(peer, reply, &[data], None) {
+        let posted = match parsed {
+            // A large answer waits, if the socket does not take it at once,
+            // as a reference into the region, pinned until it is written or
+            // abandoned (with a window of gets in flight the socket is full,
+            // and nearly every answer used to be copied whole into fresh
+            // memory).
+            Ok(r) if ok && reply_kind == FrameType::GetResp && r.len >= PIN_ANSWER_MIN => {
+                let src = RawBuf::new(data);
+                regions.pin(r.region);
+                self.post_pinned_answer(peer, reply, src, r.region)
+                    .inspect_err(|_| regions.unpin(r.region))
+            }
+            _ => self.post(peer, reply, &[data], None),
+        };
+        if let Err(e) = posted {
             log::warn!("tcp: cannot answer {peer}'s request: {e}");
         }
     }

@@ -626,10 +626,14 @@ fn remote_command(spec: &LaunchSpec, job_vars: &[(&str, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
     #[test]
     fn a_signal_is_named_before_an_exit_found_in_the_same_poll() {
-        use std::os::unix::process::ExitStatusExt;
-        use std::process::ExitStatus;
         let ok = ExitStatus::from_raw(0);
         let exit1 = ExitStatus::from_raw(1 << 8);
         let exit3 = ExitStatus::from_raw(3 << 8);
@@ -644,12 +648,6 @@ mod tests {
         assert!(first(&killed, Some(&exit1)));
         assert!(!first(&exit1, Some(&killed)));
     }
-
-    use super::*;
-    use std::fs;
-    use std::os::unix::fs::MetadataExt;
-    use std::os::unix::process::ExitStatusExt;
-    use std::process::ExitStatus;
 
     #[test]
     fn job_ids_are_alphanumeric_and_unique() {
