@@ -551,6 +551,83 @@ fn cycle(w: &mut World<'_>) -> R<String> {
     ))
 }
 
+/// Open MPI's get protocol (ob1's RGET) in a poll callback: the target
+/// lends a region, the requester gets it and then says "done" with a small
+/// message, and the target deregisters the region in the callback that
+/// hands it that message — which must succeed: ob1 frees its registration
+/// there and never retries. Sizes from one fragment to a large get, over
+/// fragments (`frag`: single copy off) or as each transport chooses.
+fn findone(w: &mut World<'_>) -> R<String> {
+    let (me, n) = (w.rank(), w.size());
+    if n != 2 {
+        return Err(format!("findone runs on 2 ranks, not {n}"));
+    }
+    let peer = 1 - me;
+    let sizes = [64usize, 1000, 4096, 8000, 9000, 65536, 300_000, 1 << 20];
+    let mut rounds = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        for r in 0..8u64 {
+            let salt = i as u64 * 100 + r;
+            if me == 0 {
+                let key = w.register_owned(pattern(me, salt, len).into_boxed_slice());
+                w.isend(peer, TAG_KEY, &key.to_bytes()).map_err(e)?;
+                let mut outcome = None;
+                let until = Instant::now() + Duration::from_secs(30);
+                while outcome.is_none() {
+                    if Instant::now() > until {
+                        return Err(format!("{len} B: no \"done\" from the requester"));
+                    }
+                    w.poll_with(|cx, ev| {
+                        if let Event::Message { tag: TAG_DATA, .. } = ev {
+                            outcome = Some(cx.deregister(&key).map(|_| ()));
+                        }
+                    });
+                    // A target that is busy elsewhere between passes (an
+                    // MPI rank in ob1, or descheduled): the pass that sends
+                    // the last of the data is often the last before "done".
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+                if let Some(Err(err)) = outcome {
+                    return Err(format!(
+                        "{len} B, round {r}: deregistering after the requester's \"done\": {err}"
+                    ));
+                }
+            } else {
+                let mut key = None;
+                w.drive("the region's key", None, |_, ev| {
+                    if let Event::Message {
+                        tag: TAG_KEY, data, ..
+                    } = ev
+                    {
+                        key = RegionKey::from_bytes(data);
+                        return Flow::Done;
+                    }
+                    Flow::Continue
+                })
+                .map_err(e)?;
+                let k = key.ok_or("a malformed key")?;
+                let local = w.register_owned(vec![0u8; len].into_boxed_slice());
+                let q = w.iget(&local, 0, &k, 0, len as u64).map_err(e)?;
+                w.wait(q).map_err(e)?;
+                if w.region(&local).ok_or("local region gone")?
+                    != pattern(peer, salt, len).as_slice()
+                {
+                    return Err(format!(
+                        "{len} B, round {r}: the get returned the wrong bytes"
+                    ));
+                }
+                w.isend(peer, TAG_DATA, b"done").map_err(e)?;
+                w.deregister(&local).map_err(e)?;
+            }
+            rounds += 1;
+        }
+    }
+    w.barrier().map_err(e)?;
+    Ok(format!(
+        "{rounds} gets, each region deregistered on the requester's \"done\""
+    ))
+}
+
 /// The number just before `label` in a summary line.
 fn counter(summary: &str, label: &str) -> R<u64> {
     let at = summary
@@ -807,6 +884,9 @@ fn role() {
             // them large enough for the measured choice of mechanism).
             b = b.set("sm", "min_rdma_pipeline_size", "64M").map_err(e)?;
         }
+        if scenario == "findone-frag" {
+            b = b.set("sm", "use_cma", "0").map_err(e)?;
+        }
         if scenario == "nosplit" || scenario == "nosplitsend" {
             b = b.set("sm", "cma_split_min", "0").map_err(e)?;
         }
@@ -822,6 +902,7 @@ fn role() {
                 regions(&mut w, &mut mem[..n * 8192])
             }
             "cycle" => cycle(&mut w),
+            "findone" | "findone-frag" => findone(&mut w),
             "split" => split(&mut w, true),
             "nosplit" => split(&mut w, false),
             "splitsend" => splitsend(&mut w, true),
@@ -905,6 +986,15 @@ fn registered_user_memory_and_keys() {
     if std::env::var_os("BTL_TEST_ROLE").is_none() {
         run_job(3, "regions", "sm");
         run_job(3, "regions", "tcp");
+    }
+}
+
+#[test]
+fn a_region_is_free_once_its_get_is_answered() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(2, "findone", "sm");
+        run_job(2, "findone-frag", "sm");
+        run_job(2, "findone", "tcp");
     }
 }
 

@@ -390,14 +390,29 @@ impl Sm {
         // The idle pass (nothing arrived, nothing queued) is what every
         // latency rests on: only the engine's poll and one look at each
         // queue run inline; the work itself is out of line.
-        if !self.unpins.is_empty() {
-            self.unpin_all(regions);
-        }
+        self.apply_unpins(regions);
         let n = self.progress_engine(regions, sink);
         if self.follow_up_pending() {
-            n + self.follow_up(regions, sink)
+            let n = n + self.follow_up(regions, sink);
+            // A get answered in full in this pass: its region is free
+            // before the pass returns, not on the next one.
+            self.apply_unpins(regions);
+            n
         } else {
             n
+        }
+    }
+
+    /// Ends the pins of get answers whose data has all left (queued by
+    /// the streams that served them). Called before anything is handed
+    /// out: the requester's "done" (Open MPI's FIN, on which ob1
+    /// deregisters the region and never retries) can only follow the
+    /// last of the data, so when it is delivered the region must already
+    /// be free.
+    #[inline]
+    pub fn apply_unpins(&mut self, regions: &mut Regions) {
+        if !self.unpins.is_empty() {
+            self.unpin_all(regions);
         }
     }
 
@@ -408,8 +423,7 @@ impl Sm {
     #[inline]
     pub fn sweep_boxes(&mut self, f: impl FnMut(u32, u8, &[u8])) -> btl_core::sm::engine::Sweep {
         let mut sweep = self.shm.get().engine.sweep_boxes(f);
-        sweep.rest |= !self.unpins.is_empty()
-            || !self.state.bulk_samples.is_empty()
+        sweep.rest |= !self.state.bulk_samples.is_empty()
             || self.follow_up_pending();
         sweep
     }

@@ -1046,6 +1046,8 @@ impl<'m> World<'m> {
             return Lane::Pass(0);
         };
         let (hub, regions) = (&mut self.hub, &mut self.regions);
+        // Before any message: the requester's "done" may be among them.
+        sm.apply_unpins(regions);
         let sweep = sm.sweep_boxes(|local, tag, data| {
             let from = hub.global(true, local);
             hub.message(from, tag, data, regions, user);
