@@ -106,6 +106,8 @@ struct mca_btl_base_endpoint_t {
 struct mca_btl_base_registration_handle_t {
     uint8_t packed[BTL_KEY_BYTES];
     btl_key_t key;
+    /* on module.retired: given back while btl still used the region */
+    struct mca_btl_base_registration_handle_t *next_retired;
 };
 
 typedef struct {
@@ -141,6 +143,10 @@ typedef struct {
     uint32_t rank, size;
     struct mca_btl_base_endpoint_t **eps; /* by rank, made in add_procs */
     size_t npending;
+    /* registrations Open MPI gave back while btl still used them (a
+     * peer's get being answered from them): deregistered by the first
+     * progress call after btl lets go, since Open MPI never asks twice */
+    struct mca_btl_base_registration_handle_t *retired;
     opal_free_list_t eager, max, rdma;
     size_t small_cap; /* btl's eager_limit: the eager list's buffers */
     opal_recursive_mutex_t lock;
@@ -605,18 +611,50 @@ m_register_mem(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t
     return r;
 }
 
+/* Deregisters `r` and frees it, or, while btl still uses the region,
+ * keeps it on the retired list (said once, loudly: in Open MPI's protocols
+ * the region is free by the time it is given back). Called locked. */
+static void retire(struct mca_btl_base_registration_handle_t *r)
+{
+    int rc = btl_deregister(module.h, &r->key);
+    if (OPAL_UNLIKELY(BTL_ERR_BUSY == rc)) {
+        opal_output(0, "btl " NAME ": deregister_mem: %s: deregistered when that ends",
+                    btl_last_error());
+        r->next_retired = module.retired;
+        module.retired = r;
+        return;
+    }
+    if (OPAL_UNLIKELY(BTL_OK != rc)) report("deregister_mem", rc);
+    free(r);
+}
+
+/* Deregisters the retired registrations btl has let go of. Called locked. */
+static int retry_retired(void)
+{
+    int n = 0;
+    struct mca_btl_base_registration_handle_t **p = &module.retired;
+    while (*p) {
+        struct mca_btl_base_registration_handle_t *r = *p;
+        int rc = btl_deregister(module.h, &r->key);
+        if (BTL_ERR_BUSY == rc) {
+            p = &r->next_retired;
+            continue;
+        }
+        if (BTL_OK != rc) report("deregister_mem (retired)", rc);
+        *p = r->next_retired;
+        free(r);
+        n++;
+    }
+    return n;
+}
+
 static int m_deregister_mem(struct mca_btl_base_module_t *btl,
-                              struct mca_btl_base_registration_handle_t *r)
+                            struct mca_btl_base_registration_handle_t *r)
 {
     (void) btl;
     lock();
-    int rc = btl_deregister(module.h, &r->key);
+    retire(r);
     unlock();
-    if (BTL_OK != rc) {
-        report("deregister_mem", rc);
-        return to_opal(rc);
-    }
-    free(r);
     return OPAL_SUCCESS;
 }
 
@@ -628,7 +666,7 @@ static void rdma_done(rdma_t *op, int status)
     mca_btl_base_rdma_completion_fn_t cb = op->cbfunc;
     void *cbcontext = op->cbcontext, *cbdata = op->cbdata;
     if (op->temp) {
-        if (BTL_OK == btl_deregister(module.h, &op->temp->key)) free(op->temp);
+        retire(op->temp);
         op->temp = NULL;
         lh = NULL;
     }
@@ -778,6 +816,7 @@ static int component_progress(void)
     if (!module.in_progress) {
         module.in_progress = 1;
         if (OPAL_UNLIKELY(module.npending)) n += retry_pending();
+        if (OPAL_UNLIKELY(NULL != module.retired)) n += retry_retired();
         int rc = btl_progress(module.h, on_event, NULL);
         if (rc > 0) n += rc;
         module.in_progress = 0;
@@ -934,6 +973,12 @@ static int m_finalize_module(struct mca_btl_base_module_t *btl)
     if (module.h) {
         int rc = btl_finalize(&module.h);
         if (BTL_OK != rc) report("finalize", rc);
+    }
+    /* btl's regions went with it */
+    while (module.retired) {
+        struct mca_btl_base_registration_handle_t *r = module.retired;
+        module.retired = r->next_retired;
+        free(r);
     }
     if (module.eps) {
         for (uint32_t r = 0; r < module.size; r++) {
