@@ -423,8 +423,7 @@ impl Sm {
     #[inline]
     pub fn sweep_boxes(&mut self, f: impl FnMut(u32, u8, &[u8])) -> btl_core::sm::engine::Sweep {
         let mut sweep = self.shm.get().engine.sweep_boxes(f);
-        sweep.rest |= !self.state.bulk_samples.is_empty()
-            || self.follow_up_pending();
+        sweep.rest |= !self.state.bulk_samples.is_empty() || self.follow_up_pending();
         sweep
     }
 
