@@ -176,6 +176,19 @@ impl Regions {
             r.pins = r.pins.saturating_sub(1);
         }
     }
+
+    /// Ends one [`Self::pin`] per id in `ids`, emptying it: the pins a
+    /// transport queued as the data reading those regions left (a get's
+    /// answer written or abandoned), ended before it hands out the next
+    /// message (see `Sm::apply_unpins`, `Tcp::apply_unpins`). Out of line:
+    /// callers look at `ids` first, and a pass seldom finds any.
+    #[cold]
+    #[inline(never)]
+    pub fn unpin_queued(&mut self, ids: &mut Vec<u32>) {
+        for id in ids.drain(..) {
+            self.unpin(id);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -412,7 +412,7 @@ impl Sm {
     #[inline]
     pub fn apply_unpins(&mut self, regions: &mut Regions) {
         if !self.unpins.is_empty() {
-            self.unpin_all(regions);
+            regions.unpin_queued(&mut self.unpins);
         }
     }
 
@@ -438,14 +438,6 @@ impl Sm {
             && self.busy_peers == 0
             && self.to_report.is_empty()
             && st.done.is_empty())
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn unpin_all(&mut self, regions: &mut Regions) {
-        for id in self.unpins.drain(..) {
-            regions.unpin(id);
-        }
     }
 
     /// What a pass does after the engine's poll: peers to fail,

@@ -365,9 +365,7 @@ impl Tcp {
     #[inline]
     pub(super) fn apply_unpins(&mut self, regions: &mut Regions) {
         if !self.unpins.is_empty() {
-            for id in self.unpins.drain(..) {
-                regions.unpin(id);
-            }
+            regions.unpin_queued(&mut self.unpins);
         }
     }
 
