@@ -10,6 +10,10 @@
 #   --mca mca_base_component_path /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3:$PWD/target/ompi
 #
 #   bash scripts/ompi-components.sh
+#
+# OMPI_COMPONENTS_OUT=DIR builds into DIR instead of target/ompi, and
+# OMPI_COMPONENTS_CFLAGS adds C compiler flags (scripts/ompi-sensitivity.sh
+# builds measurement copies with them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ompi_inc=${OMPI_INCLUDE:-/usr/lib/x86_64-linux-gnu/openmpi/include}
@@ -20,7 +24,7 @@ if [ ! -f "$ompi_inc/openmpi/opal/mca/btl/btl.h" ]; then
 fi
 cargo build --release --locked -p btl-capi
 target=${CARGO_TARGET_DIR:-target}
-out=$target/ompi
+out=${OMPI_COMPONENTS_OUT:-$target/ompi}
 mkdir -p "$out"
 rm -f "$out"/*.so
 src=platform-linux/ompi
@@ -28,10 +32,11 @@ src=platform-linux/ompi
 # on x86_64 the instruction (cmpxchg16b), elsewhere libatomic.
 arch=(-latomic)
 [ "$(uname -m)" = x86_64 ] && arch=(-mcx16)
+read -ra cflags <<<"${OMPI_COMPONENTS_CFLAGS:-}"
 for c in rsm rtcp; do
   def=BTL_OMPI_$(tr '[:lower:]' '[:upper:]' <<<"$c")
   cc -std=gnu11 -O2 -g -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
-    -Wno-missing-field-initializers "${arch[@]}" -D"$def" \
+    -Wno-missing-field-initializers "${arch[@]}" -D"$def" "${cflags[@]}" \
     -I"$ompi_inc" -I"$ompi_inc/openmpi" -Iplatform-linux/capi/include \
     -o "$out/mca_btl_$c.so" "$src/btl_ompi.c" \
     "$target/release/libbtl.a" \

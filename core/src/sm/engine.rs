@@ -1293,6 +1293,36 @@ where
             .any(Consumer::reservation_pending)
     }
 
+    /// The fast path of a small user message: the concatenation of
+    /// `parts` into `peer`'s fast box, when the peer is connected, has
+    /// handed us a box with room, and has no ring message of ours in
+    /// flight. True when the box took it (as [`Self::send`] with cookie 0
+    /// would have); false when nothing was sent, for any reason: then
+    /// [`Self::send`] decides (and reports what went wrong — a corrupt box
+    /// the writer noticed stays noticed).
+    ///
+    /// Inline into the caller (the box write included), so that a caller
+    /// that knows its pieces' count (the C ABI's `btl_sendi`: one or two)
+    /// gets the write compiled for it.
+    #[inline(always)]
+    pub fn try_send_boxed(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> bool {
+        let Some(p) = self.peers.as_mut().get_mut(peer as usize) else {
+            return false;
+        };
+        if p.state != PeerState::Connected || !crate::tags::is_user(tag) {
+            return false;
+        }
+        let Some(w) = p.fbox_out.as_mut() else {
+            return false;
+        };
+        if w.send_inline(tag, parts, p.in_flight).is_ok() {
+            self.fbox_sent += 1;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Sends the concatenation of `parts` (one fragment: at most
     /// [`Self::max_payload`] bytes) to `peer` with `tag`. `cookie` comes back
     /// in [`Dispatch::complete`] when the peer has handled it.

@@ -978,6 +978,19 @@ impl<'a> FboxWriter<'a> {
         parts: &[&[u8]],
         ring_in_flight: u32,
     ) -> Result<(), SendError> {
+        self.send_inline(tag, parts, ring_in_flight)
+    }
+
+    /// [`Self::try_send_vectored`], inline into the caller: where the
+    /// number of pieces is known there (a header and a payload), the loops
+    /// over them unroll.
+    #[inline(always)]
+    pub fn send_inline(
+        &mut self,
+        tag: u8,
+        parts: &[&[u8]],
+        ring_in_flight: u32,
+    ) -> Result<(), SendError> {
         if let Some(c) = self.failed {
             return Err(SendError::Corrupt(c));
         }

@@ -603,6 +603,60 @@ impl btl_t {
         }
     }
 
+    /// btl_sendi's fast path: one or two pieces (Open MPI's header and
+    /// payload) into the peer's shared-memory fast box, outside callbacks
+    /// and with no send deferred before it ([`World::try_send_boxed`]).
+    /// True when sent; false when nothing happened, for any reason (a bad
+    /// argument included), and the checked path must decide and report.
+    /// The fast path checks what it relies on: no NULL base with bytes,
+    /// lengths a slice can have. Callgrind, rank 0 of `ppmin 8` over Open
+    /// MPI's ob1 and rsm: 464 -> 340 instructions per `btl_sendi`, the box
+    /// write included (README, "What rsm's 8 B gap is made of").
+    ///
+    /// # Safety
+    ///
+    /// As btl_sendi: `iov` points to `iovcnt` pieces of readable memory
+    /// (the fast path takes one or two).
+    #[inline(always)]
+    unsafe fn sendi_boxed(
+        &self,
+        rank: u32,
+        tag: u8,
+        iov: *const btl_iovec_t,
+        iovcnt: usize,
+    ) -> bool {
+        if self.busy.get() != Busy::No
+            || !(1..=2).contains(&iovcnt)
+            || iov.is_null()
+            || !iov.is_aligned()
+        {
+            return false;
+        }
+        // SAFETY: not NULL, aligned; the caller's promise of `iovcnt`
+        // elements.
+        let v = unsafe { std::slice::from_raw_parts(iov, iovcnt) };
+        let bad = |p: &btl_iovec_t| (p.base.is_null() && p.len != 0) || p.len > isize::MAX as usize;
+        let deferred = |s: std::cell::Ref<'_, Side>| !s.deferred.is_empty();
+        if v.iter().any(bad) || self.side.try_borrow().map_or(true, deferred) {
+            return false;
+        }
+        // SAFETY: `busy` is `No`: no call of ours holds a reference into
+        // `state` (one thread at a time calls a handle, btl.h).
+        let State::Ready(w) = (unsafe { &mut *self.state.get() }) else {
+            return false;
+        };
+        // SAFETY: checked above (no NULL base with bytes, lengths within
+        // isize::MAX); the caller's promise that the pieces are readable.
+        let piece = |p: &btl_iovec_t| unsafe { slice(p.base.cast(), p.len) };
+        // One arm per count: the box write inlines into each, compiled for
+        // that many pieces.
+        match v {
+            [a, b] => w.try_send_boxed(rank, tag, &[piece(a), piece(b)]),
+            [a] => w.try_send_boxed(rank, tag, &[piece(a)]),
+            _ => false,
+        }
+    }
+
     /// The peer's cached facts, after checking it exists and is reached.
     #[inline(always)]
     fn peer(&self, rank: u32) -> Result<&Peer, Fail> {
@@ -1559,6 +1613,10 @@ pub unsafe extern "C" fn btl_sendi(
     entry("btl_sendi", || {
         // SAFETY: the caller's handle.
         let h = unsafe { handle(h) }?;
+        // SAFETY: the caller's iovec and readable pieces.
+        if unsafe { h.sendi_boxed(rank, tag, iov, iovcnt) } {
+            return Ok(BTL_DONE);
+        }
         check_tag(tag)?;
         // SAFETY: the caller's iovec.
         let v = unsafe { iov_array(iov, iovcnt) }?;

@@ -314,6 +314,16 @@ impl Sm {
         self.isend_queued(peer, tag, parts)
     }
 
+    /// The fast path of [`Self::isend`]: the message into `peer`'s fast
+    /// box, when nothing of ours waits in the peer's queue and the engine's
+    /// box takes it ([`SmEngine::try_send_boxed`](btl_core::sm::engine::SmEngine::try_send_boxed)).
+    /// True when sent; false when nothing happened (then [`Self::isend`]).
+    #[inline(always)]
+    pub fn try_send_boxed(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> bool {
+        self.out.get(peer as usize).is_some_and(|o| o.q.is_empty())
+            && self.shm.get().engine.try_send_boxed(peer, tag, parts)
+    }
+
     /// [`Self::isend`] of a message the engine did not take at once.
     #[inline(never)]
     fn isend_queued(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<(), PostError> {

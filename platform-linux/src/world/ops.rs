@@ -87,6 +87,22 @@ impl<'m> World<'m> {
         })
     }
 
+    /// The fast path of [`Self::isendv`] for the C ABI's `btl_sendi`: a
+    /// small message to a peer of this node straight into its shared-memory
+    /// fast box. True when sent (as `isendv` would have, completed);
+    /// false when nothing happened — another transport, a reserved tag, no
+    /// box or no room, messages queued before it — and `isendv` must
+    /// decide. Inline: the caller's pieces' count is known there.
+    #[inline(always)]
+    pub fn try_send_boxed(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> bool {
+        match (self.route.get(peer as usize), self.sm.as_mut()) {
+            (Some(&Route::Sm(l)), Some(sm)) if tag <= MAX_USER_TAG => {
+                sm.try_send_boxed(l, tag, parts)
+            }
+            _ => false,
+        }
+    }
+
     /// Sends `buf` without copying it: the transports read it while it
     /// travels (single copy by the receiver, writes straight from it); the
     /// request owns it until it completes.
