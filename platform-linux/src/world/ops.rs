@@ -65,6 +65,9 @@ impl<'m> World<'m> {
     /// [`Self::isend`] of the concatenation of `parts`: one message.
     #[inline]
     pub fn isendv(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<Request, WorldError> {
+        if self.try_send_boxed(peer, tag, parts) {
+            return Ok(Request::COMPLETE);
+        }
         Self::check_tag(tag)?;
         let r = match self.route_of(peer)? {
             Route::Me => {

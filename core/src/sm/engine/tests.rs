@@ -477,6 +477,78 @@ fn an_impossible_reader_tail_fails_the_reader() {
 }
 
 #[test]
+fn the_boxed_fast_path_sends_what_send_would_and_declines_the_rest() {
+    with_job_params(2, box_params(16), |e, region| {
+        let layout = segment_layout(&box_params(16), 2).unwrap();
+        let (mut r0, mut r1) = (Rec::default(), Rec::default());
+        // The offered box is attached by the checked path's first send:
+        // until then the fast path declines.
+        assert!(!e[0].try_send_boxed(1, 1, &[b"ab", b"cde"]));
+        e[0].send(1, 0, &[b"attach"], 0).unwrap();
+        assert!(e[0].try_send_boxed(1, 1, &[b"ab", b"cde"]));
+        assert!(e[0].try_send_boxed(1, 2, &[b"f"]));
+        assert_eq!((e[0].fbox_sent(), e[0].outstanding()), (3, 0));
+        // Declined, nothing sent: a reserved tag, too large for a record
+        // (56 bytes here), a rank that does not exist, ourselves.
+        assert!(!e[0].try_send_boxed(1, 250, &[b"x"]));
+        assert!(!e[0].try_send_boxed(1, 1, &[&[1; 50], &[2; 7]]));
+        assert!(!e[0].try_send_boxed(5, 1, &[b"x"]));
+        assert!(!e[0].try_send_boxed(0, 1, &[b"x"]));
+        assert_eq!((e[0].fbox_sent(), e[0].outstanding()), (3, 0));
+        // Behind a ring message not yet acknowledged it declines too (the
+        // hand-off rule), and `send` puts the message on the ring: order
+        // holds.
+        e[0].send(1, 3, &[b"ring"], 7).unwrap();
+        assert!(!e[0].try_send_boxed(1, 4, &[b"late"]));
+        e[0].send(1, 4, &[b"late"], 0).unwrap();
+        e[1].progress(&mut r1);
+        let got: Vec<_> = r1
+            .got
+            .iter()
+            .map(|(p, t, d)| (*p, *t, d.as_slice()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0, 0, &b"attach"[..]),
+                (0, 1, b"abcde"),
+                (0, 2, b"f"),
+                (0, 3, b"ring"),
+                (0, 4, b"late")
+            ]
+        );
+        e[0].progress(&mut r0);
+        assert!(r0.failed.is_empty() && r1.failed.is_empty());
+        // A reader's tail beyond anything written: the fast path declines
+        // once the writer looks at it, and `send` reports the peer failed,
+        // once.
+        let tail_at = box_at(region, &layout, 1, 0) + Fbox::TAIL_OFFSET as u64;
+        region.write_bytes(tail_at, &4096u64.to_ne_bytes()).unwrap();
+        let mut sent = 0;
+        while e[0].try_send_boxed(1, 5, &[&[9; 40]]) {
+            sent += 1;
+            assert!(sent < 100, "the box never looked at the tail");
+        }
+        assert_eq!(
+            e[0].send(1, 5, &[b"y"], 0),
+            Err(SendError::PeerFailed { peer: 1 })
+        );
+        e[0].progress(&mut r0);
+        assert!(matches!(
+            r0.failed[..],
+            [(
+                1,
+                PeerError::FastBox {
+                    peer: 1,
+                    error: fbox::Corruption::TailBeyondHead { .. }
+                }
+            )]
+        ));
+        assert!(!e[0].try_send_boxed(1, 5, &[b"z"]));
+    });
+}
+
+#[test]
 fn send_recv_ack_roundtrip() {
     with_job(2, 16, |e, _| {
         let (mut r0, mut r1) = (Rec::default(), Rec::default());
