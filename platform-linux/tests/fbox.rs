@@ -63,24 +63,24 @@ fn count_before(line: &str, what: &str) -> Option<u64> {
 /// node's segment holds grows at most linearly with the ranks — at most
 /// a constant per rank, whatever N — each rank's pools stay within their
 /// limits (eager fragments: 256 shared by the peers, between 32 and 128;
-/// with single copy to every peer, at most 4 max-size fragments; without
-/// it they grow by use to the room, 72), and no rank hands out more than
-/// `fbox_max` boxes.
+/// with single copy to every peer, at most 128 KiB of max-size fragments,
+/// 2 of 64 KiB; without it they grow by use to the room, 72), and no rank
+/// hands out more than `fbox_max` boxes.
 #[test]
 fn shared_memory_grows_linearly_with_the_ranks() {
     if std::env::var_os("BTL_TEST_ROLE").is_some() {
         return;
     }
     // Rings (32 KiB), directory, 32 eager fragments of 4 KiB (shared by
-    // the peers: 36 at 8 ranks, 85 at 4), 4 max-size ones of 32 KiB and 32
+    // the peers: 36 at 8 ranks, 85 at 4), 2 max-size ones of 64 KiB and 32
     // boxes: 0.6 MiB (0.8 MiB at 4 ranks); without single copy up to 72
-    // max-size fragments: 2.8 MiB (3.0). The control area once.
+    // max-size fragments: 5.1 MiB (5.3). The control area once.
     const KIB: u64 = 1024;
     for (n, cma, fbox_max, eager_frags, max_frags, per_rank) in [
-        (4u32, "1", "32", 85u64, 4u64, 860 * KIB),
-        (16, "1", "32", 32, 4, 640 * KIB),
-        (8, "1", "2", 36, 4, 640 * KIB),
-        (4, "0", "32", 85, 72, 3120 * KIB),
+        (4u32, "1", "32", 85u64, 2u64, 860 * KIB),
+        (16, "1", "32", 32, 2, 640 * KIB),
+        (8, "1", "2", 36, 2, 640 * KIB),
+        (4, "0", "32", 85, 72, 5430 * KIB),
     ] {
         let o = Command::new(BTL)
             .args(["run", "--timeout", "240", "-n", &n.to_string(), "--", BTL])

@@ -1059,7 +1059,7 @@ where
 
     /// Carves the first fragments (`attach`): `n` eager ones, one
     /// max-size one (the max-size pool grows only for messages that need
-    /// it: they are the big ones, 32 KiB each by default).
+    /// it: they are the big ones, 64 KiB each by default).
     fn with_first_fragments(mut self, n: u32) -> Result<Self, SetupError> {
         for eager in [true, false] {
             let room = if eager {

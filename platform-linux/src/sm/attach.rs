@@ -180,13 +180,20 @@ impl Sm {
     }
 }
 
-/// How far the max-size pool grows when single copy reaches every peer:
-/// it then carries only messages between `eager_limit` and
-/// `min_rdma_pipeline_size` (4–64 KiB by default, at most two fragments
-/// each), so four fragments keep two of them in flight; 32 KiB each, they
-/// are most of what a rank's part costs (issue 13: 64 ranks of a stress
-/// test within 32 MiB).
-const MAX_POOL_WITH_SINGLE_COPY: u32 = 4;
+/// How far the max-size pool grows when single copy reaches every peer, in
+/// payload bytes: it then carries only messages between `eager_limit` and
+/// `min_rdma_pipeline_size` (4–68 KiB by default, one or two fragments
+/// each), so 128 KiB keep two of them in flight — two fragments of the
+/// default 64 KiB (four of 32 KiB) — and are most of what a rank's part
+/// costs (issue 13: 64 ranks of a stress test within 32 MiB).
+const MAX_POOL_BYTES_WITH_SINGLE_COPY: u64 = 128 * 1024;
+
+/// [`MAX_POOL_BYTES_WITH_SINGLE_COPY`] in fragments of `max_send_size`
+/// payload bytes: at least two.
+fn max_pool_with_single_copy(max_send_size: u32) -> u32 {
+    let n = MAX_POOL_BYTES_WITH_SINGLE_COPY / u64::from(max_send_size.max(1));
+    u32::try_from(n).unwrap_or(u32::MAX).max(2)
+}
 
 /// Bytes of a part a rank reserves at start: its head (rings, box
 /// directory) and the first fragments of each pool.
@@ -360,7 +367,10 @@ fn attach<'r>(
     let mut engine = engine;
     let single_copy_everywhere = (0..nprocs).all(|r| r == me || cma_ok[r as usize]);
     if single_copy_everywhere && params.free_list_max < 0 {
-        engine.set_pool_limits(layout.eager_frags, MAX_POOL_WITH_SINGLE_COPY);
+        engine.set_pool_limits(
+            layout.eager_frags,
+            max_pool_with_single_copy(params.max_send_size),
+        );
     }
     let mut state = State::new(nprocs, peers, cma_ok);
     // Splitting a copy between two processes pays only when each has a
@@ -461,6 +471,15 @@ fn identify(
 mod tests {
     use super::*;
     use std::process::{Child, Command};
+
+    #[test]
+    fn the_single_copy_pool_keeps_128_kib_of_max_size_fragments() {
+        assert_eq!(max_pool_with_single_copy(64 * 1024), 2);
+        assert_eq!(max_pool_with_single_copy(32 * 1024), 4);
+        assert_eq!(max_pool_with_single_copy(4096), 32);
+        assert_eq!(max_pool_with_single_copy(1 << 20), 2);
+        assert_eq!(max_pool_with_single_copy(0), 131_072);
+    }
 
     /// A live process of ours to name as a peer, and its start time.
     fn peer() -> (Child, u32, u64) {
