@@ -523,13 +523,12 @@ pub const COPY_PIECE: usize = 2048;
 /// `rep movsb`, which AMD Zen 4 (this machine's EPYC, under KVM) runs at
 /// 3.5 GB/s instead of 55 when the destination lies 1–15 bytes after the
 /// source modulo a page (a C loop of 32 KiB `memcpy`s, every offset from 0
-/// to 80 measured). Fragments and landing data sit at fixed offsets and
-/// user buffers anywhere, so one message size in a few met it: `btl bench`
-/// over shared memory took 5–26 µs for 33–64 KiB messages against 0.8 for
-/// 32 KiB, more than half of it in `memcpy`. In pieces of [`COPY_PIECE`]
-/// bytes `memcpy` takes its vector loop, 50 GB/s at those offsets. The
-/// window is kept to 63 bytes for other CPUs' variants of the same
-/// effect; everywhere else this is one call.
+/// to 80 measured). Fragment payloads sit at fixed offsets and user
+/// buffers anywhere (an array's second element, say), so some messages
+/// meet it on every copy. In pieces of [`COPY_PIECE`] bytes `memcpy`
+/// takes its vector loop, 50 GB/s at those offsets. The window is kept to
+/// 63 bytes for other CPUs' variants of the same effect; everywhere else
+/// this is one call.
 ///
 /// # Safety
 ///

@@ -173,6 +173,7 @@ static int verbose_stream = -1;
                         ": " __VA_ARGS__)
 
 static inline void lock(void) { OPAL_THREAD_LOCK(&module.lock); }
+static inline void unlock(void) { OPAL_THREAD_UNLOCK(&module.lock); }
 
 /* Measurement only (scripts/ompi-sensitivity.sh): BTL_OMPI_PAD_SEND=N adds
  * N rounds of register-only work (a dependent chain of 6 instructions a
@@ -198,7 +199,6 @@ static inline __attribute__((always_inline)) void pad(int rounds)
     }
     __asm__ volatile("" ::"r"(a ^ b ^ c ^ d));
 }
-static inline void unlock(void) { OPAL_THREAD_UNLOCK(&module.lock); }
 
 /* ------------------------------------------------------------------ status */
 

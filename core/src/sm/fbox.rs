@@ -982,8 +982,8 @@ impl<'a> FboxWriter<'a> {
     }
 
     /// [`Self::try_send_vectored`], inline into the caller: where the
-    /// number of pieces is known there (a header and a payload), the loops
-    /// over them unroll.
+    /// number of pieces is known there (a header and a payload), the write
+    /// is compiled for that many.
     #[inline(always)]
     pub fn send_inline(
         &mut self,

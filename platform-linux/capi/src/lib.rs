@@ -610,7 +610,7 @@ impl btl_t {
     /// argument included), and the checked path must decide and report.
     /// The fast path checks what it relies on: no NULL base with bytes,
     /// lengths a slice can have. Callgrind, rank 0 of `ppmin 8` over Open
-    /// MPI's ob1 and rsm: 464 -> 340 instructions per `btl_sendi`, the box
+    /// MPI's ob1 and rsm: 464 -> 336 instructions per `btl_sendi`, the box
     /// write included (README, "What rsm's 8 B gap is made of").
     ///
     /// # Safety

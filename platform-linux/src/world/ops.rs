@@ -90,9 +90,9 @@ impl<'m> World<'m> {
         })
     }
 
-    /// The fast path of [`Self::isendv`] for the C ABI's `btl_sendi`: a
-    /// small message to a peer of this node straight into its shared-memory
-    /// fast box. True when sent (as `isendv` would have, completed);
+    /// The fast path of [`Self::isendv`] (and of the C ABI's `btl_sendi`):
+    /// a small message to a peer of this node straight into its
+    /// shared-memory fast box. True when sent (as `isendv` would have, completed);
     /// false when nothing happened — another transport, a reserved tag, no
     /// box or no room, messages queued before it — and `isendv` must
     /// decide. Inline: the caller's pieces' count is known there.
