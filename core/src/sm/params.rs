@@ -425,12 +425,12 @@ impl SmParams {
             rndv_eager_limit: 4096,
             eager_limit: 4096,
             // 64 KiB, where vader and the seed have 32: a message of
-            // 32–64 KiB then travels in one fragment. In two, the
-            // sender's copy of the second overlapped the receiver's copy
-            // of the first and both crawled (memcpy at ~10 GB/s against
-            // 45; README, "Messages and the two bulk protocols"): `btl
-            // bench` 40–64 KiB took 5–9 µs (19–33 with the vCPUs on two
-            // CCXs) against 1.4–2.3 in one fragment.
+            // 32–64 KiB then travels in one fragment. In two, its copies
+            // ran at ~10 GB/s against 45 (the sender's copy of the second
+            // overlapping the receiver's of the first; README, "Messages
+            // and the two bulk protocols"): `btl bench` 40–64 KiB took 5–9
+            // µs (19–35 with the vCPUs on two CCXs) against 1.3–2.3 in one
+            // fragment.
             max_send_size: 64 * 1024,
             rdma_pipeline_send_length: 64 * 1024,
             rdma_pipeline_frag_size: 64 * 1024,
