@@ -493,7 +493,8 @@ impl<'a> Region<'a> {
         // ranges do not overlap. No other thread of this process writes the
         // range meanwhile: regions are not Send/Sync, and regions of other
         // threads order their copies with ours (`from_raw_parts`' contract).
-        // Races with a misbehaving peer process: module docs.
+        // Races with a misbehaving peer process: module docs. That is
+        // `copy_bytes`' contract (copy_nonoverlapping's).
         unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
@@ -505,7 +506,8 @@ impl<'a> Region<'a> {
         // SAFETY: the destination range is in bounds and writable (checked
         // above, Region's contract); `src` is a Rust borrow, which cannot
         // alias memory accessed only through the region. No other thread of
-        // this process copies the range meanwhile (as in `read_bytes`).
+        // this process copies the range meanwhile (as in `read_bytes`):
+        // `copy_bytes`' contract (copy_nonoverlapping's).
         unsafe { copy_bytes(src.as_ptr(), dst.as_ptr(), src.len()) };
         Ok(())
     }
