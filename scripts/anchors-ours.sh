@@ -11,9 +11,9 @@
 # the sibling script scripts/shm-memory.sh.
 BTL_BIN=${BTL_BIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/release/btl}
 extra_all() {
-    row btl_sm "btl sm (default)" "btl bench --transport sm with default parameters: single copy (process_vm_readv) from min_rdma_pipeline_size (68 KiB) up, split with the sender (process_vm_writev into a landing buffer) from cma_split_min (128 KiB), fragments below"
+    row btl_sm "btl sm (default)" "btl bench --transport sm with default parameters: single copy (process_vm_readv) or the pipelined copy, as measured, from min_rdma_pipeline_size (68 KiB) up, split with the sender (process_vm_writev into a landing buffer) from cma_split_min (128 KiB), fragments below"
     run_mpi btl_sm 120 "$BTL_BIN" bench --transport sm --format osu
-    row btl_sm_nocma "btl sm, use_cma=0" "btl bench --transport sm with BTL_SM_USE_CMA=0: messages above 32 KiB pipelined through 32 KiB shared fragments"
+    row btl_sm_nocma "btl sm, use_cma=0" "btl bench --transport sm with BTL_SM_USE_CMA=0: messages above 64 KiB pipelined through 64 KiB shared fragments"
     run_mpi btl_sm_nocma 120 env BTL_SM_USE_CMA=0 "$BTL_BIN" bench --transport sm --format osu
     row btl_tcp "btl tcp (lo)" "btl bench --transport tcp over loopback, default parameters (sndbuf/rcvbuf 0: the kernel's autotuning)"
     run_mpi btl_tcp 120 "$BTL_BIN" bench --transport tcp --format osu

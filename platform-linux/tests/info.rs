@@ -4,13 +4,14 @@ use std::process::{Command, Output};
 
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
-/// The 26 parameters of the `sm` component, in table order.
-const SM_PARAMS: [&str; 26] = [
+/// The 27 parameters of the `sm` component, in table order.
+const SM_PARAMS: [&str; 27] = [
     "use_knem",
     "knem_dma_min",
     "knem_max_simultaneous",
     "use_cma",
     "cma_split_min",
+    "cma_measure",
     "free_list_num",
     "free_list_max",
     "free_list_inc",

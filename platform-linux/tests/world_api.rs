@@ -764,10 +764,12 @@ const SPLIT_OUT: &str = " sent split";
 
 /// Large messages over shared memory, which single copy splits with the
 /// sender once the receiver has mapped a landing buffer for it
-/// (`splitsend`; `nosplitsend` with `cma_split_min` 0): every rank sends
-/// the next odd-sized large messages, blocking and posted together, and
-/// checks every byte of what it receives, in order.
-fn splitsend(w: &mut World<'_>, on: bool) -> R<String> {
+/// (`splitsend`, with `cma_measure` 0 so single copy carries them all;
+/// `nosplitsend` with `cma_split_min` 0 too; `measuredsend` with the
+/// defaults, where split and pipelined messages mix as measured): every
+/// rank sends the next odd-sized large messages, blocking and posted
+/// together, and checks every byte of what it receives, in order.
+fn splitsend(w: &mut World<'_>, on: bool, measured: bool) -> R<String> {
     let (me, n) = (w.rank(), w.size());
     // Nothing is split on an oversubscribed node.
     let on = on && !oversubscribed(n);
@@ -776,14 +778,20 @@ fn splitsend(w: &mut World<'_>, on: bool) -> R<String> {
     }
     let next = (me + 1) % n;
     let prev = (me + n - 1) % n;
-    let sizes = [
-        300 << 10,
-        (1 << 20) + 1,
-        (4 << 20) + 13,
-        200 << 10,
-        (2 << 20) + 4095,
-    ];
-    let rounds = 4u64;
+    // Measured: sizes below `cma_split_min` too, where single copy and
+    // the pipelined copy alternate as measured.
+    let sizes = if measured {
+        [70_000, (100 << 10) + 3, 127 << 10, 300 << 10, (1 << 20) + 1]
+    } else {
+        [
+            300 << 10,
+            (1 << 20) + 1,
+            (4 << 20) + 13,
+            200 << 10,
+            (2 << 20) + 4095,
+        ]
+    };
+    let rounds = if measured { 40u64 } else { 4 };
     // Blocking sends, then a window posted together.
     let mut expect = Vec::new();
     for r in 0..rounds {
@@ -857,6 +865,21 @@ fn splitsend(w: &mut World<'_>, on: bool) -> R<String> {
     );
     // The first large message from a sender maps the landing buffer;
     // after it, each of them goes split (all at least 128 KiB).
+    if measured {
+        // Below `cma_split_min` both mechanisms are measured: single copy
+        // first, then the pipelined copy, timed.
+        let (single, pipelined, timed) = (
+            counter(&summary, " large message(s) sent by single copy")?,
+            counter(&summary, " pipelined,")?,
+            counter(&summary, " pipelined to time it")?,
+        );
+        if single < 3 || pipelined < 1 || timed < 1 || timed > pipelined {
+            return Err(format!(
+                "both mechanisms should have been measured: {summary}"
+            ));
+        }
+        return Ok(format!("large messages, measured: {summary}"));
+    }
     if on && (split_in + alone < 10 || out < 10) {
         return Err(format!("too few split messages: {summary}"));
     }
@@ -887,6 +910,9 @@ fn role() {
         if scenario == "findone-frag" {
             b = b.set("sm", "use_cma", "0").map_err(e)?;
         }
+        if scenario == "splitsend" || scenario == "nosplitsend" {
+            b = b.set("sm", "cma_measure", "0").map_err(e)?;
+        }
         if scenario == "nosplit" || scenario == "nosplitsend" {
             b = b.set("sm", "cma_split_min", "0").map_err(e)?;
         }
@@ -905,8 +931,9 @@ fn role() {
             "findone" | "findone-frag" => findone(&mut w),
             "split" => split(&mut w, true),
             "nosplit" => split(&mut w, false),
-            "splitsend" => splitsend(&mut w, true),
-            "nosplitsend" => splitsend(&mut w, false),
+            "splitsend" => splitsend(&mut w, true, false),
+            "nosplitsend" => splitsend(&mut w, false, false),
+            "measuredsend" => splitsend(&mut w, true, true),
             other => Err(format!("unknown scenario {other}")),
         }
     })();
@@ -1013,6 +1040,17 @@ fn large_messages_are_split_with_the_sender() {
         run_job(2, "splitsend", "sm");
         run_job(3, "splitsend", "sm");
         run_job(2, "nosplitsend", "sm");
+    }
+}
+
+/// Large messages as measured: single copy (plain and split) and the
+/// pipelined copy mix, measurement bursts included, and every byte
+/// arrives in order.
+#[test]
+fn measured_large_messages_arrive_whole_and_in_order() {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        run_job(2, "measuredsend", "sm");
+        run_job(4, "measuredsend", "sm");
     }
 }
 

@@ -48,7 +48,7 @@ pub const MAX_FBOX_MAX: u32 = 1024;
 pub const MAX_FIFO_SIZE: u32 = 1 << 30;
 
 /// Number of parameters of the `sm` component (the length of [`SM_PARAMS`]).
-pub const SM_PARAM_COUNT: usize = 26;
+pub const SM_PARAM_COUNT: usize = 27;
 
 /// Identifies one `sm` parameter; its discriminant indexes [`SM_PARAMS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,8 @@ pub enum ParamId {
     UseCma,
     /// `cma_split_min` (btl's)
     CmaSplitMin,
+    /// `cma_measure` (btl's)
+    CmaMeasure,
     /// `free_list_num`
     FreeListNum,
     /// `free_list_max`
@@ -117,6 +119,7 @@ impl ParamId {
         ParamId::KnemMaxSimultaneous,
         ParamId::UseCma,
         ParamId::CmaSplitMin,
+        ParamId::CmaMeasure,
         ParamId::FreeListNum,
         ParamId::FreeListMax,
         ParamId::FreeListInc,
@@ -209,6 +212,16 @@ pub static SM_PARAMS: [ParamDef; SM_PARAM_COUNT] = table(
              landing buffer the receiver mapped for it while the receiver reads the first. \
              0 turns splitting off; it is off on an oversubscribed node (more ranks than \
              cores), where the two copies would take turns.",
+        ),
+        ParamDef::number("cma_measure", ParamKind::Bool, 1, (0, 1)).doc(
+            5,
+            ACCEPTS_BOOL,
+            "Whether large messages and gets (from min_rdma_pipeline_size on) go by whichever \
+             of single copy and the pipelined copy through shared fragments measures faster to \
+             each peer, re-measured about once a second (1), or by single copy whenever the \
+             kernel allows it (0; use_cma=0 forces the pipelined copy). Which one is faster \
+             depends on where the two processes run: the pipelined copy wins while they share \
+             a cache, single copy when they do not.",
         ),
         base::free_list_num("Number of max-size fragments each process allocates up front."),
         base::free_list_max(),
@@ -346,6 +359,9 @@ pub struct SmParams {
     /// Smallest single-copy get split between requester and target (0:
     /// never).
     pub cma_split_min: u32,
+    /// Whether large transfers choose their mechanism by measurement
+    /// (else single copy whenever allowed).
+    pub cma_measure: bool,
     /// Max-size fragments allocated up front.
     pub free_list_num: i32,
     /// Maximum fragments per free list (-1 = unlimited).
@@ -409,6 +425,7 @@ impl SmParams {
             knem_max_simultaneous: 0,
             use_cma: true,
             cma_split_min: 128 * 1024,
+            cma_measure: true,
             free_list_num: 8,
             free_list_max: -1,
             free_list_inc: 64,
@@ -449,6 +466,7 @@ impl SmParams {
             ParamId::KnemMaxSimultaneous => i64::from(self.knem_max_simultaneous),
             ParamId::UseCma => i64::from(self.use_cma),
             ParamId::CmaSplitMin => i64::from(self.cma_split_min),
+            ParamId::CmaMeasure => i64::from(self.cma_measure),
             ParamId::FreeListNum => i64::from(self.free_list_num),
             ParamId::FreeListMax => i64::from(self.free_list_max),
             ParamId::FreeListInc => i64::from(self.free_list_inc),
@@ -517,6 +535,7 @@ impl Params for SmParams {
             ParamId::KnemMaxSimultaneous => self.knem_max_simultaneous = v.to_u32()?,
             ParamId::UseCma => self.use_cma = v.to_bool()?,
             ParamId::CmaSplitMin => self.cma_split_min = v.to_u32()?,
+            ParamId::CmaMeasure => self.cma_measure = v.to_bool()?,
             ParamId::FreeListNum => self.free_list_num = v.to_i32()?,
             ParamId::FreeListMax => self.free_list_max = v.to_i32()?,
             ParamId::FreeListInc => self.free_list_inc = v.to_i32()?,

@@ -266,8 +266,8 @@ pub struct Sm {
     last_liveness: Instant,
     /// Timeout of the flush when dropped (`BTL_TIMEOUT`, at most 5 s).
     timeout: Duration,
-    /// Measured bulk rates per peer.
-    rates: Vec<BulkRates>,
+    /// Measured bulk rates per peer, per size class ([`Sm::rate_class`]).
+    rates: Vec<[BulkRates; send::RATE_CLASSES]>,
     /// Outgoing work per peer that could not leave at once.
     out: Vec<PeerOut>,
     /// Peers with a non-empty queue.
@@ -279,6 +279,10 @@ pub struct Sm {
     /// The pieces of the fragment being sent by `pump` (kept to reuse its
     /// allocation).
     pump_pieces: Vec<RawBuf>,
+    /// Large messages (from `min_rdma_pipeline_size`) queued so far:
+    /// (by single copy, plain or split; by the pipelined copy; of those,
+    /// timed for the bulk rates).
+    large_sent: (u64, u64, u64),
     next_cookie: u64,
     next_req: u64,
     /// Per receiver: the sequence number of our last split rendezvous.
@@ -529,6 +533,13 @@ impl Sm {
     /// into peers' memory for theirs).
     pub fn split_copies(&self) -> (u64, u64) {
         (self.state.split_gets, self.state.split_written)
+    }
+
+    /// Large messages (from `min_rdma_pipeline_size` on) queued so far: (by
+    /// single copy, plain or split; by the pipelined copy; of those, timed
+    /// to measure it).
+    pub fn large_messages(&self) -> (u64, u64, u64) {
+        self.large_sent
     }
 
     /// Split rendezvous so far: (messages received with the sender's part

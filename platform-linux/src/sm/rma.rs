@@ -348,14 +348,17 @@ impl Sm {
         // Single copy or fragments; a large get as measured for this peer
         // (the same two mechanisms, and measurements, as large sends) and
         // timed for them; mid-size ones are not (they would skew the
-        // rates). How a get is timed: `recv_reply`.
+        // rates). How a get is timed: `recv_reply`. From `cma_split_min`
+        // on, split single copy without measuring, as for messages (see
+        // `enqueue_large`).
         let single_ok = self.single_copy_pays(peer, dst.len());
         let large = single_ok && dst.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
-        let (single, timed) = if large {
-            let now = Instant::now();
+        let (single, timed) = if large && self.rate_class(dst.len()) > 0 {
+            (true, Some(Instant::now()))
+        } else if large {
             (
-                self.rates[peer as usize].choose(now) == Bulk::SingleCopy,
-                Some(now),
+                self.bulk_choice(peer, dst.len()) == Bulk::SingleCopy,
+                Some(Instant::now()),
             )
         } else {
             (single_ok, None)

@@ -93,42 +93,109 @@ pub(super) enum Bulk {
     ProbePipelined,
 }
 
+/// Size classes of bulk rates per peer (see [`Sm::rate_class`]).
+pub(super) const RATE_CLASSES: usize = 5;
+
 /// How long a bulk-rate measurement stays fresh.
 pub(super) const BULK_REFRESH: Duration = Duration::from_secs(1);
 
-/// Measured bulk rates to one peer (bytes per second, smoothed), for the
-/// choice between single copy and the pipelined copy. Which is faster
-/// depends on where the two processes run (shared cache or not) and that
-/// changes under a hypervisor or a migrating scheduler: so it is measured
-/// while running. Single-copy transfers are synchronous and timed as they
-/// go; the pipelined copy is timed by draining before and after one message
-/// once per [`BULK_REFRESH`]. The slower mechanism is retried once per
-/// refresh period, so a change of placement is followed within about a
-/// second.
+/// Measured bulk rates to one peer, for the choice between single copy and
+/// the pipelined copy. Which is faster depends on where the two processes
+/// run (shared cache or not) and that changes under a hypervisor or a
+/// migrating scheduler: so it is measured while running. Single-copy
+/// transfers are synchronous and timed as they go; the pipelined copy is
+/// timed by bursts from an empty pipeline ([`Probe`]) once per
+/// [`BULK_REFRESH`]. The slower mechanism is retried once per refresh
+/// period, so a change of placement is followed within about a second.
+///
+/// Each mechanism is rated by its best sample of the last refresh period
+/// (its newest sample if it has none that recent), not by an average:
+/// noise only ever makes a transfer slower (a preempted vCPU, a page
+/// fault, the receiver busy with something else), and an average of such
+/// samples once chose the pipelined copy at 2.5 GB/s over single copy at
+/// 24 with the vCPUs on two CCXs.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct BulkRates {
-    pub(super) single: f64,
-    pub(super) pipelined: f64,
-    pub(super) single_at: Option<Instant>,
-    pub(super) pipelined_at: Option<Instant>,
-    /// Samples taken of each; the first of each is a warm-up (page faults
-    /// of fresh buffers) and is not counted.
-    pub(super) single_n: u32,
-    pub(super) pipelined_n: u32,
+    pub(super) single: Samples,
+    pub(super) pipelined: Samples,
+}
+
+/// One mechanism's recent samples (see [`BulkRates`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Samples {
+    /// The newest [`SAMPLES`] rates (bytes per second) and when they were
+    /// taken, as a ring; `None` where not filled yet.
+    recent: [Option<(f64, Instant)>; SAMPLES],
+    /// Samples taken, the warm-up included: single copy's first (page
+    /// faults of fresh buffers) and the pipelined copy's first
+    /// 1 + [`PIPELINED_WARM_UP`] are not kept.
+    n: u32,
+}
+
+/// Pipelined samples dropped after the first, as a warm-up: with the
+/// vCPUs on two CCXs the first pipelined messages to a peer moved 4 MiB in
+/// 0.5–0.7 ms, the following ones in 0.9–1.4 ms (single copy: 0.35), and
+/// two early samples once chose the pipelined copy at 2.7 GB/s over single
+/// copy at 24.
+const PIPELINED_WARM_UP: u32 = 4;
+
+/// Samples kept per mechanism.
+const SAMPLES: usize = 8;
+
+impl Samples {
+    fn push(&mut self, rate: f64, at: Instant, warm_up: u32) {
+        self.n = self.n.saturating_add(1);
+        if self.n > warm_up {
+            self.recent[self.n as usize % SAMPLES] = Some((rate, at));
+        }
+    }
+
+    /// When the newest sample was taken.
+    fn newest(&self) -> Option<Instant> {
+        self.recent.iter().flatten().map(|&(_, t)| t).max()
+    }
+
+    /// The best rate of the last [`BULK_REFRESH`] before `now`, else the
+    /// newest one.
+    fn rate(&self, now: Instant) -> f64 {
+        let fresh = |t: Instant| now.saturating_duration_since(t) <= BULK_REFRESH;
+        let best = self
+            .recent
+            .iter()
+            .flatten()
+            .filter(|(_, t)| fresh(*t))
+            .map(|&(r, _)| r)
+            .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+        best.or_else(|| {
+            self.recent
+                .iter()
+                .flatten()
+                .max_by_key(|(_, t)| *t)
+                .map(|&(r, _)| r)
+        })
+        .unwrap_or(0.0)
+    }
 }
 
 impl BulkRates {
     pub(super) fn choose(&self, now: Instant) -> Bulk {
-        let stale = |t: Option<Instant>| t.is_none_or(|t| now.duration_since(t) > BULK_REFRESH);
-        if self.single_n < 2 {
+        let stale = |s: &Samples| {
+            s.newest()
+                .is_none_or(|t| now.saturating_duration_since(t) > BULK_REFRESH)
+        };
+        // A warm-up and two counted samples of each before choosing: one
+        // sample decides nothing (the first transfers of a size class fault
+        // in fresh pages: a split message's second sample of a class once
+        // read 1.6 GB/s where the next ones read 20).
+        if self.single.n < 3 {
             Bulk::SingleCopy
-        } else if self.pipelined_n < 2 {
+        } else if self.pipelined.n < PIPELINED_WARM_UP + 3 {
             Bulk::ProbePipelined
-        } else if stale(self.single_at) {
+        } else if stale(&self.single) {
             Bulk::SingleCopy
-        } else if stale(self.pipelined_at) {
+        } else if stale(&self.pipelined) {
             Bulk::ProbePipelined
-        } else if self.pipelined > self.single {
+        } else if self.pipelined.rate(now) > self.single.rate(now) {
             Bulk::Pipelined
         } else {
             Bulk::SingleCopy
@@ -136,26 +203,21 @@ impl BulkRates {
     }
 
     pub(super) fn record(&mut self, how: Bulk, bytes: usize, took: Duration) {
+        self.record_at(how, bytes, took, Instant::now());
+    }
+
+    fn record_at(&mut self, how: Bulk, bytes: usize, took: Duration, now: Instant) {
         let rate = bytes as f64 / took.as_secs_f64().max(1e-9);
-        let (avg, at, n) = match how {
-            Bulk::SingleCopy => (&mut self.single, &mut self.single_at, &mut self.single_n),
-            Bulk::Pipelined | Bulk::ProbePipelined => (
-                &mut self.pipelined,
-                &mut self.pipelined_at,
-                &mut self.pipelined_n,
-            ),
-        };
-        *n = n.saturating_add(1);
-        *avg = match *n {
-            1 => 0.0,
-            2 => rate,
-            _ => 0.5 * *avg + 0.5 * rate,
-        };
-        *at = Some(Instant::now());
+        match how {
+            Bulk::SingleCopy => self.single.push(rate, now, 1),
+            Bulk::Pipelined | Bulk::ProbePipelined => {
+                self.pipelined.push(rate, now, 1 + PIPELINED_WARM_UP)
+            }
+        }
         log::debug!(
             "bulk rates: single copy {:.2} GB/s, pipelined {:.2} GB/s (after {how:?} of {bytes} bytes in {took:?})",
-            self.single / 1e9,
-            self.pipelined / 1e9
+            self.single.rate(now) / 1e9,
+            self.pipelined.rate(now) / 1e9
         );
     }
 }
@@ -184,15 +246,41 @@ pub(super) enum StreamKind {
     },
 }
 
-/// The pipelined copy's measurement of a stream (see [`BulkRates`]).
+/// The pipelined copy's measurement (see [`BulkRates`]): a burst of up to
+/// [`probe_burst`] consecutive messages to one peer, timed from an empty
+/// pipeline (nothing of ours in flight to that peer) to the drain after its
+/// last message. One message alone when nothing follows it (a ping-pong);
+/// in a stream the burst's bytes over its time, so filling and draining
+/// the pipeline is spread over several messages, as it is in the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Probe {
     /// Not measured.
     No,
-    /// Waiting for our fragments to this peer to drain before starting.
+    /// The burst's first message: waiting for our fragments to this peer
+    /// to drain before starting.
     Drain,
-    /// Started at this time; measured when drained again.
-    Since(Instant),
+    /// The burst's message number `n` (from 1), queued behind the others.
+    Next(u32),
+    /// At the head of the queue: the burst started at `t0`, its messages
+    /// before this one carried `bytes`; this is its message number `n`.
+    Since { t0: Instant, bytes: usize, n: u32 },
+}
+
+impl Probe {
+    /// This message's number in its burst, if it is in one.
+    fn index(self) -> Option<u32> {
+        match self {
+            Probe::No => None,
+            Probe::Drain => Some(0),
+            Probe::Next(n) | Probe::Since { n, .. } => Some(n),
+        }
+    }
+}
+
+/// How many messages of `len` bytes a pipelined measurement takes: up to 8,
+/// and about 16 MiB (at least one message).
+pub(super) fn probe_burst(len: usize) -> u32 {
+    (16usize << 20).div_ceil(len.max(1)).clamp(1, 8) as u32
 }
 
 /// Memory a stream reads, in fragments.
@@ -445,33 +533,39 @@ impl Sm {
         // A message the receiver's landing buffer takes goes by split
         // single copy without measuring: each byte is copied once, by one
         // of two cores at once, where the pipelined copy copies it twice
-        // on the same two cores (measured: 4 MiB at 22 GB/s split against
-        // 11–12 pipelined). The measurement's samples of a rendezvous
-        // include the receiver's own work before it acknowledges (in a
-        // ping-pong, writing its answer), which made the faster split look
-        // slower than the pipelined copy.
-        let split = self.state.cma_ok[peer as usize] && self.split_to(peer, parts.len()).is_some();
+        // on the same two cores. Where the two processes share a cache the
+        // pipelined copy can be faster (4 MiB: 29 against 25 GB/s), but
+        // measuring that while running chose wrongly too often under this
+        // machine's hypervisor (README, "Messages and the two bulk
+        // protocols"), and a wrong choice costs 3–8× where the processes
+        // do not share a cache (pipelined 2.7 GB/s against 24 split) and
+        // 15 % where they do.
+        let cma = self.state.cma_ok[peer as usize] && parts.contiguous().is_some();
+        let how = if !large || !cma {
+            Bulk::Pipelined
+        } else if self.split_to(peer, parts.len()).is_some() {
+            Bulk::SingleCopy
+        } else {
+            self.bulk_choice(peer, parts.len())
+        };
+        if large {
+            let (single, pipelined, timed) = &mut self.large_sent;
+            match how {
+                Bulk::SingleCopy => *single += 1,
+                Bulk::Pipelined => *pipelined += 1,
+                Bulk::ProbePipelined => (*pipelined, *timed) = (*pipelined + 1, *timed + 1),
+            }
+        }
         let mut probe = Probe::No;
-        if large && !split {
+        if large && how != Bulk::SingleCopy {
             // A large message through fragments (single copy refused, or
             // measured slower): the pipeline needs its depth, so the
             // max-size pool may grow to its room from now on (start-up
             // keeps it small while single copy carries large messages).
-            let engine = &mut self.shm.get().engine;
-            let pipelined = !self.state.cma_ok[peer as usize]
-                || parts.contiguous().is_none()
-                || self.rates[peer as usize].choose(Instant::now()) != Bulk::SingleCopy;
-            if pipelined {
-                engine.lift_pool_limits();
-            }
+            self.shm.get().engine.lift_pool_limits();
         }
-        if self.state.cma_ok[peer as usize] && large {
+        if large && how != Bulk::Pipelined {
             if let Some(buf) = parts.contiguous() {
-                let how = if split {
-                    Bulk::SingleCopy
-                } else {
-                    self.rates[peer as usize].choose(Instant::now())
-                };
                 match how {
                     Bulk::SingleCopy => {
                         self.next_cookie += 1;
@@ -489,7 +583,7 @@ impl Sm {
                         );
                         return;
                     }
-                    Bulk::ProbePipelined => probe = Probe::Drain,
+                    Bulk::ProbePipelined => probe = self.next_probe(peer, parts.len()),
                     Bulk::Pipelined => {}
                 }
             }
@@ -565,6 +659,9 @@ impl Sm {
                     }
                     let (tag, buf, cookie) = (*tag, *buf, *cookie);
                     let len = buf.len();
+                    // Timed from here to the acknowledgement, our part of
+                    // a split message included (see `BulkRates`).
+                    let t0 = Instant::now();
                     let split = self.split_to(peer, len);
                     let rndv = Rndv {
                         tag,
@@ -596,7 +693,7 @@ impl Sm {
                         return n;
                     }
                     if let Some(Out::Rndv { pushed, .. }) = self.out[peer as usize].q.front_mut() {
-                        *pushed = Some(Instant::now());
+                        *pushed = Some(t0);
                     }
                     n += 1;
                     return n;
@@ -606,7 +703,11 @@ impl Sm {
                         if self.shm.get().engine.in_flight_to(peer) > 0 {
                             return n;
                         }
-                        s.probe = Probe::Since(Instant::now());
+                        s.probe = Probe::Since {
+                            t0: Instant::now(),
+                            bytes: 0,
+                            n: 0,
+                        };
                     }
                     let total = s.parts.len();
                     while s.sent < total {
@@ -681,11 +782,28 @@ impl Sm {
                         n += 1;
                         s.sent += len;
                     }
-                    if let Probe::Since(t0) = s.probe {
-                        if self.shm.get().engine.in_flight_to(peer) > 0 {
-                            return n;
+                    if let Probe::Since { t0, bytes, .. } = s.probe {
+                        // Not changed before the drain below: a pass that
+                        // returns here comes back to the same state.
+                        let bytes = bytes + total;
+                        match self.out[peer as usize].q.get_mut(1) {
+                            // The burst goes on: the next message carries it.
+                            Some(Out::Stream(next)) if matches!(next.probe, Probe::Next(_)) => {
+                                let n = next.probe.index().unwrap_or(0);
+                                next.probe = Probe::Since { t0, bytes, n };
+                            }
+                            _ => {
+                                if self.shm.get().engine.in_flight_to(peer) > 0 {
+                                    return n;
+                                }
+                                let class = self.rate_class(total);
+                                self.rates[peer as usize][class].record(
+                                    Bulk::Pipelined,
+                                    bytes,
+                                    t0.elapsed(),
+                                );
+                            }
                         }
-                        self.rates[peer as usize].record(Bulk::Pipelined, total, t0.elapsed());
                     }
                     if let Some(Out::Stream(s)) = self.dequeue(peer) {
                         if let Some(id) = s.pinned {
@@ -698,6 +816,55 @@ impl Sm {
                 }
             }
         }
+    }
+
+    /// The measurement a large message of `len` bytes to `peer` joins when
+    /// the pipelined copy is due for one: the next message of a burst
+    /// still open at the back of the queue (same size class, fewer than
+    /// [`probe_burst`] messages), none behind a full burst (its
+    /// measurement is on its way), else a new burst.
+    fn next_probe(&self, peer: u32, len: usize) -> Probe {
+        let back = match self.out[peer as usize].q.back() {
+            Some(Out::Stream(s)) => Some(s),
+            _ => None,
+        };
+        let Some((n, back_len)) = back.and_then(|s| Some((s.probe.index()?, s.parts.len()))) else {
+            return Probe::Drain;
+        };
+        if self.rate_class(back_len) != self.rate_class(len) {
+            Probe::Drain
+        } else if n + 1 < probe_burst(len) {
+            Probe::Next(n + 1)
+        } else {
+            Probe::No
+        }
+    }
+
+    /// The mechanism for a large transfer of `len` bytes with `peer` that
+    /// single copy could carry: by measurement (`cma_measure`, see
+    /// [`BulkRates`]), else single copy.
+    pub(super) fn bulk_choice(&self, peer: u32, len: usize) -> Bulk {
+        if self.params.cma_measure {
+            self.rates[peer as usize][self.rate_class(len)].choose(Instant::now())
+        } else {
+            Bulk::SingleCopy
+        }
+    }
+
+    /// The bulk-rate class of a transfer of `len` bytes: 0 below
+    /// `cma_split_min` (or with splitting off); from it on, where single
+    /// copy is split between the two processes, one class per factor of 4
+    /// in size (1: up to 4 × `cma_split_min`, ..., [`RATE_CLASSES`] - 1:
+    /// the rest). Rates per byte differ with the size (a split 1 MiB
+    /// message moved at 53 GB/s where 4 MiB reached 21–25), so samples of
+    /// one size class do not choose for another.
+    pub(super) fn rate_class(&self, len: usize) -> usize {
+        let min = self.state.split_min;
+        if min == 0 || len < min {
+            return 0;
+        }
+        let octaves = (len / min).ilog2() as usize;
+        (1 + octaves / 2).min(RATE_CLASSES - 1)
     }
 
     /// `peer`'s landing buffer, if a message of `len` bytes to it goes by
@@ -770,7 +937,8 @@ impl Sm {
         };
         if ok {
             if let Some(t0) = pushed {
-                self.rates[peer as usize].record(Bulk::SingleCopy, buf.len(), t0.elapsed());
+                let class = self.rate_class(buf.len());
+                self.rates[peer as usize][class].record(Bulk::SingleCopy, buf.len(), t0.elapsed());
             }
             if let Some(op) = op {
                 self.state.done.push((op, Ok(())));
@@ -873,7 +1041,8 @@ impl Sm {
     #[inline(never)]
     fn record_bulk_samples(&mut self) {
         for (peer, how, bytes, took) in std::mem::take(&mut self.state.bulk_samples) {
-            self.rates[peer as usize].record(how, bytes, took);
+            let class = self.rate_class(bytes);
+            self.rates[peer as usize][class].record(how, bytes, took);
         }
     }
 
@@ -894,24 +1063,88 @@ mod tests {
     fn bulk_choice_follows_measurements() {
         let mut r = BulkRates::default();
         let t = Instant::now();
+        let at = |ms: u64| t + Duration::from_millis(ms);
         assert_eq!(r.choose(t), Bulk::SingleCopy);
         // First samples are warm-ups: slow (page faults), not counted.
-        r.record(Bulk::SingleCopy, 1 << 20, Duration::from_millis(5));
-        assert_eq!(r.choose(Instant::now()), Bulk::SingleCopy);
-        r.record(Bulk::SingleCopy, 1 << 20, Duration::from_micros(100));
-        assert_eq!(r.choose(Instant::now()), Bulk::ProbePipelined);
-        r.record(Bulk::ProbePipelined, 1 << 20, Duration::from_millis(5));
-        assert_eq!(r.choose(Instant::now()), Bulk::ProbePipelined);
-        r.record(Bulk::ProbePipelined, 1 << 20, Duration::from_micros(50));
-        assert_eq!(r.choose(Instant::now()), Bulk::Pipelined);
-        // The placement changes: the pipelined copy becomes slow.
-        for _ in 0..4 {
-            r.record(Bulk::Pipelined, 1 << 20, Duration::from_micros(400));
+        r.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_millis(5), at(1));
+        assert_eq!(r.choose(at(1)), Bulk::SingleCopy);
+        r.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_micros(900), at(2));
+        assert_eq!(r.choose(at(2)), Bulk::SingleCopy);
+        r.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_micros(100), at(2));
+        assert_eq!(r.choose(at(2)), Bulk::ProbePipelined);
+        // The pipelined copy's warm-up is longer (its first messages are
+        // faster than the following ones).
+        for _ in 0..1 + PIPELINED_WARM_UP {
+            assert_eq!(r.choose(at(3)), Bulk::ProbePipelined);
+            r.record_at(
+                Bulk::ProbePipelined,
+                1 << 20,
+                Duration::from_micros(20),
+                at(3),
+            );
         }
-        assert_eq!(r.choose(Instant::now()), Bulk::SingleCopy);
-        // A stale measurement is refreshed first.
-        let later = Instant::now() + 2 * BULK_REFRESH;
-        assert_eq!(r.choose(later), Bulk::SingleCopy);
+        assert_eq!(r.choose(at(3)), Bulk::ProbePipelined);
+        r.record_at(
+            Bulk::ProbePipelined,
+            1 << 20,
+            Duration::from_micros(150),
+            at(3),
+        );
+        assert_eq!(r.choose(at(3)), Bulk::ProbePipelined);
+        // The best sample counts: single copy's 100 us, not its 900.
+        assert!((r.single.rate(at(3)) - (1 << 20) as f64 / 100e-6).abs() < 1.0);
+        r.record_at(
+            Bulk::ProbePipelined,
+            1 << 20,
+            Duration::from_micros(50),
+            at(4),
+        );
+        assert_eq!(r.choose(at(4)), Bulk::Pipelined);
+        // A slow sample (noise) does not outweigh the best recent one.
+        r.record_at(Bulk::Pipelined, 1 << 20, Duration::from_micros(900), at(5));
+        assert_eq!(r.choose(at(5)), Bulk::Pipelined);
+        // The placement changes: a second later the pipelined copy is
+        // slow, and only its new samples count.
+        let s = 1000 + BULK_REFRESH.as_millis() as u64;
+        for i in 0..3 {
+            r.record_at(
+                Bulk::Pipelined,
+                1 << 20,
+                Duration::from_micros(400),
+                at(s + i),
+            );
+        }
+        // Single copy's sample is stale: measured again first.
+        assert_eq!(r.choose(at(s + 3)), Bulk::SingleCopy);
+        r.record_at(
+            Bulk::SingleCopy,
+            1 << 20,
+            Duration::from_micros(110),
+            at(s + 4),
+        );
+        assert_eq!(r.choose(at(s + 4)), Bulk::SingleCopy);
+        // Then the pipelined copy, once its samples are stale.
+        let later = at(s + 5) + 2 * BULK_REFRESH;
+        r.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_micros(110), later);
+        assert_eq!(r.choose(later), Bulk::ProbePipelined);
+        // The ring keeps the newest SAMPLES: many slow ones push out a
+        // fast one even inside the period.
+        let mut q = BulkRates::default();
+        for i in 0..3 {
+            q.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_micros(10), at(i));
+        }
+        for i in 0..SAMPLES as u64 {
+            q.record_at(
+                Bulk::SingleCopy,
+                1 << 20,
+                Duration::from_micros(1000),
+                at(10 + i),
+            );
+        }
+        assert!(q.single.rate(at(20)) < 2e9, "{:?}", q.single);
+        assert_eq!(probe_burst(4 << 20), 4);
+        assert_eq!(probe_burst(128 << 10), 8);
+        assert_eq!(probe_burst(64 << 20), 1);
     }
 
     #[test]

@@ -732,8 +732,11 @@ impl<'m> World<'m> {
             let (eager, max) = sm.pool_sizes();
             let (split, written) = sm.split_copies();
             let (msg_in, msg_alone, msg_out) = sm.split_messages();
+            let (large_single, large_pipelined, large_timed) = sm.large_messages();
             s += &format!(
-                " (sm: single copy to {cma}, {} one-sided transfer(s) by single copy, {split} \
+                " (sm: single copy to {cma}, {large_single} large message(s) sent by single \
+                 copy, {large_pipelined} pipelined, {large_timed} pipelined to time it, {} \
+                 one-sided transfer(s) by single copy, {split} \
                  get(s) split with the target, {written} B written into peers' split gets, \
                  {msg_in} message(s) received split with the sender, {msg_alone} split but read \
                  alone after waiting, {msg_out} sent split, {} \
