@@ -821,8 +821,13 @@ fn splitsend(w: &mut World<'_>, on: bool, measured: bool) -> R<String> {
             .map(|(i, &l)| pattern(me, r * 10 + i as u64, l))
             .collect();
         if r % 2 == 0 {
-            for m in &msgs {
-                w.send(next, TAG_DATA, m).map_err(e)?;
+            // From buffers at every alignment modulo 64 (where a split
+            // message lands in the receiver's landing buffer follows it).
+            for (i, m) in msgs.iter().enumerate() {
+                let skip = (r as usize * 5 + i * 13 + 1) % 64;
+                let mut b = vec![0u8; skip + m.len()];
+                b[skip..].copy_from_slice(m);
+                w.send(next, TAG_DATA, &b[skip..]).map_err(e)?;
             }
         } else {
             let reqs = msgs

@@ -59,6 +59,9 @@ pub enum Format {
     Osu,
 }
 
+/// A page, for `--buffer-offset`.
+const PAGE: usize = 4096;
+
 /// Options of `btl bench`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BenchOpts {
@@ -77,6 +80,9 @@ pub struct BenchOpts {
     pub iterations: Option<u64>,
     /// Messages in flight in the bandwidth test.
     pub window: u64,
+    /// Where in a page the message buffers start (bytes, below 4096);
+    /// `None`: wherever the allocator puts them.
+    pub buffer_offset: Option<usize>,
     /// Draw latency and bandwidth against size into this SVG file.
     pub plot: Option<PathBuf>,
     /// The anchor harness's raw results to draw beside ours.
@@ -94,6 +100,7 @@ impl Default for BenchOpts {
             quick: false,
             iterations: None,
             window: WINDOW,
+            buffer_offset: None,
             plot: None,
             compare: None,
             compare_ids: Vec::new(),
@@ -104,7 +111,7 @@ impl Default for BenchOpts {
 /// Usage of `btl bench`.
 pub const USAGE: &str = "\
 usage: btl bench [--transport auto|sm|tcp[,...]] [--sizes 8,64,...]
-                 [--iterations N] [--window W] [--quick]
+                 [--iterations N] [--window W] [--buffer-offset B] [--quick]
                  [--json | --format human|json|osu]
                  [--plot FILE.svg [--compare results_raw.tsv [--compare-ids ID,...]]]
   --transport T,...   transports to measure, one job each (default auto)
@@ -112,6 +119,9 @@ usage: btl bench [--transport auto|sm|tcp[,...]] [--sizes 8,64,...]
   --iterations N      timed round trips (latency) and messages (bandwidth)
                       per size, 1 to 100000000 (default: by size, 20000 to 100)
   --window W          messages in flight in the bandwidth test, 1 to 16384 (default 64)
+  --buffer-offset B   start the message buffers B bytes into a page, 0 to 4095
+                      (default: where the allocator puts them); shows how a
+                      transport copes with a misaligned user buffer
   --quick             a twentieth of the default iterations (smoke runs;
                       --iterations, if given, wins)
   --plot FILE.svg     draw latency (log-log) and bandwidth against size
@@ -184,6 +194,18 @@ pub fn parse_args(args: &[OsString]) -> Result<BenchOpts, String> {
                 )?)
             }
             "--window" => o.window = count("--window", &value("--window")?, MAX_WINDOW)?,
+            "--buffer-offset" => {
+                let v = value("--buffer-offset")?;
+                o.buffer_offset = Some(
+                    v.trim()
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|&b| b < PAGE)
+                        .ok_or_else(|| {
+                            format!("--buffer-offset {v:?}: accepts an integer from 0 to 4095")
+                        })?,
+                );
+            }
             "--json" => o.format = Format::Json,
             "--format" => {
                 o.format = match value("--format")?.as_str() {
@@ -423,7 +445,11 @@ pub fn run_on(
     let window = opts.window;
     let mut rows = Vec::new();
     for &size in &opts.sizes {
-        let buf = vec![0xa5u8; size];
+        let store = vec![0xa5u8; size + PAGE];
+        let skip = opts
+            .buffer_offset
+            .map_or(0, |b| (b + PAGE - store.as_ptr() as usize % PAGE) % PAGE);
+        let buf = &store[skip..skip + size];
         let (iters, windows) = iterations(size, opts);
         let warm = (iters / 10).max(2);
         let warm_windows = (windows / 10).max(1);
@@ -436,11 +462,11 @@ pub fn run_on(
                 t0 = Instant::now();
             }
             if me == 0 {
-                sm.send(peer, TAG_DATA, &buf)?;
+                sm.send(peer, TAG_DATA, buf)?;
                 sm.drive("the pong", Some(peer), &mut one(TAG_DATA))?;
             } else {
                 sm.drive("the ping", Some(peer), &mut one(TAG_DATA))?;
-                sm.send(peer, TAG_DATA, &buf)?;
+                sm.send(peer, TAG_DATA, buf)?;
             }
         }
         let latency_us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0;
@@ -456,7 +482,7 @@ pub fn run_on(
             if me == 0 {
                 // The window's messages in flight together (a blocking send
                 // each would wait for every large one before the next).
-                sm.send_window(peer, TAG_DATA, &buf, window)?;
+                sm.send_window(peer, TAG_DATA, buf, window)?;
                 sm.drive(
                     "the window's acknowledgement",
                     Some(peer),
@@ -541,6 +567,9 @@ fn rank_args(opts: &BenchOpts, transport: &str) -> Vec<OsString> {
     a.extend(["--window".into(), opts.window.to_string()]);
     if let Some(n) = opts.iterations {
         a.extend(["--iterations".into(), n.to_string()]);
+    }
+    if let Some(b) = opts.buffer_offset {
+        a.extend(["--buffer-offset".into(), b.to_string()]);
     }
     if opts.quick {
         a.push("--quick".into());
@@ -684,6 +713,12 @@ mod tests {
             ),
             (&["--window", "16385"], "--window \"16385\""),
             (&["--window", "-3"], "--window \"-3\""),
+            (
+                &["--buffer-offset", "4096"],
+                "--buffer-offset \"4096\": accepts an integer from 0 to 4095",
+            ),
+            (&["--buffer-offset", "-1"], "--buffer-offset \"-1\""),
+            (&["--buffer-offset"], "--buffer-offset needs a value"),
             (&["--transport", "sm,udp"], "\"udp\" is not a transport"),
             (&["--transport", "sm,sm"], "sm is given twice"),
             (&["--transport", "sm,"], "\"\" is not a transport"),
@@ -731,6 +766,8 @@ mod tests {
             "9",
             "--window",
             "4",
+            "--buffer-offset",
+            "4088",
             "--quick",
             "--json",
             "--plot",
@@ -743,7 +780,8 @@ mod tests {
             .collect();
         assert_eq!(
             a.join(" "),
-            "bench --transport tcp --sizes 8,64 --window 4 --iterations 9 --quick --format json"
+            "bench --transport tcp --sizes 8,64 --window 4 --iterations 9 --buffer-offset 4088 \
+             --quick --format json"
         );
         let back = parse_args(&rank_args(&o, "tcp")[1..]).unwrap();
         assert_eq!(
@@ -751,8 +789,14 @@ mod tests {
             (vec!["tcp".to_string()], vec![8, 64], Some(9), 4)
         );
         assert_eq!(
-            (back.quick, back.format, back.plot),
-            (true, Format::Json, None)
+            (back.quick, back.format, back.plot, back.buffer_offset),
+            (true, Format::Json, None, Some(4088))
+        );
+        assert_eq!(
+            parse_args(&os(&["--buffer-offset", "0"]))
+                .unwrap()
+                .buffer_offset,
+            Some(0)
         );
     }
 

@@ -52,9 +52,26 @@ use super::send::Rndv;
 /// Most bytes of a message that travels split (the landing buffer's data
 /// capacity): address space, touched only as far as messages reach.
 pub(super) const LANDING_CAP: usize = 64 << 20;
-/// Where the data starts in the mapping (the flag word is at 0): a page,
-/// so the data is page-aligned as the sender's pages are.
+/// Where the data area starts in the mapping (the flag word is at 0): a
+/// page.
 const DATA_OFF: usize = 4096;
+
+/// Where in the data area a message from the sender's address `addr`
+/// starts: at the same offset modulo 64 as the sender's bytes, so the
+/// kernel's copies in and out (`process_vm_readv` / `writev`) have source
+/// and destination equally aligned. Measured on this machine (Zen 4, Linux
+/// 6.18), a 1 MiB `process_vm_readv` whose destination lies 1–15 bytes
+/// after its source modulo a page ran at 2.9 GB/s against 12.3–13.7 for
+/// every other gap from -70 to 70 (`rep movsb` in the kernel's
+/// `copy_to_user`); with the data always page-aligned, a message from a
+/// buffer 4081–4095 bytes into a page met exactly that. A message of
+/// `len` bytes then needs `len + ALIGN_SLACK` bytes of capacity.
+pub(super) fn skew(addr: u64) -> usize {
+    (addr % ALIGN_SLACK as u64) as usize
+}
+
+/// The most [`skew`] adds to a message's extent in the data area, plus one.
+pub(super) const ALIGN_SLACK: usize = 64;
 /// How long the receiver waits for the sender's part before reading it
 /// itself.
 pub(super) const SPLIT_WAIT: Duration = Duration::from_millis(50);
@@ -153,10 +170,13 @@ impl Landing {
         unsafe { &*(m.as_ptr() as *const AtomicU64) }
     }
 
-    /// The first `len` bytes of data (at most [`LANDING_CAP`]).
-    pub(super) fn data(&mut self, len: usize) -> &mut [u8] {
+    /// `len` bytes of data from offset `skew` (see [`skew`]; the range is
+    /// clipped to [`LANDING_CAP`]).
+    pub(super) fn data(&mut self, skew: usize, len: usize) -> &mut [u8] {
         let m = self.map.as_mut().expect("mapped until dropped");
-        &mut m[DATA_OFF..DATA_OFF + len.min(LANDING_CAP)]
+        let start = skew.min(LANDING_CAP);
+        let end = start.saturating_add(len).min(LANDING_CAP);
+        &mut m[DATA_OFF + start..DATA_OFF + end]
     }
 }
 
@@ -227,7 +247,22 @@ mod tests {
         // overlapping the source, with no reference into it during the
         // call and nothing else using it.
         unsafe { crate::cma::write_remote(std::process::id(), at, b"abc") }.unwrap();
-        assert_eq!(&l.data(6)[3..6], b"abc");
+        assert_eq!(&l.data(0, 6)[3..6], b"abc");
+        assert_eq!(&l.data(2, 4)[1..4], b"abc");
+        // Clipped to the capacity, never past the mapping.
+        assert_eq!(l.data(LANDING_CAP - 2, 100).len(), 2);
+        assert!(l.data(LANDING_CAP + 5, 1).is_empty());
         drop(l);
+    }
+
+    #[test]
+    fn skew_matches_the_senders_alignment() {
+        for addr in [0u64, 1, 15, 63, 64, 4095, 4096 + 17, u64::MAX] {
+            let k = skew(addr);
+            assert!(k < ALIGN_SLACK);
+            // The landing data (page-aligned) plus the skew is as aligned
+            // modulo 64 as the sender's bytes.
+            assert_eq!((DATA_OFF as u64 + k as u64) % 64, addr % 64);
+        }
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use btl_core::sm::engine::{PeerState, SendError};
 
-use super::landing::{LandingAd, RndvSplit};
+use super::landing::{LandingAd, RndvSplit, ALIGN_SLACK};
 use super::recv::Ctx;
 use super::rma::{encode_get_data, PutChunk, GET_DATA_LEN};
 use super::*;
@@ -871,8 +871,11 @@ impl Sm {
     /// split rendezvous (see [`super::landing`]).
     fn split_to(&self, peer: u32, len: usize) -> Option<LandingAd> {
         let st = &self.state;
-        st.landing_to[peer as usize]
-            .filter(|ad| st.split_min != 0 && len >= st.split_min && len as u64 <= ad.cap)
+        st.landing_to[peer as usize].filter(|ad| {
+            st.split_min != 0
+                && len >= st.split_min
+                && (len as u64).saturating_add(ALIGN_SLACK as u64) <= ad.cap
+        })
     }
 
     /// Writes our part of split rendezvous `hdr` (`buf[hdr.at..]`) into
@@ -883,9 +886,11 @@ impl Sm {
     fn write_split_part(&mut self, peer: u32, buf: RawBuf, ad: LandingAd, hdr: RndvSplit) {
         let pid = self.state.peers[peer as usize].pid;
         let at = hdr.at as usize;
+        let skew = super::landing::skew(buf.addr()) as u64;
         let (Some(part), Some(to)) = (
             buf.sub(at, buf.len() - at),
-            ad.data_addr(hdr.at).and_then(|a| usize::try_from(a).ok()),
+            ad.data_addr(skew + hdr.at)
+                .and_then(|a| usize::try_from(a).ok()),
         ) else {
             return;
         };
