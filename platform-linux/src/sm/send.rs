@@ -1069,82 +1069,56 @@ mod tests {
         let mut r = BulkRates::default();
         let t = Instant::now();
         let at = |ms: u64| t + Duration::from_millis(ms);
+        // A 1 MiB transfer by `how` that took `us` microseconds, at `when`.
+        let mib = |r: &mut BulkRates, how: Bulk, us: u64, when: Instant| {
+            r.record_at(how, 1 << 20, Duration::from_micros(us), when)
+        };
         assert_eq!(r.choose(t), Bulk::SingleCopy);
         // First samples are warm-ups: slow (page faults), not counted.
-        r.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_millis(5), at(1));
+        mib(&mut r, Bulk::SingleCopy, 5000, at(1));
         assert_eq!(r.choose(at(1)), Bulk::SingleCopy);
-        r.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_micros(900), at(2));
+        mib(&mut r, Bulk::SingleCopy, 900, at(2));
         assert_eq!(r.choose(at(2)), Bulk::SingleCopy);
-        r.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_micros(100), at(2));
+        mib(&mut r, Bulk::SingleCopy, 100, at(2));
         assert_eq!(r.choose(at(2)), Bulk::ProbePipelined);
         // The pipelined copy's warm-up is longer (its first messages are
         // faster than the following ones).
         for _ in 0..1 + PIPELINED_WARM_UP {
             assert_eq!(r.choose(at(3)), Bulk::ProbePipelined);
-            r.record_at(
-                Bulk::ProbePipelined,
-                1 << 20,
-                Duration::from_micros(20),
-                at(3),
-            );
+            mib(&mut r, Bulk::ProbePipelined, 20, at(3));
         }
         assert_eq!(r.choose(at(3)), Bulk::ProbePipelined);
-        r.record_at(
-            Bulk::ProbePipelined,
-            1 << 20,
-            Duration::from_micros(150),
-            at(3),
-        );
+        mib(&mut r, Bulk::ProbePipelined, 150, at(3));
         assert_eq!(r.choose(at(3)), Bulk::ProbePipelined);
         // The best sample counts: single copy's 100 us, not its 900.
         assert!((r.single.rate(at(3)) - (1 << 20) as f64 / 100e-6).abs() < 1.0);
-        r.record_at(
-            Bulk::ProbePipelined,
-            1 << 20,
-            Duration::from_micros(50),
-            at(4),
-        );
+        mib(&mut r, Bulk::ProbePipelined, 50, at(4));
         assert_eq!(r.choose(at(4)), Bulk::Pipelined);
         // A slow sample (noise) does not outweigh the best recent one.
-        r.record_at(Bulk::Pipelined, 1 << 20, Duration::from_micros(900), at(5));
+        mib(&mut r, Bulk::Pipelined, 900, at(5));
         assert_eq!(r.choose(at(5)), Bulk::Pipelined);
         // The placement changes: a second later the pipelined copy is
         // slow, and only its new samples count.
         let s = 1000 + BULK_REFRESH.as_millis() as u64;
         for i in 0..3 {
-            r.record_at(
-                Bulk::Pipelined,
-                1 << 20,
-                Duration::from_micros(400),
-                at(s + i),
-            );
+            mib(&mut r, Bulk::Pipelined, 400, at(s + i));
         }
         // Single copy's sample is stale: measured again first.
         assert_eq!(r.choose(at(s + 3)), Bulk::SingleCopy);
-        r.record_at(
-            Bulk::SingleCopy,
-            1 << 20,
-            Duration::from_micros(110),
-            at(s + 4),
-        );
+        mib(&mut r, Bulk::SingleCopy, 110, at(s + 4));
         assert_eq!(r.choose(at(s + 4)), Bulk::SingleCopy);
         // Then the pipelined copy, once its samples are stale.
         let later = at(s + 5) + 2 * BULK_REFRESH;
-        r.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_micros(110), later);
+        mib(&mut r, Bulk::SingleCopy, 110, later);
         assert_eq!(r.choose(later), Bulk::ProbePipelined);
         // The ring keeps the newest SAMPLES: many slow ones push out a
         // fast one even inside the period.
         let mut q = BulkRates::default();
         for i in 0..3 {
-            q.record_at(Bulk::SingleCopy, 1 << 20, Duration::from_micros(10), at(i));
+            mib(&mut q, Bulk::SingleCopy, 10, at(i));
         }
         for i in 0..SAMPLES as u64 {
-            q.record_at(
-                Bulk::SingleCopy,
-                1 << 20,
-                Duration::from_micros(1000),
-                at(10 + i),
-            );
+            mib(&mut q, Bulk::SingleCopy, 1000, at(10 + i));
         }
         assert!(q.single.rate(at(20)) < 2e9, "{:?}", q.single);
         assert_eq!(probe_burst(4 << 20), 4);
