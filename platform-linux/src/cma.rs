@@ -19,9 +19,20 @@
 //! The kernel checks the remote range only against the peer's mappings: the
 //! caller checks remote addresses against the regions the peer registered.
 //!
+//! **Alignment.** The kernel's copy runs at 2.9 GB/s instead of 13 on this
+//! machine (Zen 4, Linux 6.18: `rep movsb` in `copy_to_user`, the weakness
+//! glibc's `memcpy` has too) when the destination lies 1–15 bytes after the
+//! source modulo a page. Where the caller chose neither address (a get or
+//! a put between two user buffers), a transfer of at least [`BOUNCE_MIN`]
+//! bytes at such a gap goes through a bounce buffer as aligned as the
+//! remote side modulo 64: the kernel then copies at full speed and
+//! [`btl_core::shm::copy_bytes`] copies the rest in user space (measured,
+//! 4 MiB at a gap of 8: 7.0–7.6 GB/s against 2.9 direct).
+//!
 //! # Safety
 //!
-//! The only `unsafe` code is the two system calls. Their contract: the local
+//! The `unsafe` code is the two system calls and the bounce buffer's
+//! copies (two distinct slices, so never overlapping). The calls' contract: the local
 //! iovec describes memory valid for writes (`readv`) or reads (`writev`) for
 //! its whole length during the call — it is built from a Rust slice borrowed
 //! for the call — and the remote iovec is only an address range in another
@@ -169,6 +180,70 @@ fn readv_once(pid: libc::pid_t, local: &mut [u8], remote_addr: usize) -> Result<
     usize::try_from(n).map_err(|_| last_errno())
 }
 
+/// Smallest transfer that goes through the bounce buffer at a slow gap
+/// (see the module documentation): below it, the system call dominates.
+pub const BOUNCE_MIN: usize = 8 << 10;
+/// The bounce buffer's size (the most moved per system call through it).
+const BOUNCE: usize = 256 << 10;
+
+std::thread_local! {
+    /// This thread's bounce buffer, allocated on its first use
+    /// ([`BOUNCE`] plus 64 bytes, to align it with any remote address).
+    static BOUNCE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether the kernel's copy from `src` to `dst` meets the slow gap: the
+/// destination 1–15 bytes after the source modulo a page.
+fn slow_gap(dst: usize, src: usize) -> bool {
+    (1..16).contains(&(dst.wrapping_sub(src) % 4096))
+}
+
+/// Copies `src` into `dst` (equal lengths) with [`btl_core::shm::copy_bytes`],
+/// which keeps glibc's `memcpy` off its own slow gaps.
+fn copy_slices(dst: &mut [u8], src: &[u8]) {
+    let len = dst.len().min(src.len());
+    // SAFETY: `dst` is borrowed exclusively and `src` shared, so the two
+    // ranges do not overlap; both are valid for `len` bytes.
+    unsafe { btl_core::shm::copy_bytes(src.as_ptr(), dst.as_mut_ptr(), len) }
+}
+
+/// Runs `f` on a part of this thread's bounce buffer: the slice starts as
+/// aligned modulo 64 as `remote_addr` and is `len` bytes (at most
+/// [`BOUNCE`]) long.
+fn with_bounce<T>(remote_addr: usize, len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    BOUNCE_BUF.with_borrow_mut(|b| {
+        if b.len() < BOUNCE + 64 {
+            b.resize(BOUNCE + 64, 0);
+        }
+        let k = remote_addr.wrapping_sub(b.as_ptr() as usize) % 64;
+        f(&mut b[k..k + len.min(BOUNCE)])
+    })
+}
+
+/// [`readv_once`], through the bounce buffer at a slow gap.
+fn readv_chunk(pid: libc::pid_t, local: &mut [u8], remote_addr: usize) -> Result<usize, i32> {
+    if local.len() < BOUNCE_MIN || !slow_gap(local.as_ptr() as usize, remote_addr) {
+        return readv_once(pid, local, remote_addr);
+    }
+    with_bounce(remote_addr, local.len(), |b| {
+        let n = readv_once(pid, b, remote_addr)?;
+        copy_slices(&mut local[..n], &b[..n]);
+        Ok(n)
+    })
+}
+
+/// [`writev_once`], through the bounce buffer at a slow gap.
+fn writev_chunk(pid: libc::pid_t, local: &[u8], remote_addr: usize) -> Result<usize, i32> {
+    if local.len() < BOUNCE_MIN || !slow_gap(remote_addr, local.as_ptr() as usize) {
+        return writev_once(pid, local, remote_addr);
+    }
+    with_bounce(remote_addr, local.len(), |b| {
+        let n = b.len();
+        copy_slices(b, &local[..n]);
+        writev_once(pid, b, remote_addr)
+    })
+}
+
 /// `writev_once(pid, local, remote_addr)` — one `process_vm_writev` call with
 /// one iovec on each side: copies up to `local.len()` bytes from `local` to
 /// `remote_addr` in process `pid`. Returns the number of bytes copied
@@ -270,7 +345,7 @@ pub unsafe fn read_remote(pid: u32, remote_addr: usize, dst: &mut [u8]) -> Resul
         return Err(CmaError::PeerGone { pid });
     };
     transfer(pid, remote_addr, dst.len(), |done, chunk| {
-        readv_once(raw, &mut dst[done..done + chunk], remote_addr + done)
+        readv_chunk(raw, &mut dst[done..done + chunk], remote_addr + done)
     })
 }
 
@@ -299,7 +374,7 @@ pub unsafe fn write_remote(pid: u32, remote_addr: usize, src: &[u8]) -> Result<(
         return Err(CmaError::PeerGone { pid });
     };
     transfer(pid, remote_addr, src.len(), |done, chunk| {
-        writev_once(raw, &src[done..done + chunk], remote_addr + done)
+        writev_chunk(raw, &src[done..done + chunk], remote_addr + done)
     })
 }
 
@@ -493,5 +568,49 @@ mod tests {
     #[test]
     fn probe_self_works() {
         probe_self().unwrap();
+    }
+
+    #[test]
+    fn slow_gaps_go_through_the_bounce_buffer_and_arrive_whole() {
+        assert!(slow_gap(0x1008, 0x1000) && slow_gap(0x2000, 0x1ff1));
+        assert!(!slow_gap(0x1000, 0x1000) && !slow_gap(0x1010, 0x1000));
+        assert!(!slow_gap(0x1000, 0x1008));
+        let pid = std::process::id();
+        let src: Vec<u8> = (0..BOUNCE * 2 + 4096 + 64)
+            .map(|i| (i * 7 + i / 251) as u8)
+            .collect();
+        let mut dst = vec![0u8; src.len()];
+        for gap in [0usize, 1, 8, 15, 16, 40] {
+            for len in [BOUNCE_MIN - 1, BOUNCE_MIN, 300_000, BOUNCE * 2 + 5] {
+                // `from` and `to` with `to - from` = `gap` modulo a page.
+                let from = 64 - (src.as_ptr() as usize % 64);
+                let base = dst.as_ptr() as usize;
+                let to = (src.as_ptr() as usize + from + gap).wrapping_sub(base) % 4096;
+                assert!(to + len <= dst.len() && from + len <= src.len());
+                dst.fill(0);
+                let remote = src[from..].as_ptr() as usize;
+                // SAFETY: our own pid, but the remote range is part of
+                // `src`, which nothing writes during the call and which
+                // does not overlap `dst`.
+                unsafe { read_remote(pid, remote, &mut dst[to..to + len]) }.unwrap();
+                assert!(
+                    dst[to..to + len] == src[from..from + len],
+                    "read, gap {gap}, {len} B"
+                );
+                assert!(dst[..to].iter().all(|&b| b == 0));
+                assert!(dst[to + len..].iter().all(|&b| b == 0));
+                dst.fill(0);
+                let target = dst[to..].as_mut_ptr() as usize;
+                // SAFETY: our own pid, but the remote range is part of
+                // `dst`, valid for writes, no reference into it during the
+                // call (only raw addresses), not overlapping `src`.
+                unsafe { write_remote(pid, target, &src[from..from + len]) }.unwrap();
+                assert!(
+                    dst[to..to + len] == src[from..from + len],
+                    "write, gap {gap}, {len} B"
+                );
+                assert!(dst[..to].iter().all(|&b| b == 0));
+            }
+        }
     }
 }

@@ -216,14 +216,15 @@ pub static SM_PARAMS: [ParamDef; SM_PARAM_COUNT] = table(
         ParamDef::number("cma_measure", ParamKind::Bool, 1, (0, 1)).doc(
             5,
             ACCEPTS_BOOL,
-            "Whether large messages and gets (from min_rdma_pipeline_size on) that are not \
-             split (below cma_split_min, or without the receiver's landing buffer) go by \
-             whichever of single copy and the pipelined copy through shared fragments measures \
-             faster to each peer, re-measured about once a second (1), or by single copy \
-             whenever the kernel allows it (0; use_cma=0 forces the pipelined copy). Which one \
-             is faster depends on where the two processes run: the pipelined copy wins while \
-             they share a cache, single copy when they do not. Split transfers are never \
-             measured: they always go split.",
+            "Whether large gets and large messages that are not split (from \
+             min_rdma_pipeline_size on: messages below cma_split_min or without the receiver's \
+             landing buffer, gets of any size) go by whichever of single copy and the pipelined \
+             copy through shared fragments measures faster to each peer, re-measured about once \
+             a second (1), or by single copy whenever the kernel allows it (0; use_cma=0 forces \
+             the pipelined copy). Which one is faster depends on where the two processes run \
+             (the pipelined copy wins while they share a cache, single copy when they do not) \
+             and, for gets, on the alignment of the two buffers. Split messages always go \
+             split.",
         ),
         base::free_list_num("Number of max-size fragments each process allocates up front."),
         base::free_list_max(),

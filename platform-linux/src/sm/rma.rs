@@ -348,14 +348,15 @@ impl Sm {
         // Single copy or fragments; a large get as measured for this peer
         // (the same two mechanisms, and measurements, as large sends) and
         // timed for them; mid-size ones are not (they would skew the
-        // rates). How a get is timed: `recv_reply`. From `cma_split_min`
-        // on, split single copy without measuring, as for messages (see
-        // `enqueue_large`).
+        // rates). How a get is timed: `recv_reply`. Unlike a message, a
+        // split get is measured too: its destination is the caller's, at
+        // whatever alignment the caller chose, and the kernel's copy is
+        // 4.5× slower at some (see `cma`); tried without measuring
+        // (2026-12-05), rsm under ob1 moved 4 MiB into a receive buffer 8
+        // bytes into a page at 5.4 GB/s against 20–22 measured.
         let single_ok = self.single_copy_pays(peer, dst.len());
         let large = single_ok && dst.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
-        let (single, timed) = if large && self.rate_class(dst.len()) > 0 {
-            (true, Some(Instant::now()))
-        } else if large {
+        let (single, timed) = if large {
             (
                 self.bulk_choice(peer, dst.len()) == Bulk::SingleCopy,
                 Some(Instant::now()),
