@@ -789,8 +789,8 @@ impl Sm {
                         match self.out[peer as usize].q.get_mut(1) {
                             // The burst goes on: the next message carries it.
                             Some(Out::Stream(next)) if matches!(next.probe, Probe::Next(_)) => {
-                                let n = next.probe.index().unwrap_or(0);
-                                next.probe = Probe::Since { t0, bytes, n };
+                                let k = next.probe.index().unwrap_or(0);
+                                next.probe = Probe::Since { t0, bytes, n: k };
                             }
                             _ => {
                                 if self.shm.get().engine.in_flight_to(peer) > 0 {
