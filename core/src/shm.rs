@@ -538,7 +538,7 @@ pub const COPY_PIECE: usize = 2048;
 /// for `len` bytes, the ranges not overlapping.
 #[inline]
 pub unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    let gap = (dst as usize).wrapping_sub(src as usize) & 4095;
+    let gap = page_gap(dst as usize, src as usize);
     if len <= COPY_PIECE || gap == 0 || gap >= 64 {
         // SAFETY: the caller's promise.
         unsafe { core::ptr::copy_nonoverlapping(src, dst, len) };
@@ -546,6 +546,13 @@ pub unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
     }
     // SAFETY: the caller's promise.
     unsafe { copy_in_pieces(src, dst, len) };
+}
+
+/// How many bytes `dst` lies after `src` modulo a page (4096): what decides
+/// whether a `rep movsb` copy between them is slow (see [`copy_bytes`]).
+#[inline]
+pub fn page_gap(dst: usize, src: usize) -> usize {
+    dst.wrapping_sub(src) & 4095
 }
 
 /// [`copy_bytes`]'s copy in pieces.

@@ -195,7 +195,16 @@ std::thread_local! {
 /// Whether the kernel's copy from `src` to `dst` meets the slow gap: the
 /// destination 1–15 bytes after the source modulo a page.
 fn slow_gap(dst: usize, src: usize) -> bool {
-    (1..16).contains(&(dst.wrapping_sub(src) % 4096))
+    (1..16).contains(&btl_core::shm::page_gap(dst, src))
+}
+
+/// Alignment [`aligned_offset`] keeps.
+pub const ALIGN: usize = 64;
+
+/// The offset into a buffer at `base` whose address is as aligned modulo
+/// [`ALIGN`] as `addr`: a copy between the two then avoids the slow gaps.
+pub fn aligned_offset(base: usize, addr: usize) -> usize {
+    addr.wrapping_sub(base) % ALIGN
 }
 
 /// Copies `src` into `dst` (equal lengths) with [`btl_core::shm::copy_bytes`],
@@ -212,10 +221,10 @@ fn copy_slices(dst: &mut [u8], src: &[u8]) {
 /// [`BOUNCE`]) long.
 fn with_bounce<T>(remote_addr: usize, len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
     BOUNCE_BUF.with_borrow_mut(|b| {
-        if b.len() < BOUNCE + 64 {
-            b.resize(BOUNCE + 64, 0);
+        if b.len() < BOUNCE + ALIGN {
+            b.resize(BOUNCE + ALIGN, 0);
         }
-        let k = remote_addr.wrapping_sub(b.as_ptr() as usize) % 64;
+        let k = aligned_offset(b.as_ptr() as usize, remote_addr);
         f(&mut b[k..k + len.min(BOUNCE)])
     })
 }

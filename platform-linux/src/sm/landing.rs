@@ -67,11 +67,12 @@ const DATA_OFF: usize = 4096;
 /// buffer 4081–4095 bytes into a page met exactly that. A message of
 /// `len` bytes then needs `len + ALIGN_SLACK` bytes of capacity.
 pub(super) fn skew(addr: u64) -> usize {
-    (addr % ALIGN_SLACK as u64) as usize
+    // The data area starts at a page, so as aligned as address 0.
+    crate::cma::aligned_offset(0, addr as usize)
 }
 
 /// The most [`skew`] adds to a message's extent in the data area, plus one.
-pub(super) const ALIGN_SLACK: usize = 64;
+pub(super) const ALIGN_SLACK: usize = crate::cma::ALIGN;
 /// How long the receiver waits for the sender's part before reading it
 /// itself.
 pub(super) const SPLIT_WAIT: Duration = Duration::from_millis(50);

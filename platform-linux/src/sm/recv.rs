@@ -292,7 +292,7 @@ impl Ctx<'_, '_> {
         }
         // As aligned modulo 64 as the sender's bytes (see `skew`: the
         // kernel's copy is 4.5× slower at some relative alignments).
-        let k = (r.addr.wrapping_sub(buf.as_ptr() as u64) % ALIGN_SLACK as u64) as usize;
+        let k = crate::cma::aligned_offset(buf.as_ptr() as usize, r.addr as usize);
         let res = self.st.cma_read(peer, r.addr, &mut buf[k..k + len]);
         if res.is_ok() {
             self.deliver(peer, r.tag, &buf[k..k + len]);
