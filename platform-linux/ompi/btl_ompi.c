@@ -50,7 +50,9 @@
  *   btl_rtcp_max_send_size raises it too (and the receiver's buffers).
  * - RDMA: register_mem packs btl's key (BTL_KEY_BYTES, with the base
  *   address) as the registration handle; put/get are btl_iput/btl_iget
- *   with absolute remote addresses, validated by the target.
+ *   with absolute remote addresses, validated by the target (rsm's
+ *   single-copy gets against the target's region table in the segment,
+ *   without a round trip; README, "Gets without asking").
  */
 #include "opal_config.h"
 

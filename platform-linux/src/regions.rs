@@ -19,10 +19,9 @@
 //! makes each mutable slice the only borrow out of the table.
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
-
 use btl_core::rma::RmaStatus;
 
+use crate::idmap::IdMap;
 use crate::ops::RawBuf;
 
 struct Region {
@@ -45,11 +44,35 @@ pub enum DeregisterError {
     },
 }
 
+/// A region added or removed, for a transport that publishes them (the
+/// shared-memory transport's region table: `Sm::apply_unpins`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Region `id` of `len` bytes at `addr` was added.
+    Added {
+        /// The region's id.
+        id: u32,
+        /// Its address in this process.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// Region `id` was removed.
+    Removed(u32),
+}
+
 /// The registered regions of this process.
 #[derive(Default)]
 pub struct Regions {
-    map: HashMap<u32, Region>,
+    /// By id: ours (a counter), so the fast id hash; a peer's request only
+    /// looks ids up, and a lookup of an absent id probes no further than
+    /// one of a present one.
+    map: IdMap<u32, Region>,
     next: u32,
+    /// Whether additions and removals are kept in `changes`.
+    track: bool,
+    /// Additions and removals not yet taken ([`Self::drain_changes`]).
+    changes: Vec<Change>,
 }
 
 impl std::fmt::Debug for Regions {
@@ -94,6 +117,13 @@ impl Regions {
         while self.map.contains_key(&self.next) {
             self.next = self.next.wrapping_add(1);
         }
+        if self.track {
+            self.changes.push(Change::Added {
+                id,
+                addr: mem.addr(),
+                len: mem.len() as u64,
+            });
+        }
         self.map.insert(
             id,
             Region {
@@ -105,12 +135,36 @@ impl Regions {
         id
     }
 
+    /// Keeps additions and removals from now on, for [`Self::drain_changes`]
+    /// (a transport that publishes the regions turns it on).
+    pub fn track_changes(&mut self) {
+        self.track = true;
+    }
+
+    /// Whether additions or removals wait to be taken.
+    #[inline]
+    pub fn has_changes(&self) -> bool {
+        !self.changes.is_empty()
+    }
+
+    /// The additions and removals since the last call, in order (the
+    /// list keeps its memory: one registration after another allocates
+    /// nothing).
+    pub fn drain_changes(&mut self) -> std::vec::Drain<'_, Change> {
+        self.changes.drain(..)
+    }
+
     /// Removes region `id`; hands back the buffer if the table owned it.
     pub fn remove(&mut self, id: u32) -> Result<Option<Box<[u8]>>, DeregisterError> {
         match self.map.get(&id) {
             None => Err(DeregisterError::Unknown),
             Some(r) if r.pins > 0 => Err(DeregisterError::Busy { ops: r.pins }),
-            Some(_) => Ok(self.map.remove(&id).and_then(|r| r.owned)),
+            Some(_) => {
+                if self.track {
+                    self.changes.push(Change::Removed(id));
+                }
+                Ok(self.map.remove(&id).and_then(|r| r.owned))
+            }
         }
     }
 

@@ -11,9 +11,11 @@
 //! - writes random values into the ranks' ring slots (random words, and
 //!   plausible SEND/ACK slots naming real fragments), ring headers (the
 //!   head / freed / tail counters and the geometry), fragment headers,
-//!   control records (pid, start time, state, probe, verdict), or fast
+//!   control records (pid, start time, state, probe, verdict), fast
 //!   boxes (the word at the reader's position — the next record's header
-//!   or the terminator —, the reader's tail, the meta line); or
+//!   or the terminator —, the reader's tail, the meta line), or the
+//!   region tables (the sequence, id, address and length words of the
+//!   published one-sided regions); or
 //! - tries to truncate the segment (shrinking is refused by the seal) and
 //!   grows it (allowed, harmless).
 //!
@@ -24,7 +26,8 @@
 //! failed: corrupted shared memory: ring slot: ...`, or, for the rank that
 //! was declared failed, `... failed: it declared us failed: corrupted shared
 //! memory: ring slot ...`). Truncation must change nothing: both ranks end
-//! intact.
+//! intact; so must scribbles on the region tables (a get that finds a bad
+//! entry asks the target instead of reading).
 #![allow(unsafe_code)]
 
 use std::io::Read;
@@ -40,6 +43,7 @@ use btl_core::sm::fbox::Fbox;
 use btl_core::sm::frag::{FragType, Slot, FRAG_HEADER_SIZE};
 use btl_core::sm::layout::{segment_layout, SegmentLayout, CONTROL_HEADER, CONTROL_RECORD};
 use btl_core::sm::params::SmParams;
+use btl_core::sm::regtab;
 use btl_core::sync::CACHE_LINE;
 
 mod common;
@@ -80,6 +84,8 @@ enum Attack {
     ControlRecords,
     /// Random words in the fast boxes' headers and the reader's tail.
     FastBoxes,
+    /// Random and plausible words in the ranks' region tables.
+    RegionTables,
     /// Shrinking the segment (refused), then growing it.
     Truncate,
 }
@@ -109,7 +115,8 @@ impl Attack {
             // the reader then finds a record out of sequence, after
             // perhaps a payload it cannot tell from a malformed message.
             Attack::FastBoxes => &["fast box", "message protocol"],
-            Attack::Truncate => &[],
+            // Nothing: a get that finds a bad entry asks the target.
+            Attack::RegionTables | Attack::Truncate => &[],
         }
     }
 }
@@ -333,6 +340,20 @@ fn attack(region: &Region<'_>, layout: &SegmentLayout, how: Attack, rng: &mut Rn
                 }
             }
         }
+        Attack::RegionTables => {
+            // seq, id word, address, length of a random entry.
+            let entry = layout.regtab_offset(rank).unwrap()
+                + regtab::ENTRY_BYTES * rng.below(regtab::ENTRIES as u64) as usize;
+            let field = 8 * rng.below(4) as usize;
+            let value = match rng.below(3) {
+                0 => rng.next(),
+                1 => rng.below(1 << 20),
+                // An id word naming one of the first regions (the low 33
+                // bits), with a random check above them.
+                _ => (rng.next() << 33) | (1 + rng.below(8)),
+            };
+            poke(region, entry + field, &value.to_le_bytes());
+        }
         Attack::Truncate => {}
     }
 }
@@ -412,8 +433,15 @@ fn hostile(how: Attack) {
         }
         rustix::fs::ftruncate(&mapping.file, len + (1 << 20)).expect("growing is allowed");
     } else {
+        // The region tables are read in stress's one-sided phase, at its
+        // end: that attack goes on until the victims are done.
+        let lasts = if how == Attack::RegionTables {
+            DEADLINE
+        } else {
+            ATTACK
+        };
         let start = Instant::now();
-        while start.elapsed() < ATTACK {
+        while start.elapsed() < lasts {
             for _ in 0..64 {
                 attack(&region, &layout, how, &mut rng);
                 writes += 1;
@@ -490,10 +518,9 @@ fn check_outcome(how: Attack, r: u32, status: &std::process::ExitStatus, out: &s
         );
         return;
     }
-    assert_ne!(
-        how,
-        Attack::Truncate,
-        "rank {r} failed although the truncation was refused\n{err}"
+    assert!(
+        !matches!(how, Attack::Truncate | Attack::RegionTables),
+        "{how:?}: rank {r} failed although nothing this attack writes can fail it\n{err}"
     );
     let peer = format!("local peer {} (pid ", 1 - r);
     let named = err.lines().find_map(|l| {
@@ -552,6 +579,11 @@ fn random_control_records_end_the_conversation() {
 #[test]
 fn random_fast_box_words_end_the_conversation() {
     hostile(Attack::FastBoxes);
+}
+
+#[test]
+fn random_region_table_words_change_nothing() {
+    hostile(Attack::RegionTables);
 }
 
 #[test]

@@ -200,17 +200,29 @@ fn single_copy_refused_falls_back_and_delivers() {
     drop(out2);
 }
 
-/// Per rank, the `N one-sided transfer(s) by single copy` of a stress run.
-fn rma_single_copies(out: &str) -> Vec<u64> {
+/// Per rank (each stress line that ends `all intact`), the number just
+/// before `marker`, after the last `sep` before it.
+fn counts(out: &str, marker: &str, sep: char) -> Vec<u64> {
     out.lines()
         .filter(|l| l.ends_with("all intact"))
         .map(|l| {
             let end = l
-                .find(" one-sided transfer(s) by single copy")
-                .unwrap_or_else(|| panic!("no one-sided count in {l}"));
-            l[..end].rsplit(' ').next().unwrap().parse().unwrap()
+                .find(marker)
+                .unwrap_or_else(|| panic!("no {marker:?} in {l}"));
+            l[..end].rsplit(sep).next().unwrap().parse().unwrap()
         })
         .collect()
+}
+
+/// Per rank, the `N one-sided transfer(s) by single copy` of a stress run.
+fn rma_single_copies(out: &str) -> Vec<u64> {
+    counts(out, " one-sided transfer(s) by single copy", ' ')
+}
+
+/// Per rank, the `(N get(s) without asking)` of a stress run: gets read
+/// straight from the target's memory as its region table publishes it.
+fn direct_gets(out: &str) -> Vec<u64> {
+    counts(out, " get(s) without asking)", '(')
 }
 
 #[test]
@@ -219,8 +231,11 @@ fn mid_size_one_sided_transfers_take_single_copy() {
     // back of `--max-size` bytes (plus two refused out-of-range ones). At
     // 16 KiB — more than one eager fragment (4 KiB), below
     // min_rdma_pipeline_size — both go by single copy: each rank reads its
-    // gets and, as the target, the puts into its region: 2 per peer. At
-    // 4 KiB (one eager fragment) both go through fragments.
+    // gets and, as the target, the puts into its region: 2 per peer. Its
+    // gets read the target's memory without asking (the target's region
+    // table publishes the region); the two out-of-range gets are not read
+    // (the range check against the table fails), they ask and are
+    // refused. At 4 KiB (one eager fragment) both go through fragments.
     let o = run(
         3,
         &[],
@@ -231,6 +246,7 @@ fn mid_size_one_sided_transfers_take_single_copy() {
     }
     let out = assert_intact(&o, 3);
     assert_eq!(rma_single_copies(&out), [4, 4, 4], "{out}");
+    assert_eq!(direct_gets(&out), [2, 2, 2], "{out}");
     let o = run(
         3,
         &[],
@@ -238,6 +254,7 @@ fn mid_size_one_sided_transfers_take_single_copy() {
     );
     let out = assert_intact(&o, 3);
     assert_eq!(rma_single_copies(&out), [0, 0, 0], "{out}");
+    assert_eq!(direct_gets(&out), [0, 0, 0], "{out}");
     // Refused by the kernel: the same transfers through fragments, intact.
     let o = run(
         3,

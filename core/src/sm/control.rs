@@ -34,8 +34,9 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// "BTLSEG01", little endian.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"BTLSEG01");
-/// Layout version of the control area.
-pub const CONTROL_VERSION: u32 = 3;
+/// Layout version of the control area and the parts (4: each part has a
+/// region table after its rings).
+pub const CONTROL_VERSION: u32 = 4;
 
 /// Segment state: the creator is still writing the header.
 pub const SEG_CREATING: u32 = 0;

@@ -18,18 +18,22 @@
 //! 1. its receive rings: [`fifo_map_num`]`(num_fifos, max_procs)` of them,
 //!    each [`Fifo::memory_size`]`(fifo_size)` bytes rounded up to
 //!    [`CACHE_LINE`];
-//! 2. with fast boxes (`fbox_size` and `fbox_max` both non-zero): its
+//! 2. its **region table** ([`REGTAB_BYTES`]): the regions it registered
+//!    for one-sided operations, which peers read by single copy without
+//!    asking ([`SegmentLayout::regtab_offset`]; the protocol is in
+//!    [`crate::sm::regtab`]);
+//! 3. with fast boxes (`fbox_size` and `fbox_max` both non-zero): its
 //!    **box directory**, one 64-bit word per rank (`max_procs` of them,
 //!    rounded up to a cache line): word `s` is 0 until this rank hands
 //!    sender `s` a box, then the box's [`ShmOffset`](crate::shm::ShmOffset)
 //!    ([`SegmentLayout::fbox_dir_offset`]);
-//! 3. its **box pool**: `fbox_max` boxes of [`Fbox::memory_size`]`(fbox_size)`
+//! 4. its **box pool**: `fbox_max` boxes of [`Fbox::memory_size`]`(fbox_size)`
 //!    bytes, handed out one by one to the senders that send it small
 //!    messages ([`SegmentLayout::fbox_pool_offset`]; the protocol is in
 //!    [`crate::sm::fbox`]);
-//! 4. its **eager pool**: `eager_frags` fragments of `FRAG_HEADER +
+//! 5. its **eager pool**: `eager_frags` fragments of `FRAG_HEADER +
 //!    eager_limit` bytes rounded up to [`CACHE_LINE`];
-//! 5. its **max-size pool**: `max_frags` fragments of `FRAG_HEADER +
+//! 6. its **max-size pool**: `max_frags` fragments of `FRAG_HEADER +
 //!    max_send_size` bytes rounded up to [`CACHE_LINE`];
 //!
 //! and is padded to [`PART_ALIGN`] (a page), so every part starts on a page
@@ -39,8 +43,8 @@
 //! # Sizing: nothing grows with N × N
 //!
 //! A part's size depends on `max_procs` only through its box directory
-//! (8 bytes per rank); the pools are per rank, whatever the number of
-//! peers:
+//! (8 bytes per rank); the region table and the pools are per rank,
+//! whatever the number of peers:
 //!
 //! - `eager_frags` = `free_list_max` if set (>= 0; at least
 //!   `free_list_num`), else [`EAGER_WINDOW_BUDGET`] shared among the
@@ -111,6 +115,11 @@ pub const CONTROL_RECORD: usize = CACHE_LINE;
 
 /// Bytes of a fragment header.
 pub const FRAG_HEADER: usize = core::mem::size_of::<FragHeader>();
+
+/// Bytes of each part's region table ([`crate::sm::regtab::TABLE_BYTES`],
+/// a multiple of every `CACHE_LINE`).
+pub const REGTAB_BYTES: usize = crate::sm::regtab::TABLE_BYTES;
+const _: () = assert!(REGTAB_BYTES % CACHE_LINE == 0);
 
 /// Why a segment could not be sized or an offset computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -385,11 +394,8 @@ pub fn segment_layout(params: &SmParams, max_procs: u32) -> Result<SegmentLayout
     let max_frag_bytes = frag_bytes(params.max_send_size, "max-size fragment")?;
     let max = mul(max_frag_bytes, max_frags, "max-size fragments")?;
 
-    let part = add(
-        add(add(rings, fboxes, "part")?, eager, "part")?,
-        max,
-        "part",
-    )?;
+    let head = add(rings, REGTAB_BYTES, "part")?;
+    let part = add(add(add(head, fboxes, "part")?, eager, "part")?, max, "part")?;
     let part_bytes = fits_isize(round_up(part, PART_ALIGN, "part")?, "part")?;
 
     let control = control_segment_size(max_procs)?;
@@ -432,6 +438,17 @@ impl SegmentLayout {
         let ring = check_index("ring", ring, self.rings_per_rank)?;
         self.ring_bytes
             .checked_mul(ring)
+            .and_then(|o| o.checked_add(part))
+            .ok_or(overflow("segment"))
+    }
+
+    /// Offset of `rank`'s region table ([`REGTAB_BYTES`], just after its
+    /// rings).
+    pub fn regtab_offset(&self, rank: u32) -> Result<usize, SizeError> {
+        let part = self.part_offset(rank)?;
+        let rings = usize::try_from(self.rings_per_rank).map_err(|_| overflow("segment"))?;
+        self.ring_bytes
+            .checked_mul(rings)
             .and_then(|o| o.checked_add(part))
             .ok_or(overflow("segment"))
     }
@@ -481,10 +498,14 @@ impl SegmentLayout {
     }
 
     /// Bytes at the start of each part that are used from the start and
-    /// reserved with it: the rings and the box directory.
+    /// reserved with it: the rings, the region table and the box directory.
     pub fn head_bytes(&self) -> Result<usize, SizeError> {
         let rings = mul(self.ring_bytes, self.rings_per_rank, "rings")?;
-        add(rings, self.fbox_dir_bytes, "part")
+        add(
+            add(rings, REGTAB_BYTES, "part")?,
+            self.fbox_dir_bytes,
+            "part",
+        )
     }
 
     /// Offset of eager fragment `i` of `rank`.
@@ -513,14 +534,11 @@ impl SegmentLayout {
             .ok_or(overflow("segment"))
     }
 
-    /// Offset of `rank`'s box directory (just after its rings; its box
-    /// pool follows it).
+    /// Offset of `rank`'s box directory (just after its region table; its
+    /// box pool follows it).
     fn fbox_start(&self, rank: u32) -> Result<usize, SizeError> {
-        let part = self.part_offset(rank)?;
-        let rings = usize::try_from(self.rings_per_rank).map_err(|_| overflow("segment"))?;
-        self.ring_bytes
-            .checked_mul(rings)
-            .and_then(|o| o.checked_add(part))
+        self.regtab_offset(rank)?
+            .checked_add(REGTAB_BYTES)
             .ok_or(overflow("segment"))
     }
 
@@ -581,12 +599,20 @@ mod tests {
         assert_eq!(l.part_bytes % PART_ALIGN, 0);
         assert_eq!(l.total_bytes, l.control_bytes + 4 * l.part_bytes);
         let used = l.ring_bytes
+            + REGTAB_BYTES
             + l.fbox_dir_bytes
             + 32 * l.fbox_bytes
             + 85 * l.eager_frag_bytes
             + 72 * l.max_frag_bytes;
         assert!(used <= l.part_bytes && l.part_bytes < used + PART_ALIGN);
-        assert_eq!(l.head_bytes().unwrap(), l.ring_bytes + l.fbox_dir_bytes);
+        assert_eq!(
+            l.head_bytes().unwrap(),
+            l.ring_bytes + REGTAB_BYTES + l.fbox_dir_bytes
+        );
+        assert_eq!(
+            l.regtab_offset(1).unwrap(),
+            l.part_offset(1).unwrap() + l.ring_bytes
+        );
     }
 
     #[test]
@@ -632,6 +658,7 @@ mod tests {
             for r in 0..l.rings_per_rank {
                 regions.push((l.ring_offset(rank, r).unwrap(), l.ring_bytes));
             }
+            regions.push((l.regtab_offset(rank).unwrap(), REGTAB_BYTES));
             regions.push((l.fbox_dir_offset(rank, 0).unwrap(), l.fbox_dir_bytes));
             for k in 0..l.fbox_pool {
                 regions.push((l.fbox_pool_offset(rank, k).unwrap(), l.fbox_bytes));

@@ -20,6 +20,8 @@
 //! - [`params`]: the `sm` component's parameters with the seed's names,
 //!   defaults, help texts and validation rules (a table and rules over
 //!   [`crate::params`]);
+//! - [`regtab`]: the table where a rank publishes its registered regions,
+//!   so peers read them by single copy without asking first;
 //! - [`engine`]: the progress state machine (SEND → handler → ACK →
 //!   completion and recycling, pending queues, flow control).
 
@@ -30,3 +32,4 @@ pub mod fifo;
 pub mod frag;
 pub mod layout;
 pub mod params;
+pub mod regtab;

@@ -11,6 +11,7 @@ use btl_core::sm::engine::{self, FragDesc, PeerSlot};
 use btl_core::sm::layout::calc_sm_max_procs;
 use btl_core::sm::layout::{segment_layout, SegmentLayout, PART_ALIGN};
 use btl_core::sm::params::SmParams;
+use btl_core::sm::regtab::RegionTable;
 use btl_core::sync::{AtomicU64, Ordering};
 
 use super::recv::{PeerId, State};
@@ -269,6 +270,13 @@ fn attach<'r>(
     // SAFETY: no peer touches our part before our record says READY
     // (below); this process initialises it once.
     unsafe { engine::init_part(&region, layout, params, me) }?;
+    // Our region table, empty before any peer can look at it.
+    RegionTable::resolve(
+        &region,
+        layout.regtab_offset(me).map_err(engine::SetupError::from)? as u64,
+    )
+    .map_err(engine::SetupError::from)?
+    .clear();
     let probe = Box::new(AtomicU64::new(0x6274_6c5f_7072_6f62 ^ u64::from(pid)));
     control.record(me)?.publish(&RankInfo {
         pid: u64::from(pid),
@@ -385,7 +393,20 @@ fn attach<'r>(
     } else {
         params.cma_split_min as usize
     };
-    Ok((Shm { engine, control }, Rest { state, probe }))
+    let regtabs = (0..nprocs)
+        .map(|r| {
+            let at = layout.regtab_offset(r).map_err(engine::SetupError::from)?;
+            RegionTable::resolve(&region, at as u64).map_err(engine::SetupError::from)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((
+        Shm {
+            engine,
+            control,
+            regtabs,
+        },
+        Rest { state, probe },
+    ))
 }
 
 /// Who every local rank is: its pid (the wire-up's, which its record must

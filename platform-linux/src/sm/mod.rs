@@ -128,13 +128,15 @@ type Engine<'r> = SmEngine<
 struct Shm<'r> {
     engine: Engine<'r>,
     control: Control<'r>,
+    /// Every local rank's region table (ours at our local rank).
+    regtabs: Vec<btl_core::sm::regtab::RegionTable<'r>>,
 }
 
 /// The [`View`] family of [`Shm`].
 struct ShmView;
 
 // SAFETY: `Shm<'r>` borrows only the segment's region (the engine's rings,
-// fragments and table; the control area); none of the `&mut self` methods
+// fragments and table; the control area; the region tables); none of the `&mut self` methods
 // of `SmEngine` or `Control` stores a value of lifetime `'r` that it takes
 // as an argument (they take payload slices, dispatchers and numbers).
 unsafe impl View for ShmView {
@@ -413,11 +415,47 @@ impl Sm {
     /// deregisters the region and never retries) can only follow the
     /// last of the data, so when it is delivered the region must already
     /// be free.
+    ///
+    /// Also publishes the regions added and withdraws those removed since
+    /// the last call in our region table ([`btl_core::sm::regtab`]), so
+    /// that peers read them by single copy without asking ([`Self::iget`]).
     #[inline]
     pub fn apply_unpins(&mut self, regions: &mut Regions) {
         if !self.unpins.is_empty() {
             regions.unpin_queued(&mut self.unpins);
         }
+        if regions.has_changes() {
+            self.publish_regions(regions);
+        }
+    }
+
+    /// Applies the region table changes [`Self::apply_unpins`] found.
+    #[cold]
+    #[inline(never)]
+    fn publish_regions(&mut self, regions: &mut Regions) {
+        let me = self.me as usize;
+        let shm = self.shm.get();
+        let Some(table) = shm.regtabs.get(me) else {
+            return;
+        };
+        for c in regions.drain_changes() {
+            match c {
+                crate::regions::Change::Added { id, addr, len } => {
+                    if !table.publish(id, addr, len) {
+                        log::debug!(
+                            "region {id}: its entry of the region table is taken; peers ask \
+                             for its address"
+                        );
+                    }
+                }
+                crate::regions::Change::Removed(id) => table.withdraw(id),
+            }
+        }
+    }
+
+    /// Region `id` of local rank `peer` as its region table says.
+    fn published(&mut self, peer: u32, id: u32) -> Option<btl_core::sm::regtab::Published> {
+        self.shm.get().regtabs.get(peer as usize)?.lookup(id)
     }
 
     /// The small-message lane ([`SmEngine::sweep_boxes`]): the user
@@ -527,6 +565,13 @@ impl Sm {
     /// read from a target, puts it read into its region as the target.
     pub fn rma_single_copies(&self) -> u64 {
         self.state.rma_single_copies
+    }
+
+    /// Our gets read by single copy straight from the target's memory as
+    /// its region table publishes it, without asking (of
+    /// [`Self::rma_single_copies`]).
+    pub fn direct_gets(&self) -> u64 {
+        self.state.direct_gets
     }
 
     /// Split single copies so far: (our gets completed so, bytes we wrote

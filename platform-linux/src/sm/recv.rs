@@ -127,6 +127,14 @@ pub(super) struct State {
     /// One-sided transfers this rank moved by single copy (gets it read,
     /// puts it read into its region as their target).
     pub(super) rma_single_copies: u64,
+    /// Our gets read by single copy straight from the target's memory as
+    /// its region table publishes it, without asking (of
+    /// `rma_single_copies`; see `Sm::iget`).
+    pub(super) direct_gets: u64,
+    /// Our pid, read once: every single copy checks that its target is
+    /// not ourselves, and `std::process::id()` is a system call (glibc
+    /// does not cache it), which was one per get under Open MPI.
+    pub(super) own_pid: u32,
     /// Per peer: whether we write the parts of its split gets (until the
     /// kernel refuses one).
     pub(super) split_write_ok: Vec<bool>,
@@ -161,7 +169,7 @@ impl State {
     /// in a window of gets (ob1 posts one per message) this is each one's
     /// share of the stream, where the time from its post is mostly waiting
     /// behind the others (it read 0.1 GB/s for a 9 GB/s stream).
-    fn time_get(&mut self, peer: u32, how: Bulk, bytes: usize, posted: Instant) {
+    pub(super) fn time_get(&mut self, peer: u32, how: Bulk, bytes: usize, posted: Instant) {
         let now = Instant::now();
         let last = &mut self.last_get_done[peer as usize];
         let from = last.map_or(posted, |l| l.max(posted));
@@ -181,6 +189,8 @@ impl State {
             blamed: Vec::new(),
             violations: Vec::new(),
             done: Vec::new(),
+            direct_gets: 0,
+            own_pid: std::process::id(),
             acks: Vec::new(),
             work: Vec::new(),
             puts_in: HashMap::new(),
@@ -246,9 +256,14 @@ pub(super) struct Ctx<'a, 's> {
 impl State {
     /// Reads `dst.len()` bytes at `addr` in `peer`'s memory into `dst`
     /// (single copy).
-    fn cma_read(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), cma::CmaError> {
+    pub(super) fn cma_read(
+        &self,
+        peer: u32,
+        addr: u64,
+        dst: &mut [u8],
+    ) -> Result<(), cma::CmaError> {
         let pid = self.peers[peer as usize].pid;
-        if pid == std::process::id() {
+        if pid == self.own_pid {
             // Start-up refuses our own pid for a peer; never read ourselves
             // at an address a peer chose.
             return Err(cma::CmaError::Refused {
@@ -352,7 +367,7 @@ impl Ctx<'_, '_> {
             return false;
         };
         let pid = self.st.peers[peer as usize].pid;
-        let ok = pid != std::process::id()
+        let ok = pid != self.st.own_pid
             && usize::try_from(ad.addr).is_ok_and(|a| {
                 // SAFETY: `pid` is another process (checked), the peer
                 // start-up identified, which told us this address of its

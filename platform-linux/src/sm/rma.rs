@@ -3,10 +3,15 @@
 //!
 //! The target validates every request against its region table — unknown
 //! id, or a range outside the region, is refused with a status — so a peer
-//! never reads or writes where it was not invited. Single copy is
+//! never reads or writes where it was not invited (a get without asking is
+//! validated against the table the target publishes). Single copy is
 //! `process_vm_readv` by the side that receives the data, with one
 //! exception that side asks for: the tail of a split get.
 //!
+//! - get, single copy, without asking: when the target's region table
+//!   (`btl_core::sm::regtab`, in its part of the segment) publishes the
+//!   region and the range lies inside it, the requester reads it at once
+//!   ([`Sm::get_direct`]); otherwise, as follows.
 //! - get, single copy: the requester asks (request, region, offset,
 //!   length); the target checks the range and answers with its address;
 //!   the requester reads it into its own memory. Otherwise the target sends
@@ -382,6 +387,9 @@ impl Sm {
                 release: Instant::now(),
             }
         } else if single {
+            if self.get_direct(peer, id, offset, dst, op, timed) {
+                return Ok(Posted::Pending);
+            }
             WaitKind::GetSingle { dst }
         } else {
             WaitKind::Get { dst, got: 0 }
@@ -395,6 +403,59 @@ impl Sm {
         };
         self.send_get_req(req, wait)?;
         Ok(Posted::Pending)
+    }
+
+    /// A single-copy get without asking: when `peer`'s region table
+    /// publishes region `id` and the range lies inside it, reads the range
+    /// from the target's memory now and queues the completion (reported by
+    /// the next pass, as every completion). Returns false, having done
+    /// nothing the caller can see, when the table does not have the region
+    /// or the read fails: the caller then asks the target, whose answer is
+    /// the authority (a refusal with its reason, or the address).
+    ///
+    /// What this saves: the request and the answer, each a hand-off
+    /// through the other process's progress loop. Under Open MPI's ob1,
+    /// every rendezvous message over `rsm` is such a get; with the round
+    /// trip, 16 KiB messages took 4.35 µs against vader's 3.15, which reads
+    /// at the address the sender's registration handle carries.
+    fn get_direct(
+        &mut self,
+        peer: u32,
+        id: u32,
+        offset: u64,
+        dst: RawBuf,
+        op: OpId,
+        timed: Option<Instant>,
+    ) -> bool {
+        let Some(addr) = self
+            .published(peer, id)
+            .and_then(|p| p.range(offset, dst.len() as u64))
+        else {
+            return false;
+        };
+        // SAFETY: `dst` is the local side of our get, valid for writes and
+        // unused by the caller until the operation completes (this
+        // function's caller's contract).
+        let d = unsafe { dst.as_mut_slice() };
+        match self.state.cma_read(peer, addr, d) {
+            Ok(()) => {
+                self.state.rma_single_copies += 1;
+                self.state.direct_gets += 1;
+                if let Some(posted) = timed {
+                    self.state
+                        .time_get(peer, Bulk::SingleCopy, dst.len(), posted);
+                }
+                self.state.done.push((op, Ok(())));
+                true
+            }
+            Err(e) => {
+                log::debug!(
+                    "direct get from local rank {peer} (region {id}) failed: {e}; asking the \
+                     target"
+                );
+                false
+            }
+        }
     }
 
     fn send_get_req(&mut self, req: u64, mut wait: RmaWait) -> Result<(), PostError> {
@@ -639,7 +700,7 @@ impl Sm {
         let Some(rest) = src.sub(at, src.len().saturating_sub(at)) else {
             return 0;
         };
-        if !self.state.split_write_ok[p] || pid == std::process::id() {
+        if !self.state.split_write_ok[p] || pid == self.state.own_pid {
             return 0;
         }
         // SAFETY: `src` is a range of one of our registered regions,

@@ -541,9 +541,17 @@ fn finish<'m>(
         _wireup: w,
         nodes: plan.nodes,
         route: plan.route,
+        regions: {
+            let mut r = Regions::new();
+            if sm.is_some() {
+                // Peers on the node read our regions by single copy as our
+                // region table publishes them (`Sm::apply_unpins`).
+                r.track_changes();
+            }
+            r
+        },
         sm,
         tcp,
-        regions: Regions::new(),
         timeout,
         oversubscribed,
         choice,

@@ -986,6 +986,14 @@ impl<'m> World<'m> {
         if !self.hub.to_self.is_empty() {
             n += self.deliver_to_self(user);
         }
+        if self.regions.has_changes() {
+            // Regions the callbacks of this pass registered or
+            // deregistered: published or withdrawn before it returns (and
+            // before the replies below carry their keys).
+            if let Some(sm) = &mut self.sm {
+                sm.apply_unpins(&mut self.regions);
+            }
+        }
         if !self.hub.outbox.is_empty() {
             n += self.post_outbox();
         }
@@ -1053,6 +1061,11 @@ impl<'m> World<'m> {
             hub.message(from, tag, data, regions, user);
         });
         let n = sweep.delivered;
+        if regions.has_changes() {
+            // Regions a callback registered or deregistered: the region
+            // table follows before the lane returns.
+            sm.apply_unpins(regions);
+        }
         if sweep.rest {
             self.lane_streak = 0;
             return Lane::Pass(n);

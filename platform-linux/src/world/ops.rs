@@ -217,6 +217,7 @@ impl<'m> World<'m> {
         // world: nothing else touches it until the world is gone or the
         // region is removed.
         let id = unsafe { self.regions.insert(RawBuf::new_mut(mem)) };
+        self.publish_regions();
         self.key(id, len)
     }
 
@@ -224,6 +225,7 @@ impl<'m> World<'m> {
     pub fn register_owned(&mut self, buf: Box<[u8]>) -> RegionKey {
         let len = buf.len() as u64;
         let id = self.regions.insert_owned(buf);
+        self.publish_regions();
         self.key(id, len)
     }
 
@@ -240,7 +242,21 @@ impl<'m> World<'m> {
         len: usize,
     ) -> Result<RegionKey, WorldError> {
         // SAFETY: the caller's promise.
-        unsafe { register_raw(&mut self.regions, self.id.rank, ptr, len) }
+        let key = unsafe { register_raw(&mut self.regions, self.id.rank, ptr, len) };
+        self.publish_regions();
+        key
+    }
+
+    /// Publishes the regions just added, or withdraws those just removed,
+    /// in the shared-memory transport's region table (peers on the node
+    /// read them without asking): at once, so that a key sent next finds
+    /// its region published, and a deregistration returns only once peers
+    /// no longer find it. (Inside an event callback, through [`PollCx`],
+    /// the table follows when the pass goes on.)
+    fn publish_regions(&mut self) {
+        if let Some(sm) = &mut self.sm {
+            sm.apply_unpins(&mut self.regions);
+        }
     }
 
     fn key(&self, id: u32, len: u64) -> RegionKey {
@@ -255,7 +271,9 @@ impl<'m> World<'m> {
     /// Refused while operations of ours use it or a peer's get is answered
     /// from it (progress and retry); hands back an owned buffer.
     pub fn deregister(&mut self, key: &RegionKey) -> Result<Option<Box<[u8]>>, WorldError> {
-        deregister(&mut self.regions, self.id.rank, key)
+        let r = deregister(&mut self.regions, self.id.rank, key);
+        self.publish_regions();
+        r
     }
 
     /// The contents of one of our regions.
@@ -736,7 +754,7 @@ impl<'m> World<'m> {
             s += &format!(
                 " (sm: single copy to {cma}, {large_single} large message(s) sent by single \
                  copy, {large_pipelined} pipelined, {large_timed} pipelined to time it, {} \
-                 one-sided transfer(s) by single copy, {split} \
+                 one-sided transfer(s) by single copy ({} get(s) without asking), {split} \
                  get(s) split with the target, {written} B written into peers' split gets, \
                  {msg_in} message(s) received split with the sender, {msg_alone} split but read \
                  alone after waiting, {msg_out} sent split, {} \
@@ -744,6 +762,7 @@ impl<'m> World<'m> {
                  handed out, fragments carved {eager} eager + {max} max-size, segment {} KiB \
                  reserved)",
                 sm.rma_single_copies(),
+                sm.direct_gets(),
                 sm.queued_total(),
                 sm.fbox_sent(),
                 sm.boxes_handed_out(),
