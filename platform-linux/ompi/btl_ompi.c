@@ -110,7 +110,36 @@ struct mca_btl_base_registration_handle_t {
     btl_key_t key;
     /* on module.retired: given back while btl still used the region */
     struct mca_btl_base_registration_handle_t *next_retired;
+    /* rsm's registration cache (see REG_CACHE): the range, the uses
+     * Open MPI has not given back, whether the cache holds it, and when
+     * it was last handed out */
+    uintptr_t base;
+    size_t size;
+    int refs;
+    int cached;
+    uint64_t last;
 };
+
+/* rsm keeps the last REG_CACHE registrations after Open MPI gives them
+ * back and hands them out again for ranges inside them. ob1 registers the
+ * user's buffer on both sides of every rendezvous message and gives it
+ * back when the message completes; each registration and deregistration
+ * cost ~375 instructions through the C ABI (callgrind of `ppmin 16384`),
+ * four of each per round trip, where vader, needing no registration for
+ * single copy, spends none. Safe because a btl registration over shared
+ * memory is an address range and nothing more: nothing is pinned, a get
+ * reads whatever the range holds when it runs (ob1 registers live
+ * buffers), and the peers that could use a kept registration's key are
+ * the node's ranks, which can read and write this process by single copy
+ * anyway (the same user, the same ptrace rights; README, "Gets without
+ * asking"). Not for rtcp: a TCP peer on another host has no such access,
+ * and a put into a kept range of freed memory would land in whatever
+ * the range now holds. */
+#ifdef BTL_OMPI_RSM
+#define REG_CACHE 16
+#else
+#define REG_CACHE 0
+#endif
 
 typedef struct {
     mca_btl_base_descriptor_t base;
@@ -158,6 +187,10 @@ typedef struct {
     mca_btl_base_segment_t rseg;
     uint8_t *scratch; /* aligned copy of a misaligned message */
     size_t scratch_len;
+#if REG_CACHE
+    struct mca_btl_base_registration_handle_t *regs[REG_CACHE];
+    uint64_t reg_clock;
+#endif
 } module_t;
 
 static module_t module;
@@ -618,6 +651,62 @@ static int retry_pending(void)
 
 /* ------------------------------------------------------------------ memory, RDMA */
 
+static void retire(struct mca_btl_base_registration_handle_t *r);
+
+#if REG_CACHE
+/* A kept registration whose range holds [base, base + size), taken for
+ * one more use; NULL if none. Called locked. */
+static struct mca_btl_base_registration_handle_t *reg_hit(uintptr_t base, size_t size)
+{
+    for (int i = 0; i < REG_CACHE; i++) {
+        struct mca_btl_base_registration_handle_t *h = module.regs[i];
+        if (h && base >= h->base && size <= h->size && base - h->base <= h->size - size) {
+            h->refs++;
+            h->last = ++module.reg_clock;
+            return h;
+        }
+    }
+    return NULL;
+}
+
+/* Keeps `r` (one use, just registered) in the cache: in a free slot, or
+ * in place of the least recently used registration nobody uses, which is
+ * deregistered. With every slot in use, `r` is not kept. Called locked. */
+static void reg_keep(struct mca_btl_base_registration_handle_t *r)
+{
+    int slot = -1;
+    for (int i = 0; i < REG_CACHE; i++) {
+        struct mca_btl_base_registration_handle_t *h = module.regs[i];
+        if (NULL == h) {
+            slot = i;
+            break;
+        }
+        if (0 == h->refs && (slot < 0 || h->last < module.regs[slot]->last)) slot = i;
+    }
+    if (slot < 0) return;
+    if (module.regs[slot]) {
+        module.regs[slot]->cached = 0;
+        retire(module.regs[slot]);
+    }
+    module.regs[slot] = r;
+    r->cached = 1;
+}
+
+/* Deregisters every kept registration nobody uses (finalize). Called
+ * locked. */
+static void reg_drop_all(void)
+{
+    for (int i = 0; i < REG_CACHE; i++) {
+        struct mca_btl_base_registration_handle_t *h = module.regs[i];
+        if (h && 0 == h->refs) {
+            h->cached = 0;
+            retire(h);
+        }
+        module.regs[i] = NULL;
+    }
+}
+#endif
+
 static struct mca_btl_base_registration_handle_t *
 m_register_mem(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t *ep,
                  void *base, size_t size, uint32_t flags)
@@ -625,17 +714,35 @@ m_register_mem(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t
     (void) btl;
     (void) ep;
     (void) flags;
-    struct mca_btl_base_registration_handle_t *r = malloc(sizeof(*r));
-    if (NULL == r) return NULL;
     lock();
+#if REG_CACHE
+    struct mca_btl_base_registration_handle_t *hit = reg_hit((uintptr_t) base, size);
+    if (hit) {
+        unlock();
+        return hit;
+    }
+#endif
+    struct mca_btl_base_registration_handle_t *r = calloc(1, sizeof(*r));
+    if (NULL == r) {
+        unlock();
+        return NULL;
+    }
     int rc = btl_register(module.h, base, size, &r->key);
     if (BTL_OK == rc) rc = btl_key_pack(&r->key, r->packed);
-    unlock();
     if (BTL_OK != rc) {
+        unlock();
         report("register_mem", rc);
         free(r);
         return NULL;
     }
+    r->base = (uintptr_t) base;
+    r->size = size;
+    r->refs = 1;
+#if REG_CACHE
+    r->last = ++module.reg_clock;
+    reg_keep(r);
+#endif
+    unlock();
     return r;
 }
 
@@ -681,7 +788,10 @@ static int m_deregister_mem(struct mca_btl_base_module_t *btl,
 {
     (void) btl;
     lock();
-    retire(r);
+    if (r->refs > 0) r->refs--;
+    /* a kept registration stays registered for the next use of its range
+     * (REG_CACHE) */
+    if (!r->cached) retire(r);
     unlock();
     return OPAL_SUCCESS;
 }
@@ -739,7 +849,7 @@ static int rdma(int put, struct mca_btl_base_endpoint_t *ep, void *local_address
         local = &local_handle->key;
     } else {
         /* the caller's memory was not registered: register it for this op */
-        op->temp = malloc(sizeof(*op->temp));
+        op->temp = calloc(1, sizeof(*op->temp));
         if (NULL == op->temp ||
             BTL_OK != (rc = btl_register(module.h, local_address, size, &op->temp->key))) {
             free(op->temp);
@@ -999,6 +1109,12 @@ static int m_finalize_module(struct mca_btl_base_module_t *btl)
     (void) btl;
     lock();
     module.finalizing = 1;
+#if REG_CACHE
+    /* kept registrations nobody uses are deregistered; one still in use
+     * stays Open MPI's (its deregistration then only drops the use: btl's
+     * regions end with btl_finalize below) */
+    if (module.h) reg_drop_all();
+#endif
     if (module.h) {
         int rc = btl_finalize(&module.h);
         if (BTL_OK != rc) report("finalize", rc);
