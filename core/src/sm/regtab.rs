@@ -6,11 +6,11 @@
 //! Without it, a single-copy get is a round trip before the copy: the
 //! requester asks, the target checks its region table (private memory) and
 //! answers with the address, then the requester reads. Under Open MPI's ob1
-//! every rendezvous message over `rsm` is such a get, and that round trip
-//! (two more hand-offs through the target's progress loop) made a 16 KiB
-//! message 1.2 µs slower than vader, which reads the sender's buffer at the
-//! address its registration handle carries. With the table, the requester
-//! looks the region up itself, checks the range, and reads.
+//! every rendezvous message over `rsm` is such a get, where vader reads the
+//! sender's buffer at the address its registration handle carries, without
+//! asking. With the table, the requester looks the region up itself,
+//! checks the range, and reads: two hand-offs through the target's
+//! progress loop less (measured: 0.1 µs of a 16 KiB message's 4.4).
 //!
 //! # What it holds
 //!
