@@ -387,8 +387,8 @@ impl Sm {
                 release: Instant::now(),
             }
         } else if single {
-            if self.get_direct(peer, id, offset, dst, op, timed) {
-                return Ok(Posted::Pending);
+            if self.get_direct(peer, id, offset, dst, timed) {
+                return Ok(Posted::Done);
             }
             WaitKind::GetSingle { dst }
         } else {
@@ -407,11 +407,12 @@ impl Sm {
 
     /// A single-copy get without asking: when `peer`'s region table
     /// publishes region `id` and the range lies inside it, reads the range
-    /// from the target's memory now and queues the completion (reported by
-    /// the next pass, as every completion). Returns false, having done
-    /// nothing the caller can see, when the table does not have the region
-    /// or the read fails: the caller then asks the target, whose answer is
-    /// the authority (a refusal with its reason, or the address).
+    /// from the target's memory now; true when the get is done (the caller
+    /// reports it complete at once, [`Posted::Done`]). Returns false,
+    /// having done nothing the caller can see, when the table does not
+    /// have the region or the read fails: the caller then asks the target,
+    /// whose answer is the authority (a refusal with its reason, or the
+    /// address).
     ///
     /// What this saves: the request and the answer, each a hand-off
     /// through the other process's progress loop (under Open MPI's ob1,
@@ -423,7 +424,6 @@ impl Sm {
         id: u32,
         offset: u64,
         dst: RawBuf,
-        op: OpId,
         timed: Option<Instant>,
     ) -> bool {
         let Some(addr) = self
@@ -444,7 +444,6 @@ impl Sm {
                     self.state
                         .time_get(peer, Bulk::SingleCopy, dst.len(), posted);
                 }
-                self.state.done.push((op, Ok(())));
                 true
             }
             Err(e) => {
