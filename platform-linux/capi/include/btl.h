@@ -551,7 +551,9 @@ int btl_iput(struct btl_t *h,
              void *ctx);
 
 // Reads `len` bytes at address `remote_addr` of the region `*remote`
-// into `local_addr`, inside our region `*local`. Completion as btl_iput.
+// into `local_addr`, inside our region `*local`. Completion as btl_iput;
+// BTL_DONE also when a rank of this node published the region and the
+// bytes were read at once by single copy (no event follows).
 //
 // # Safety
 //

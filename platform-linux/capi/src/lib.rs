@@ -2062,7 +2062,9 @@ pub unsafe extern "C" fn btl_iput(
 }
 
 /// Reads `len` bytes at address `remote_addr` of the region `*remote`
-/// into `local_addr`, inside our region `*local`. Completion as btl_iput.
+/// into `local_addr`, inside our region `*local`. Completion as btl_iput;
+/// BTL_DONE also when a rank of this node published the region and the
+/// bytes were read at once by single copy (no event follows).
 ///
 /// # Safety
 ///
