@@ -495,6 +495,26 @@ fn regions<'m>(w: &mut World<'m>, mem: &'m mut [u8]) -> R<String> {
             return Err(format!("get from rank {p} returned the wrong bytes"));
         }
     }
+    // A get posted right after a put to the same range, neither waited
+    // for, reads what the put wrote (over shared memory the get then asks
+    // the target, behind the put, instead of reading at once). Each rank
+    // writes its own slot of the next rank's region.
+    w.barrier().map_err(e)?;
+    let next = (me + 1) % n;
+    let k = keys[next as usize].ok_or("missing key")?;
+    let fresh = w.register_owned(pattern(me, 11, slot).into_boxed_slice());
+    w.region_mut(&scratch).ok_or("scratch gone")?.fill(0);
+    let at = u64::from(me) * slot as u64;
+    let put = w.iput(&fresh, 0, &k, at, slot as u64).map_err(e)?;
+    let get = w.iget(&scratch, 0, &k, at, slot as u64).map_err(e)?;
+    w.wait(put).map_err(e)?;
+    w.wait(get).map_err(e)?;
+    if w.region(&scratch).ok_or("scratch gone")? != pattern(me, 11, slot).as_slice() {
+        return Err(format!(
+            "a get posted after a put to rank {next} did not read what the put wrote"
+        ));
+    }
+    w.deregister(&fresh).map_err(e)?;
     // A region in use cannot go; one that is idle can.
     w.barrier().map_err(e)?;
     w.deregister(&key).map_err(e)?;

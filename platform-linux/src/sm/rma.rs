@@ -414,6 +414,11 @@ impl Sm {
     /// whose answer is the authority (a refusal with its reason, or the
     /// address).
     ///
+    /// Not while an earlier one-sided operation of ours with `peer` waits
+    /// for it: the get then asks, behind that operation in the ring, so a
+    /// get posted after a put still reads what the put wrote (as over the
+    /// asking path and over TCP).
+    ///
     /// What this saves: the request and the answer, each a hand-off
     /// through the other process's progress loop (under Open MPI's ob1,
     /// where every rendezvous message over `rsm` is such a get, 0.1 µs of
@@ -426,6 +431,9 @@ impl Sm {
         dst: RawBuf,
         timed: Option<Instant>,
     ) -> bool {
+        if !self.state.waiting.is_empty() && self.state.waiting.values().any(|w| w.peer == peer) {
+            return false;
+        }
         let Some(addr) = self
             .published(peer, id)
             .and_then(|p| p.range(offset, dst.len() as u64))
