@@ -40,7 +40,15 @@
  *   messages take half the time eagerly and stream as fast or faster; at
  *   16 KiB the eager path still halves the latency but a window of
  *   sends streams at half the rendezvous' bandwidth, so ob1's limit stops
- *   below it. The component's small descriptors keep btl's eager_limit.
+ *   below it. Measured again after the rendezvous got faster (2026-12-05,
+ *   ob1's limit at 4 x eager_limit + 64 against this one, `ppmin 16384`
+ *   and the anchors' windowed bandwidth): with the two ranks on one core's
+ *   two threads, eager 2.36 us and 7.4 GB/s against 3.63 us and 5.1 GB/s;
+ *   with them on two CCXs, 8.26 us and 1.9 GB/s against 4.14 us and 5.2
+ *   GB/s (vader's copy in and out fares the same there: 10.7 us). The
+ *   copy through a fragment pays only while the caches are shared; the
+ *   single copy holds either way, so the limit stays. The component's
+ *   small descriptors keep btl's eager_limit.
  * - Eager limit (rtcp): ob1's eager_limit is btl's max_send_size (128 KiB
  *   by default; btl's eager_limit if that is larger). Over TCP each of
  *   the rendezvous' extra messages costs a few microseconds, more than
