@@ -87,6 +87,9 @@
 
 #if defined(BTL_OMPI_RSM)
 #define NAME "rsm"
+/* prepare_src leaves contiguous data in place above btl's eager_limit
+ * (below it, btl's shared memory copies anyway: one copy into our buffer) */
+#define INPLACE_MIN module.small_cap
 #define BTL_COMP "sm"
 #define TRANSPORT "sm-local"
 #define WHAT "shared memory"
@@ -97,6 +100,10 @@
 #define TRANSPORT "tcp"
 #define WHAT "TCP"
 #define COMPONENT mca_btl_rtcp_component
+/* prepare_src leaves contiguous data in place above this many bytes:
+ * btl's TCP writes a header and a payload straight from the caller's
+ * memory (btl_isend), and only copies a frame of at most 256 bytes */
+#define INPLACE_MIN 256
 #else
 #error "define BTL_OMPI_RSM or BTL_OMPI_RTCP"
 #endif
@@ -460,7 +467,7 @@ static mca_btl_base_descriptor_t *m_prepare_src(struct mca_btl_base_module_t *bt
     frag_t *f;
     lock();
     if (!opal_convertor_need_buffers(conv) && max_data > 0 &&
-        reserve + max_data > module.small_cap) {
+        reserve + max_data > INPLACE_MIN) {
         /* contiguous: the header in our buffer, the data in place */
         f = frag_get(ep, reserve, flags, order);
         if (OPAL_UNLIKELY(NULL == f)) goto busy;

@@ -377,6 +377,17 @@ impl RawParts {
         }
     }
 
+    /// A message of exactly two pieces, the first at most `head_max`
+    /// bytes: (the first, the second). What a header and a payload in
+    /// place look like (Open MPI's descriptors): the header can be copied
+    /// cheaply and the payload read where it is.
+    pub fn head_and_body(&self, head_max: usize) -> Option<(RawBuf, RawBuf)> {
+        match self.parts() {
+            [h, b] if h.len() <= head_max => Some((*h, *b)),
+            _ => None,
+        }
+    }
+
     /// The pieces covering `[off, off + len)` of the message, appended to
     /// `out` (cleared first).
     pub fn range(&self, mut off: usize, mut len: usize, out: &mut Vec<RawBuf>) {

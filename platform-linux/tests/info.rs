@@ -103,8 +103,9 @@ fn json_lists_every_sm_parameter() {
         .lines()
         .filter(|l| l.starts_with("{\"component\":\"tcp\""))
         .collect();
-    assert_eq!(tcp.len(), 34, "{stdout}");
+    assert_eq!(tcp.len(), 35, "{stdout}");
     for own in [
+        "write_combine",
         "keepalive_time",
         "user_timeout",
         "queue_bytes",

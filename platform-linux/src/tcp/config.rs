@@ -19,6 +19,8 @@ pub(super) struct Config {
     pub(super) sndbuf: usize,
     pub(super) rcvbuf: usize,
     pub(super) cache: usize,
+    /// Most bytes held per connection for write combining (0: off).
+    pub(super) combine: usize,
     pub(super) max_frame: u32,
     pub(super) handshake_ms: u64,
     /// Idle seconds before keep-alive probes (0: off).
@@ -53,6 +55,7 @@ impl Config {
             cache: usize::try_from(p.endpoint_cache)
                 .unwrap_or(30 * 1024)
                 .max(64),
+            combine: usize::try_from(p.write_combine).unwrap_or(0),
             max_frame: p.max_frame(),
             handshake_ms: u64::from(p.handshake_timeout),
             keepalive_time: p.keepalive_time,

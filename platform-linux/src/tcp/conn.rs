@@ -143,6 +143,8 @@ impl Tcp {
                 delivered: false,
                 rbuf,
                 close_after_write: false,
+                wrote_in: u64::MAX,
+                held: 0,
                 addr,
             },
         );

@@ -259,13 +259,42 @@ impl Tcp {
                 self.post_raw(peer, repr, &[], buf, Some(op))
             }
             None => {
-                // Several pieces: gathered into one frame body (a copy).
-                let mut slices = Vec::new();
-                // SAFETY: the caller's promise; used before returning.
-                unsafe { parts.slices(&mut slices) };
-                self.isend(peer, tag, &slices).map(|()| Posted::Done)
+                let in_place = FRAME_HEADER_LEN + parts.len() > SMALL_FRAME && parts.len() <= max;
+                match parts.head_and_body(HEAD_MAX - FRAME_HEADER_LEN) {
+                    Some((head, body)) if in_place => {
+                        // A header and a payload (Open MPI's descriptors):
+                        // the header copied into the frame's head, the
+                        // payload written straight from the caller's
+                        // memory, as Open MPI's tcp BTL writes in place.
+                        let repr = FrameRepr::send(tag, parts.len() as u32);
+                        // SAFETY: the caller's promise; the head is copied
+                        // before returning.
+                        let h = unsafe { head.as_slice() };
+                        self.post_raw(peer, repr, h, body, Some(op))
+                    }
+                    // SAFETY: the caller's promise (read before returning).
+                    _ => unsafe { self.isend_gathered(peer, tag, &parts) },
+                }
             }
         }
+    }
+
+    /// [`Self::isend_raw`] of a message in pieces that do not go in place:
+    /// gathered into one copy, done at once.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::isend_raw`] (the memory is read before returning).
+    unsafe fn isend_gathered(
+        &mut self,
+        peer: u32,
+        tag: u8,
+        parts: &RawParts,
+    ) -> Result<Posted, PostError> {
+        let mut slices = Vec::new();
+        // SAFETY: the caller's promise; used before returning.
+        unsafe { parts.slices(&mut slices) };
+        self.isend(peer, tag, &slices).map(|()| Posted::Done)
     }
 
     /// A message larger than a frame: the first frame starts with the chunk
@@ -434,6 +463,12 @@ impl Tcp {
             return Ok(None);
         };
         let total = hdr.len() + len;
+        if c.wrote_in == self.epoch && total <= COMBINE_FRAME && total <= self.cfg.combine {
+            // A post of this pass wrote already: held for combining (the
+            // caller queues a copy, `queue_on_conn` holds it).
+            return Ok(None);
+        }
+        c.wrote_in = self.epoch;
         let mut written = 0usize;
         let small = total <= SMALL_FRAME;
         if small {
@@ -556,10 +591,29 @@ impl Tcp {
         };
         let op = buf.op;
         self.count(peer, &buf);
+        let len = buf.len();
+        let epoch = self.epoch;
+        let mut hold = false;
         if let Some(c) = self.conns.get_mut(&conn.0) {
             c.out.push_back(buf);
+            // Write combining (`write_combine`): held behind an earlier
+            // post of this pass, unless the socket is full anyway.
+            hold = c.wrote_in == epoch
+                && len <= COMBINE_FRAME
+                && c.held + len <= self.cfg.combine
+                && !c.write_armed;
+            if hold {
+                if c.held == 0 {
+                    self.held.push(conn);
+                }
+                c.held += len;
+            } else {
+                c.wrote_in = epoch;
+            }
         }
-        self.flush_conn(conn);
+        if !hold {
+            self.flush_conn(conn);
+        }
         // Written already (its completion is queued) or still waiting.
         Ok(match op {
             Some(op) if self.done.last().is_some_and(|d| d.0 == op) => {
@@ -592,6 +646,18 @@ impl Tcp {
         self.flush_conn(conn);
     }
 
+    /// Writes the frames held for combining (at the start of a pass).
+    #[cold]
+    pub(super) fn write_held(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        for &conn in &held {
+            self.flush_conn(conn);
+        }
+        // The vector back, empty, for the next burst (no allocation).
+        self.held = held;
+        self.held.clear();
+    }
+
     /// Writes as much of a connection's output as the socket takes, arming
     /// EPOLLOUT for the rest. Frames fully written complete their
     /// operations.
@@ -603,6 +669,7 @@ impl Tcp {
             return;
         }
         let peer = c.peer;
+        c.held = 0;
         let mut failed = false;
         let mut io_error = None;
         let mut finished: Vec<OutBuf> = Vec::new();
