@@ -1646,9 +1646,11 @@ pub unsafe extern "C" fn btl_sendi(
 /// without copying large messages: the memory is read while the message
 /// travels (single copy by the receiver over shared memory, writes
 /// straight from it over TCP). Returns BTL_DONE when it completed at once
-/// (the message was copied: over shared memory a small one that could
-/// leave at once, over TCP one of at most 240 bytes or one in several
-/// pieces; the memory may be reused, no event follows), or BTL_OK (any
+/// (the message was copied or written: over shared memory a small one
+/// that could leave at once, over TCP one of at most 240 bytes, one the
+/// socket took whole at once, or one in pieces other than a header of at
+/// most 48 bytes and a payload; the memory may be reused, no event
+/// follows), or BTL_OK (any
 /// other, read when it leaves): a BTL_EVENT_DONE carrying `ctx` follows,
 /// and until then the memory must stay valid and unchanged. Never waits for
 /// the receiver; BTL_ERR_WOULD_BLOCK when the peer's queue is full.
