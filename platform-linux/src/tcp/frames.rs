@@ -468,7 +468,6 @@ impl Tcp {
             // caller queues a copy, `queue_on_conn` holds it).
             return Ok(None);
         }
-        c.wrote_in = self.epoch;
         let mut written = 0usize;
         let small = total <= SMALL_FRAME;
         if small {
@@ -486,6 +485,9 @@ impl Tcp {
         } else if parts.len() >= WRITE_IOV {
             return Ok(None);
         }
+        // This pass wrote to the connection: later posts of the pass are
+        // held for combining.
+        c.wrote_in = self.epoch;
         while written < total {
             let r = if small {
                 c.sock.send(&self.small_out[written..total])

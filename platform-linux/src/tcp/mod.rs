@@ -85,6 +85,7 @@ const DIRECT_POLL_MAX: usize = 4;
 /// burst leaves held waits for the next progress call: a program that posts
 /// and then computes for a long time without one sends at most that many
 /// bytes late (`write_combine` 0 turns it off).
+///
 /// Frames up to this many bytes are held for combining; larger ones
 /// (which fill segments by themselves) write at once, with whatever is held
 /// before them.
@@ -868,6 +869,19 @@ mod quiet_tests {
         got
     }
 
+    /// What `b` delivers until it has `want` messages (or gives up after
+    /// many passes; the caller checks the count).
+    fn receive(b: &mut Tcp, regions: &mut Regions, want: usize) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        for _ in 0..200_000 {
+            got.extend(drain(b, regions, 1));
+            if got.len() >= want {
+                break;
+            }
+        }
+        got
+    }
+
     #[test]
     fn a_burst_is_combined_until_the_next_pass() {
         let mut regions = Regions::new();
@@ -885,13 +899,7 @@ mod quiet_tests {
         // The sender's next pass writes them (one sendmsg), in order.
         a.progress(&mut regions, &mut |_, _| {});
         assert_eq!(waiting(&a), 0);
-        let mut rest = Vec::new();
-        for _ in 0..200_000 {
-            rest.extend(drain(&mut b, &mut regions, 1));
-            if rest.len() == 15 {
-                break;
-            }
-        }
+        let rest = receive(&mut b, &mut regions, 15);
         assert_eq!(rest, (1..16u8).map(msg).collect::<Vec<_>>());
         // More than write_combine bytes in one burst: written as the held
         // bytes reach it, without a pass of the sender.
@@ -904,13 +912,7 @@ mod quiet_tests {
             "held beyond write_combine: {}",
             waiting(&a)
         );
-        let mut got = Vec::new();
-        for _ in 0..200_000 {
-            got.extend(drain(&mut b, &mut regions, 1));
-            if got.len() >= 100 - waiting(&a) {
-                break;
-            }
-        }
+        let got = receive(&mut b, &mut regions, 100 - waiting(&a));
         assert_eq!(got.len(), 100 - waiting(&a));
         assert_eq!(got, (0..got.len() as u8).map(msg).collect::<Vec<_>>());
     }
@@ -926,13 +928,7 @@ mod quiet_tests {
             a.isend(1, 4, &[&[i; 1024]]).unwrap();
         }
         assert_eq!(waiting(&a), 0);
-        let mut got = Vec::new();
-        for _ in 0..200_000 {
-            got.extend(drain(&mut b, &mut regions, 1));
-            if got.len() == 16 {
-                break;
-            }
-        }
+        let got = receive(&mut b, &mut regions, 16);
         assert_eq!(got, (0..16u8).map(|i| vec![i; 1024]).collect::<Vec<_>>());
     }
 
