@@ -57,6 +57,13 @@ pub(super) struct OutBuf {
     pin: Option<u32>,
 }
 
+/// Every write to a socket: `MSG_NOSIGNAL`, so a peer that closed its end
+/// makes the write fail with `EPIPE` (the peer is failed) instead of
+/// raising `SIGPIPE`, whose default action kills the process. A Rust
+/// program ignores `SIGPIPE` from its start, a C program linking `libbtl`
+/// (an Open MPI rank through rtcp) does not.
+const SEND_FLAGS: rustix::net::SendFlags = rustix::net::SendFlags::NOSIGNAL;
+
 /// Frames up to this many bytes (header included) are gathered in one
 /// buffer and written with one `send(2)`.
 pub(super) const SMALL_FRAME: usize = 256;
@@ -490,7 +497,10 @@ impl Tcp {
         c.wrote_in = self.epoch;
         while written < total {
             let r = if small {
-                c.sock.send(&self.small_out[written..total])
+                // rustix's send (the errno itself, no libc wrapper), with
+                // MSG_NOSIGNAL as every write here.
+                rustix::net::send(&c.sock, &self.small_out[written..total], SEND_FLAGS)
+                    .map_err(io::Error::from)
             } else {
                 // Straight from the pieces (no copy): one sendmsg(2) of
                 // what is left of the header and the parts.
@@ -506,7 +516,8 @@ impl Tcp {
                     skip = 0;
                     n += 1;
                 }
-                c.sock.send_vectored(&iov[..n])
+                c.sock
+                    .send_vectored_with_flags(&iov[..n], libc::MSG_NOSIGNAL)
             };
             match r {
                 Ok(n) => {
@@ -693,7 +704,7 @@ impl Tcp {
                 c.out_off = 0;
                 break;
             }
-            match c.sock.send_vectored(&slices) {
+            match c.sock.send_vectored_with_flags(&slices, libc::MSG_NOSIGNAL) {
                 Ok(mut n) => {
                     self.io_moves = self.io_moves.wrapping_add(1);
                     while let Some(f) = c.out.front() {
@@ -783,10 +794,13 @@ impl Tcp {
             }
         }
         let usable = !ids.is_empty() && ids.len() <= DIRECT_POLL_MAX;
+        // One connection, and a blocking wait that asked for it: its
+        // socket is read in a tight loop (see `recv_spin`).
+        let spin = if ids.len() == 1 { self.recv_spin } else { 0 };
         let mut n = 0;
         if usable {
             for &id in &ids {
-                n += self.read_conn(id, pass);
+                n += self.read_conn_spin(id, pass, spin);
                 // Output waiting for room (a large frame, a get's answer)
                 // goes on at once rather than at the next epoll pass: the
                 // socket drains while we poll, and a pass every
@@ -802,6 +816,13 @@ impl Tcp {
 
     /// Reads what the socket has (bounded), decoding every complete item.
     pub(super) fn read_conn(&mut self, conn: ConnId, pass: &mut Pass<'_, '_>) -> usize {
+        self.read_conn_spin(conn, pass, 0)
+    }
+
+    /// [`Self::read_conn`], trying the first `recv` up to `spin` more times
+    /// while the socket has nothing (and nothing of ours waits to be
+    /// written on it).
+    fn read_conn_spin(&mut self, conn: ConnId, pass: &mut Pass<'_, '_>, mut spin: u32) -> usize {
         let mut events = 0;
         for _ in 0..16 {
             self.apply_unpins(pass.regions);
@@ -867,10 +888,18 @@ impl Tcp {
                     }
                 }
             }
+            if !c.out.is_empty() {
+                spin = 0;
+            }
             let spare = c.dec.spare();
             // rustix's recv: the error is the errno itself, so the
             // "nothing yet" of a busy-polled socket costs no decoding.
-            let r = rustix::net::recv(&c.sock, spare, RecvFlags::empty()).map(|(n, _)| n);
+            let mut r = rustix::net::recv(&c.sock, &mut *spare, RecvFlags::empty()).map(|(n, _)| n);
+            while spin > 0 && r == Err(Errno::AGAIN) {
+                spin -= 1;
+                r = rustix::net::recv(&c.sock, &mut *spare, RecvFlags::empty()).map(|(n, _)| n);
+            }
+            spin = 0;
             match r {
                 Ok(0) => {
                     self.conn_broken(conn, true);

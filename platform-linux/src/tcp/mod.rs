@@ -249,6 +249,9 @@ pub struct Tcp {
     /// Connections with frames held for combining, written at the start
     /// of the next pass.
     held: Vec<ConnId>,
+    /// How many more times a pass that reads its one connection directly
+    /// tries `recv` while the socket is empty ([`Self::set_recv_spin`]).
+    recv_spin: u32,
     /// Reads and writes that moved bytes, and posts (wrapping): what
     /// [`Self::quiet_skip`] compares with `io_seen`.
     io_moves: u64,
@@ -369,6 +372,7 @@ impl Tcp {
             passes: 0,
             epoch: 0,
             held: Vec::new(),
+            recv_spin: 0,
             io_moves: 0,
             io_seen: 0,
             quiet: 0,
@@ -505,6 +509,17 @@ impl Tcp {
         let n = self.poll_sockets(&mut pass, timeout);
         self.apply_unpins(pass.regions);
         n + self.report(pass.regions, pass.sink)
+    }
+
+    /// Lets the next non-blocking passes try an empty socket's `recv` up to
+    /// `n` more times in a tight loop when they read one connection
+    /// directly (0: once, the default). For a blocking wait on a TCP-only
+    /// world, which calls it while it spins: a message is seen one system
+    /// call after it arrived, as by a bare `recv` loop, where between two
+    /// `recv`s of whole passes lay the rest of the pass (about 390
+    /// instructions of `btl bench`'s wait, cold after each system call).
+    pub fn set_recv_spin(&mut self, n: u32) {
+        self.recv_spin = n;
     }
 
     /// One non-blocking pass of progress.
@@ -915,6 +930,45 @@ mod quiet_tests {
         let got = receive(&mut b, &mut regions, 100 - waiting(&a));
         assert_eq!(got.len(), 100 - waiting(&a));
         assert_eq!(got, (0..got.len() as u8).map(msg).collect::<Vec<_>>());
+    }
+
+    /// Writes to a peer that closed its end fail it without raising
+    /// `SIGPIPE` (whose default action kills a C program linking libbtl;
+    /// this test process, being Rust, ignores it, so a handler counts it).
+    /// The peer's FIN is in, unread; the first write draws its RST, the
+    /// second (held for combining, written by the next pass before it
+    /// reads) meets `EPIPE`.
+    #[test]
+    #[allow(unsafe_code)] // installing and restoring a signal handler
+    fn a_closed_peer_fails_without_sigpipe() {
+        use btl_core::sync::{AtomicUsize, Ordering};
+        static PIPES: AtomicUsize = AtomicUsize::new(0);
+        extern "C" fn on_pipe(_: libc::c_int) {
+            PIPES.fetch_add(1, Ordering::SeqCst);
+        }
+        let mut regions = Regions::new();
+        let (mut a, b) = connected(TcpParams::default(), &mut regions);
+        a.progress(&mut regions, &mut |_, _| {});
+        drop(b);
+        std::thread::sleep(Duration::from_millis(20));
+        let handler: extern "C" fn(libc::c_int) = on_pipe;
+        // SAFETY: the handler only increments an atomic (async-signal
+        // safe); the previous disposition is restored below.
+        let old = unsafe { libc::signal(libc::SIGPIPE, handler as libc::sighandler_t) };
+        let mut failed = false;
+        for _ in 0..2000 {
+            let sent = (0..2).all(|_| a.isend(1, 4, &[&[7u8; 1024]]).is_ok());
+            if !sent {
+                failed = true;
+                break;
+            }
+            a.progress(&mut regions, &mut |_, _| {});
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: puts back what was there before this test.
+        unsafe { libc::signal(libc::SIGPIPE, old) };
+        assert!(failed, "sends to a closed peer kept succeeding");
+        assert_eq!(PIPES.load(Ordering::SeqCst), 0, "a write raised SIGPIPE");
     }
 
     #[test]
