@@ -470,7 +470,7 @@ impl Tcp {
             return Ok(None);
         };
         let total = hdr.len() + len;
-        if c.wrote_in == self.epoch && total <= COMBINE_FRAME && total <= self.cfg.combine {
+        if c.holds(total, self.epoch, self.cfg.combine) {
             // A post of this pass wrote already: held for combining (the
             // caller queues a copy, `queue_on_conn` holds it).
             return Ok(None);
@@ -609,12 +609,7 @@ impl Tcp {
         let mut hold = false;
         if let Some(c) = self.conns.get_mut(&conn.0) {
             c.out.push_back(buf);
-            // Write combining (`write_combine`): held behind an earlier
-            // post of this pass, unless the socket is full anyway.
-            hold = c.wrote_in == epoch
-                && len <= COMBINE_FRAME
-                && c.held + len <= self.cfg.combine
-                && !c.write_armed;
+            hold = c.holds(len, epoch, self.cfg.combine);
             if hold {
                 if c.held == 0 {
                     self.held.push(conn);

@@ -202,6 +202,19 @@ struct Conn {
     addr: String,
 }
 
+impl Conn {
+    /// Write combining (`write_combine` = `combine` bytes): whether a frame
+    /// of `len` bytes posted in pass `epoch` is held, behind an earlier
+    /// post of the same pass, rather than written now (not when the socket
+    /// is full anyway, nor beyond the bound).
+    fn holds(&self, len: usize, epoch: u64, combine: usize) -> bool {
+        self.wrote_in == epoch
+            && len <= COMBINE_FRAME
+            && self.held + len <= combine
+            && !self.write_armed
+    }
+}
+
 struct Peer {
     ep: Endpoint,
     /// Frames waiting for a connection.
