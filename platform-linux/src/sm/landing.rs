@@ -9,7 +9,8 @@
 //!
 //! 1. The receiver maps a landing buffer for the sender ([`Landing`]: a
 //!    private anonymous mapping, a flag word then up to [`LANDING_CAP`]
-//!    bytes of data, pages touched only as used) the first time that
+//!    bytes of data, pages touched only as used, transparent huge pages
+//!    advised) the first time that
 //!    sender sends it a large single-copy message, and tells it the
 //!    address ([`SM_LANDING`](btl_core::tags::SM_LANDING): address and
 //!    capacity). The sender checks once that the kernel lets it write
@@ -146,6 +147,26 @@ impl Landing {
     /// Maps a landing buffer of [`LANDING_CAP`] bytes (address space only).
     pub(super) fn new() -> std::io::Result<Self> {
         let map = memmap2::MmapMut::map_anon(DATA_OFF + LANDING_CAP)?;
+        // Transparent huge pages where the system allows them on advice
+        // (`/sys/kernel/mm/transparent_hugepage/enabled` = madvise, as on
+        // Debian; `never` still wins): the sender's `process_vm_writev`
+        // pins the pages it writes and our reads fault them in, 512 times
+        // fewer with 2 MiB pages. Measured (`btl bench --transport sm
+        // --sizes 4194304`, six alternations, 2026-12-05): 4 MiB
+        // bandwidth 23.6-23.9 GB/s against 22.3-23.6, latency 246-288 us
+        // against 260-315. Refused advice (a kernel without THP) only
+        // leaves 4 KiB pages.
+        // SAFETY: our own fresh mapping of exactly this range; advice
+        // changes no contents and no protection.
+        if let Err(e) = unsafe {
+            rustix::mm::madvise(
+                map.as_ptr() as *mut std::ffi::c_void,
+                map.len(),
+                rustix::mm::Advice::LinuxHugepage,
+            )
+        } {
+            log::debug!("landing buffer: no transparent huge pages ({e})");
+        }
         Ok(Self { map: Some(map) })
     }
 
