@@ -728,17 +728,16 @@ impl Tcp {
         let want = !c.out.is_empty();
         if want != c.write_armed && !failed {
             c.write_armed = want;
-            let flags = if want {
-                epoll::EventFlags::IN | epoll::EventFlags::OUT
-            } else {
-                epoll::EventFlags::IN
-            };
-            let _ = epoll::modify(
-                &self.epoll,
-                c.sock.as_fd(),
-                epoll::EventData::new_u64(u64::from(conn.0)),
-                flags,
-            );
+            // An unwatched connection gets its flags when it is watched
+            // again (`rewatch`); meanwhile every pass writes it.
+            if self.unwatched != Some(conn) {
+                let _ = epoll::modify(
+                    &self.epoll,
+                    c.sock.as_fd(),
+                    epoll::EventData::new_u64(u64::from(conn.0)),
+                    watch_flags(want),
+                );
+            }
         }
         let close = c.out.is_empty() && c.close_after_write;
         for b in finished {
@@ -777,6 +776,7 @@ impl Tcp {
         let mut ids = std::mem::take(&mut self.direct);
         if self.direct_stale {
             self.direct_stale = false;
+            self.rewatch();
             ids.clear();
             for (&id, c) in &self.conns {
                 if c.connecting || c.incoming.is_some() || c.peer.is_none() {
@@ -789,6 +789,9 @@ impl Tcp {
             }
         }
         let usable = !ids.is_empty() && ids.len() <= DIRECT_POLL_MAX;
+        if let ([id], None) = (ids.as_slice(), self.unwatched) {
+            self.unwatch(*id);
+        }
         // One connection, and a blocking wait that asked for it: its
         // socket is read in a tight loop (see `recv_spin`).
         let spin = if ids.len() == 1 { self.recv_spin } else { 0 };
@@ -807,6 +810,50 @@ impl Tcp {
         }
         self.direct = ids;
         usable.then_some(n)
+    }
+
+    /// Takes `id`, the one connection the direct passes read, out of the
+    /// epoll set (see [`Tcp::unwatched`]); not while it waits to be
+    /// writable or is connecting. A failed removal leaves it watched.
+    fn unwatch(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id.0) else {
+            return;
+        };
+        if c.write_armed || c.connecting {
+            return;
+        }
+        if epoll::delete(&self.epoll, c.sock.as_fd()).is_ok() {
+            self.unwatched = Some(id);
+        }
+    }
+
+    /// Puts the unwatched connection back into the epoll set, with the
+    /// flags it needs now (before a blocking wait, and when the
+    /// connections change). A socket already readable is reported by the
+    /// next wait (epoll looks at it when it is added). If the kernel
+    /// refuses, no wait could be woken by it: the connection fails.
+    pub(super) fn rewatch(&mut self) {
+        let Some(id) = self.unwatched.take() else {
+            return;
+        };
+        let Some(c) = self.conns.get(&id.0) else {
+            return;
+        };
+        let added = epoll::add(
+            &self.epoll,
+            c.sock.as_fd(),
+            epoll::EventData::new_u64(u64::from(id.0)),
+            watch_flags(c.write_armed),
+        );
+        match added {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => {
+                self.io_error = Some(format!(
+                    "the connection could not be watched again (epoll_ctl: {e})"
+                ));
+                self.conn_broken(id, false);
+            }
+        }
     }
 
     /// Reads what the socket has (bounded), decoding every complete item.
@@ -1203,6 +1250,16 @@ impl Tcp {
             None,
         )
         .map(|_| ())
+    }
+}
+
+/// What epoll watches on an established connection: input, and output
+/// while frames wait for room.
+fn watch_flags(out: bool) -> epoll::EventFlags {
+    if out {
+        epoll::EventFlags::IN | epoll::EventFlags::OUT
+    } else {
+        epoll::EventFlags::IN
     }
 }
 
