@@ -881,24 +881,31 @@ mod quiet_tests {
         }
         // A blocking pass (with a timeout) never skips.
         a.isend(1, 5, &[b"blocking"]).unwrap();
+        let got = blocking_pass(&mut b, &mut regions, Duration::from_secs(5));
+        assert_eq!(got.as_deref(), Some(&b"blocking"[..]));
+    }
+
+    /// One blocking pass of `t` (at most `timeout`): the last message it
+    /// delivered.
+    fn blocking_pass(t: &mut Tcp, regions: &mut Regions, timeout: Duration) -> Option<Vec<u8>> {
         let mut got = None;
-        b.progress_timeout(
-            &mut regions,
+        t.progress_timeout(
+            regions,
             &mut |_, ev| {
                 if let TEvent::Message { data, .. } = ev {
                     got = Some(data.to_vec());
                 }
             },
-            Duration::from_secs(5),
+            timeout,
         );
-        assert_eq!(got.as_deref(), Some(&b"blocking"[..]));
+        got
     }
 
     /// The one connection the direct passes read leaves the epoll set; a
     /// blocking pass puts it back first and is woken by it (within the
     /// pass, not at its timeout), and the direct passes take it out again.
     /// Output waiting for room on an unwatched connection is written by
-    /// the passes, and watched again with it.
+    /// the passes.
     #[test]
     fn an_unwatched_connection_still_wakes_a_blocking_wait() {
         let mut regions = Regions::new();
@@ -913,16 +920,7 @@ mod quiet_tests {
             // (a's pass writes what write combining held.)
             a.progress(&mut regions, &mut |_, _| {});
             let t0 = std::time::Instant::now();
-            let mut got = None;
-            b.progress_timeout(
-                &mut regions,
-                &mut |_, ev| {
-                    if let TEvent::Message { data, .. } = ev {
-                        got = Some(data.to_vec());
-                    }
-                },
-                Duration::from_secs(10),
-            );
+            let got = blocking_pass(&mut b, &mut regions, Duration::from_secs(10));
             assert_eq!(got, Some([&b"wake"[..], &[round]].concat()));
             assert!(
                 t0.elapsed() < Duration::from_secs(5),
