@@ -156,9 +156,7 @@ impl Tcp {
     pub(super) fn drop_conn(&mut self, id: ConnId) {
         if let Some(c) = self.conns.remove(&id.0) {
             self.direct_stale = true;
-            if self.unwatched == Some(id) {
-                self.unwatched = None;
-            }
+            self.unwatched.retain(|&c| c != id);
             let _ = epoll::delete(&self.epoll, c.sock.as_fd());
             if c.out.iter().any(|b| b.op().is_some() || b.len() > 0) {
                 self.abandon(c.peer, c.out);

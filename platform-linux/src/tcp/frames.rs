@@ -730,7 +730,7 @@ impl Tcp {
             c.write_armed = want;
             // An unwatched connection gets its flags when it is watched
             // again (`rewatch`); meanwhile every pass writes it.
-            if self.unwatched != Some(conn) {
+            if !self.unwatched.contains(&conn) {
                 let _ = epoll::modify(
                     &self.epoll,
                     c.sock.as_fd(),
@@ -789,8 +789,10 @@ impl Tcp {
             }
         }
         let usable = !ids.is_empty() && ids.len() <= DIRECT_POLL_MAX;
-        if let ([id], None) = (ids.as_slice(), self.unwatched) {
-            self.unwatch(*id);
+        if usable && self.unwatched.len() < ids.len() {
+            for &id in &ids {
+                self.unwatch(id);
+            }
         }
         // One connection, and a blocking wait that asked for it: its
         // socket is read in a tight loop (see `recv_spin`).
@@ -812,46 +814,45 @@ impl Tcp {
         usable.then_some(n)
     }
 
-    /// Takes `id`, the one connection the direct passes read, out of the
-    /// epoll set (see [`Tcp::unwatched`]); not while it waits to be
-    /// writable or is connecting. A failed removal leaves it watched.
+    /// Takes `id`, a connection the direct passes read, out of the epoll
+    /// set (see [`Tcp::unwatched`]); not while it waits to be writable or
+    /// is connecting. A failed removal leaves it watched.
     fn unwatch(&mut self, id: ConnId) {
         let Some(c) = self.conns.get(&id.0) else {
             return;
         };
-        if c.write_armed || c.connecting {
+        if c.write_armed || c.connecting || self.unwatched.contains(&id) {
             return;
         }
         if epoll::delete(&self.epoll, c.sock.as_fd()).is_ok() {
-            self.unwatched = Some(id);
+            self.unwatched.push(id);
         }
     }
 
-    /// Puts the unwatched connection back into the epoll set, with the
-    /// flags it needs now (before a blocking wait, and when the
+    /// Puts the unwatched connections back into the epoll set, with the
+    /// flags each needs now (before a blocking wait, and when the
     /// connections change). A socket already readable is reported by the
     /// next wait (epoll looks at it when it is added). If the kernel
-    /// refuses, no wait could be woken by it: the connection fails.
+    /// refuses, no wait could be woken by it: that connection fails.
     pub(super) fn rewatch(&mut self) {
-        let Some(id) = self.unwatched.take() else {
-            return;
-        };
-        let Some(c) = self.conns.get(&id.0) else {
-            return;
-        };
-        let added = epoll::add(
-            &self.epoll,
-            c.sock.as_fd(),
-            epoll::EventData::new_u64(u64::from(id.0)),
-            watch_flags(c.write_armed),
-        );
-        match added {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => {
-                self.io_error = Some(format!(
-                    "the connection could not be watched again (epoll_ctl: {e})"
-                ));
-                self.conn_broken(id, false);
+        while let Some(id) = self.unwatched.pop() {
+            let Some(c) = self.conns.get(&id.0) else {
+                continue;
+            };
+            let added = epoll::add(
+                &self.epoll,
+                c.sock.as_fd(),
+                epoll::EventData::new_u64(u64::from(id.0)),
+                watch_flags(c.write_armed),
+            );
+            match added {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => {
+                    self.io_error = Some(format!(
+                        "the connection could not be watched again (epoll_ctl: {e})"
+                    ));
+                    self.conn_broken(id, false);
+                }
             }
         }
     }
