@@ -79,6 +79,28 @@ fn stress_over_tcp_2_and_4_ranks() {
 }
 
 #[test]
+fn frames_of_several_mib_travel_in_pieces_intact() {
+    // Frames of 2 MiB and more are written in pieces (`PIECE_FRAME_MIN`),
+    // each pass one: 2 ranks (one connection, read directly) and 4 (three
+    // each), messages up to 8 MiB.
+    for n in [2, 4] {
+        let o = run(
+            n,
+            &[
+                "stress",
+                "--transport",
+                "tcp",
+                "--messages",
+                "200",
+                "--max-size",
+                "8388608",
+            ],
+        );
+        assert_intact(&o, n as usize);
+    }
+}
+
+#[test]
 fn bench_over_tcp_prints_tcp_lines() {
     let o = Command::new(BTL)
         .args([
