@@ -68,9 +68,12 @@ const SEND_FLAGS: rustix::net::SendFlags = rustix::net::SendFlags::NOSIGNAL;
 /// buffer and written with one `send(2)`.
 pub(super) const SMALL_FRAME: usize = 256;
 
-/// A frame of at least this many bytes (a large get answer or message) is
-/// written in pieces of [`WRITE_PIECE`], one `sendmsg(2)` each, the rest
-/// left for the following passes; smaller frames go in one call.
+/// A queued frame of at least this many bytes (a large get answer, a
+/// zero-copy message, the rest of a copied one) is written in pieces of
+/// [`WRITE_PIECE`], one `sendmsg(2)` each, the rest left for the following
+/// passes; smaller frames go in one call. Not a post's first write
+/// (`write_now`): what the socket does not take there is copied, and a
+/// piece would make that copy of megabytes the rule.
 ///
 /// Why: on loopback the sending core is what limits a stream — it copies
 /// the data and, while its socket is locked, also processes the receiver's
@@ -537,23 +540,12 @@ impl Tcp {
                 let mut iov = [IoSlice::new(&[]); WRITE_IOV];
                 let mut n = 0;
                 let mut skip = written;
-                let mut cap = if total >= PIECE_FRAME_MIN {
-                    piece_of(total - written)
-                } else {
-                    usize::MAX
-                };
                 for p in std::iter::once(hdr).chain(parts.iter().copied()) {
                     if skip >= p.len() {
                         skip -= p.len();
                         continue;
                     }
-                    if cap == 0 {
-                        break;
-                    }
-                    let piece = &p[skip..];
-                    let piece = &piece[..piece.len().min(cap)];
-                    cap -= piece.len();
-                    iov[n] = IoSlice::new(piece);
+                    iov[n] = IoSlice::new(&p[skip..]);
                     skip = 0;
                     n += 1;
                 }
@@ -564,11 +556,6 @@ impl Tcp {
                 Ok(n) => {
                     self.io_moves = self.io_moves.wrapping_add(1);
                     written += n;
-                    if total >= PIECE_FRAME_MIN && !small {
-                        // One piece (or what the socket took): the rest is
-                        // queued, the next passes write it.
-                        break;
-                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // What the socket did not take is queued by the caller.
