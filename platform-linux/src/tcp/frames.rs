@@ -728,7 +728,9 @@ impl Tcp {
                         let off = if i == 0 { c.out_off } else { 0 };
                         (left + b.len() - off, large || b.len() >= PIECE_FRAME_MIN)
                     });
-            let mut cap = if large { piece_of(left) } else { usize::MAX };
+            // What this write offers: one piece, or everything gathered.
+            let offered = if large { piece_of(left) } else { left };
+            let mut cap = offered;
             'gather: for (i, b) in c.out.iter().take(32).enumerate() {
                 let off = if i == 0 { c.out_off } else { 0 };
                 for s in b.slices(off) {
@@ -742,7 +744,6 @@ impl Tcp {
                     }
                 }
             }
-            let offered = if large { piece_of(left) } else { left };
             if slices.is_empty() {
                 // Only empty buffers: they are done.
                 while let Some(b) = c.out.pop_front() {
