@@ -103,9 +103,10 @@ fn json_lists_every_sm_parameter() {
         .lines()
         .filter(|l| l.starts_with("{\"component\":\"tcp\""))
         .collect();
-    assert_eq!(tcp.len(), 35, "{stdout}");
+    assert_eq!(tcp.len(), 36, "{stdout}");
     for own in [
         "write_combine",
+        "recv_lowat",
         "keepalive_time",
         "user_timeout",
         "queue_bytes",

@@ -101,6 +101,62 @@ fn frames_of_several_mib_travel_in_pieces_intact() {
 }
 
 #[test]
+fn large_payloads_read_under_a_low_water_mark_arrive_intact() {
+    // recv_lowat: payloads of 2 MiB and more, and streams of smaller ones,
+    // are read only once that many bytes wait. At its smallest, at the
+    // default, above what a fixed 256 KiB receive buffer holds (the kernel
+    // caps the mark, and reports a closing window as readable), at the
+    // default with a 4 MiB receive buffer (an open window: a mark left
+    // above a payload's last bytes would stall the ping-pong), and off.
+    // Stress (random sizes up to 4 MiB, get/put) and a ping-pong of 3 MB
+    // and 4 MiB + 3 (each message the last thing on the wire until it is
+    // read) complete, nothing lost or corrupted.
+    for (lowat, rcvbuf) in [
+        ("4096", "0"),
+        ("131072", "0"),
+        ("16M", "262144"),
+        ("131072", "4194304"),
+        ("0", "0"),
+    ] {
+        let env = [("BTL_TCP_RECV_LOWAT", lowat), ("BTL_TCP_RCVBUF", rcvbuf)];
+        let stress = [
+            "stress",
+            "--transport",
+            "tcp",
+            "--messages",
+            "150",
+            "--max-size",
+            "4194307",
+        ];
+        assert_intact(&run_env(2, &env, &stress), 2);
+        let bench = [
+            "bench",
+            "--transport",
+            "tcp",
+            "--sizes",
+            "3000000,4194307",
+            "--iterations",
+            "20",
+        ];
+        let o = run_env(2, &env, &bench);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "recv_lowat {lowat}, rcvbuf {rcvbuf}: {:?}\n{out}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        for size in ["3000000", "4194307"] {
+            assert!(
+                out.lines()
+                    .any(|l| l.split_whitespace().nth(1) == Some(size)),
+                "recv_lowat {lowat}, rcvbuf {rcvbuf}: no {size} line\n{out}"
+            );
+        }
+    }
+}
+
+#[test]
 fn bench_over_tcp_prints_tcp_lines() {
     let o = Command::new(BTL)
         .args([

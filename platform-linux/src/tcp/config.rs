@@ -22,6 +22,8 @@ pub(super) struct Config {
     /// Most bytes held per connection for write combining (0: off).
     pub(super) combine: usize,
     pub(super) max_frame: u32,
+    /// `recv_lowat` (0: off).
+    pub(super) recv_lowat: u32,
     pub(super) handshake_ms: u64,
     /// Idle seconds before keep-alive probes (0: off).
     pub(super) keepalive_time: u32,
@@ -57,6 +59,7 @@ impl Config {
                 .max(64),
             combine: usize::try_from(p.write_combine).unwrap_or(0),
             max_frame: p.max_frame(),
+            recv_lowat: p.recv_lowat,
             handshake_ms: u64::from(p.handshake_timeout),
             keepalive_time: p.keepalive_time,
             keepalive_intvl: p.keepalive_intvl,

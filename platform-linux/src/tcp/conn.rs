@@ -145,6 +145,9 @@ impl Tcp {
                 close_after_write: false,
                 wrote_in: u64::MAX,
                 held: 0,
+                lowat: 1,
+                lowat_on: None,
+                big_read_end: None,
                 addr,
             },
         );

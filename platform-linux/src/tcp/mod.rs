@@ -198,6 +198,15 @@ struct Conn {
     /// Bytes of frames at the end of `out` held for combining (written by
     /// the next pass, or at once when `write_combine` bytes are held).
     held: usize,
+    /// The socket's `SO_RCVLOWAT` as we last set it (1: the kernel's
+    /// default; see `recv_lowat`).
+    lowat: u32,
+    /// Whether the large payload being read is gated by `lowat` (decided
+    /// when it is first seen; `None` between such payloads; see
+    /// `sync_lowat`).
+    lowat_on: Option<bool>,
+    /// When the last payload that [`Conn::lowat_on`] decided on ended.
+    big_read_end: Option<Instant>,
     /// Peer address, for logs.
     addr: String,
 }
