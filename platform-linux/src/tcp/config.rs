@@ -22,7 +22,7 @@ pub(super) struct Config {
     /// Most bytes held per connection for write combining (0: off).
     pub(super) combine: usize,
     pub(super) max_frame: u32,
-    /// `recv_lowat` (0: off).
+    /// `recv_lowat` (0: off; below 4096 counts as 4096).
     pub(super) recv_lowat: u32,
     pub(super) handshake_ms: u64,
     /// Idle seconds before keep-alive probes (0: off).
@@ -59,7 +59,10 @@ impl Config {
                 .max(64),
             combine: usize::try_from(p.write_combine).unwrap_or(0),
             max_frame: p.max_frame(),
-            recv_lowat: p.recv_lowat,
+            recv_lowat: match p.recv_lowat {
+                0 => 0,
+                v => v.max(4096),
+            },
             handshake_ms: u64::from(p.handshake_timeout),
             keepalive_time: p.keepalive_time,
             keepalive_intvl: p.keepalive_intvl,

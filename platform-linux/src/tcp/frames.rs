@@ -933,19 +933,17 @@ impl Tcp {
             };
             // A large payload in progress: read it straight into its
             // destination (no read-ahead copy, one syscall per big piece).
-            let room = c.dec.direct_payload_room() as usize;
-            match sync_lowat(c, self.cfg.recv_lowat) {
+            let room = c.dec.direct_payload_room();
+            match sync_lowat(c, room, self.cfg.recv_lowat) {
                 Ok(false) => {}
                 Ok(true) if readable(&c.sock) => {}
                 Ok(true) => return events,
                 Err(e) => {
-                    self.io_error = Some(format!(
-                        "the socket's receive low-water mark could not be set (SO_RCVLOWAT): {e}"
-                    ));
-                    self.conn_broken(conn, false);
+                    self.lowat_failed(conn, e);
                     return events;
                 }
             }
+            let room = room as usize;
             if room >= 4096 && c.cur.is_some() {
                 let room = room.min(4 << 20);
                 let r = match &mut c.into {
@@ -1047,14 +1045,21 @@ impl Tcp {
         }
         // Sixteen reads in a row: the mark follows the last of them.
         if let Some(c) = self.conns.get_mut(&conn.0) {
-            if let Err(e) = sync_lowat(c, self.cfg.recv_lowat) {
-                self.io_error = Some(format!(
-                    "the socket's receive low-water mark could not be set (SO_RCVLOWAT): {e}"
-                ));
-                self.conn_broken(conn, false);
+            if let Err(e) = sync_lowat(c, c.dec.direct_payload_room(), self.cfg.recv_lowat) {
+                self.lowat_failed(conn, e);
             }
         }
         events
+    }
+
+    /// A connection whose `SO_RCVLOWAT` could not be set fails, with the
+    /// reason (its mark could be left above what is to come).
+    #[cold]
+    fn lowat_failed(&mut self, conn: ConnId, e: io::Error) {
+        self.io_error = Some(format!(
+            "the socket's receive low-water mark could not be set (SO_RCVLOWAT): {e}"
+        ));
+        self.conn_broken(conn, false);
     }
 
     /// The small-message fast path: every whole user message at the front
@@ -1339,11 +1344,13 @@ impl Tcp {
     }
 }
 
-/// Large reads in large pieces (`recv_lowat` = `mark` bytes, 0: off):
-/// sets `c`'s `SO_RCVLOWAT` to `mark` while more than `mark` bytes of the
-/// payload being read straight into place are still to come, and back to
-/// 1 otherwise. Returns whether the connection is to be read only when
-/// `poll` says `mark` bytes wait ([`readable`]; epoll waits for them too).
+/// Large reads in large pieces (`recv_lowat` = `mark` bytes, 0: off; at
+/// least 4096, see `Config::from`): sets `c`'s `SO_RCVLOWAT` to `mark`
+/// while more than `mark` bytes (`room`, the decoder's
+/// `direct_payload_room`) of the payload being read straight into place
+/// are still to come, and back to 1 otherwise. Returns whether the
+/// connection is to be read only when `poll` says `mark` bytes wait
+/// ([`readable`]; epoll waits for them too).
 ///
 /// Why: on loopback the sending core limits a stream, and it also
 /// handles the acknowledgements that the receiver's reads send. Read as
@@ -1367,21 +1374,20 @@ impl Tcp {
 /// below the mark when its receive window is closing, and caps the mark at
 /// half a fixed `rcvbuf`. `read_conn_spin` calls this before every read
 /// and before it returns, so the mark is never left above what is to come.
-fn sync_lowat(c: &mut Conn, mark: u32) -> io::Result<bool> {
-    let mark = if mark == 0 { 0 } else { mark.max(4096) };
-    let want = if mark > 0 && c.cur.is_some() && c.dec.direct_payload_room() > mark {
-        let last = c.big_read_end;
-        let len = c.cur.as_ref().map_or(0, |f| f.len as usize);
-        let on = *c.lowat_on.get_or_insert_with(|| {
-            len >= PIECE_FRAME_MIN || last.is_some_and(|t| t.elapsed() < STREAM_GAP)
-        });
-        if on {
-            mark
-        } else {
-            1
+fn sync_lowat(c: &mut Conn, room: u32, mark: u32) -> io::Result<bool> {
+    let want = match &c.cur {
+        Some(f) if mark > 0 && room > mark => {
+            let (len, last) = (f.len as usize, c.big_read_end);
+            let on = *c.lowat_on.get_or_insert_with(|| {
+                len >= PIECE_FRAME_MIN || last.is_some_and(|t| t.elapsed() < STREAM_GAP)
+            });
+            if on {
+                mark
+            } else {
+                1
+            }
         }
-    } else {
-        1
+        _ => 1,
     };
     if want != c.lowat {
         set_recv_lowat(&c.sock, want)?;
