@@ -25,9 +25,10 @@
 # The smallest size's latency bar is decided by paired runs, not by the
 # medians of REPS rounds: after the rounds, LAT_RUNS (default 30) more
 # alternations of vader-cma, vader-none and rsm run the ping-pong at that
-# size alone (about 0.3 s each). Each alternation gives one ratio, rsm
-# over the better vader of the same alternation; the bar uses their median,
-# printed with a 95 % bootstrap interval and how often rsm was the faster.
+# size alone (about 0.3 s each). Per vader configuration, each
+# alternation gives one ratio, rsm over that configuration's run; the bar
+# uses the larger of the two medians (vader's best configuration), printed
+# with a 95 % bootstrap interval and how often rsm was the faster.
 # One ping-pong run lasts ~10 ms at 8 B, and the host's scheduling moves
 # single runs by 10-50 %, in either direction and either configuration:
 # three rounds put the ratio anywhere in 0.97-1.06 (README, Performance).
@@ -173,23 +174,33 @@ if sizes:
     runs = {}
     for run, name, v in prows:
         runs.setdefault(run, {})[name] = float(v)
-    # One ratio per alternation that has rsm and at least one vader.
-    pr = [
-        d["rsm"] / min(d[v] for v in ("vader-cma", "vader-none") if v in d)
-        for d in runs.values()
-        if "rsm" in d and ("vader-cma" in d or "vader-none" in d)
-    ]
-    if pr:
+    # Alternations with all three: per vader configuration, the ratios
+    # rsm / that configuration. The bar takes the configuration rsm does
+    # worst against (vader's best configuration), not each alternation's
+    # faster vader run: the faster of two runs of one code path (at 8 B
+    # single copy plays no part) is a lucky draw, ~2 % below a typical
+    # one at this noise.
+    full = [d for d in runs.values() if {"rsm", "vader-cma", "vader-none"} <= d.keys()]
+    vcfg = ("vader-cma", "vader-none")
+    if full:
+        pr = {v: [d["rsm"] / d[v] for d in full] for v in vcfg}
+        pm = max(statistics.median(pr[v]) for v in vcfg)
         rnd = random.Random(0)
-        boot = sorted(
-            statistics.median(rnd.choice(pr) for _ in pr) for _ in range(2000)
-        )
-        pm = statistics.median(pr)
-        faster = sum(1 for x in pr if x < 1.0)
+        boot = []
+        for _ in range(2000):
+            pick = [rnd.randrange(len(full)) for _ in full]
+            boot.append(max(statistics.median(pr[v][i] for i in pick) for v in vcfg))
+        boot.sort()
         print(f"  rsm {lo} B latency / vader's best, medians of the rounds: {fmt(r)}")
+        for v in vcfg:
+            won = sum(1 for x in pr[v] if x < 1.0)
+            print(
+                f"  rsm {lo} B latency / {v}, median of {len(full)} paired runs: "
+                f"{fmt(statistics.median(pr[v]), 3)} (rsm faster in {won})"
+            )
         print(
-            f"  rsm {lo} B latency / vader's best, median of {len(pr)} paired runs: {fmt(pm, 3)} "
-            f"(95 % interval {fmt(boot[50], 3)}-{fmt(boot[1949], 3)}; rsm faster in {faster}) "
+            f"  rsm {lo} B latency / vader's best configuration, paired: {fmt(pm, 3)} "
+            f"(95 % interval {fmt(boot[50], 3)}-{fmt(boot[1949], 3)}) "
             f"(bar <= 1.0: {'met' if pm <= 1.0 else 'NOT met'})"
         )
     else:
