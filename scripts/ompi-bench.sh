@@ -31,7 +31,7 @@
 # with a 95 % bootstrap interval and how often rsm was the faster.
 # One ping-pong run lasts ~10 ms at 8 B, and the host's scheduling moves
 # single runs by 10-50 %, in either direction and either configuration:
-# three rounds put the ratio anywhere in 0.97-1.06 (README, Performance).
+# three rounds put the ratio anywhere in 0.97-1.12 (README, Performance).
 # LAT_RUNS=0 skips them (the bar then uses the medians).
 #
 # MIN=1 also runs, per round and configuration, two measures that a loaded
@@ -178,8 +178,8 @@ if sizes:
     # rsm / that configuration. The bar takes the configuration rsm does
     # worst against (vader's best configuration), not each alternation's
     # faster vader run: the faster of two runs of one code path (at 8 B
-    # single copy plays no part) is a lucky draw, ~2 % below a typical
-    # one at this noise.
+    # single copy plays no part) is a lucky draw, ~1 % below a typical
+    # one at this noise (0.988 against 0.977 on one set of 30).
     full = [d for d in runs.values() if {"rsm", "vader-cma", "vader-none"} <= d.keys()]
     vcfg = ("vader-cma", "vader-none")
     if full:
