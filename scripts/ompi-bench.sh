@@ -135,7 +135,7 @@ if [ "$lat_runs" -gt 0 ]; then
       case $name in vader-cma | vader-none | rsm) ;; *) continue ;; esac
       # shellcheck disable=SC2086
       v=$(launch 120 "$out/mpi_pingpong" "$lo" |
-        sed -n 's/^size=[0-9]* latency_us=\([0-9.]*\).*/\1/p' | head -1)
+        sed -n 's/^size=[0-9]* latency_us=\([0-9.]*\).*/\1/p' | head -1 || true)
       [ -n "$v" ] || { echo "paired run $run $name: no output (failed)"; continue; }
       printf '%s\t%s\t%s\n' "$run" "$name" "$v" >>"$lat"
     done
