@@ -28,12 +28,10 @@ pub const NAP: Duration = Duration::from_micros(50);
 /// What to do after an empty poll.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Idle {
-    /// Busy-poll again at once. No `spin_loop` hint: the PAUSE it emits
-    /// cost 5 % of `btl bench --transport sm --sizes 8` (6 alternations on
-    /// 2026-12-04: 0.096–0.115 µs without, 0.099–0.119 with), as a message
-    /// that arrives during it waits for it to end; Open MPI's and UCX's
-    /// progress loops spin without one, and the spin is bounded (then the
-    /// loop yields).
+    /// Busy-poll again at once. The waiter adds no `spin_loop` hint of
+    /// its own: a pass that found nothing already ends with the `sm`
+    /// component's `poll_pause` hints (`World::pass`; none without shared
+    /// memory), and the spin is bounded (then the loop yields).
     Spin,
     /// Give the core away once.
     Yield,

@@ -52,6 +52,45 @@ fn stress_2_4_8_and_16_ranks_through_fast_boxes() {
     }
 }
 
+/// `poll_pause` (spin-wait hints after a pass that found nothing) at both
+/// ends of its range: none, and the longest (1024 hints, microseconds per
+/// empty pass), every message intact; one beyond it refused, naming the
+/// variable.
+#[test]
+fn stress_with_poll_pause_at_both_ends_and_beyond() {
+    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+        return;
+    }
+    for pause in ["0", "1024"] {
+        let o = Command::new(BTL)
+            .args(["run", "--timeout", "240", "-n", "4", "--", BTL])
+            .args(["stress", "--messages", "150", "--max-size", "65536"])
+            .env_remove("BTL_RANK")
+            .env_remove("BTL_SM_FBOX_SIZE")
+            .env("BTL_SM_POLL_PAUSE", pause)
+            .output()
+            .expect("run btl");
+        let (out, err) = text(&o);
+        assert!(
+            o.status.success(),
+            "pause={pause}: {:?}\n{out}\n{err}",
+            o.status
+        );
+        let intact = out.lines().filter(|l| l.ends_with("all intact")).count();
+        assert_eq!(intact, 4, "pause={pause}:\n{out}\n{err}");
+    }
+    let o = Command::new(BTL)
+        .args(["run", "--timeout", "60", "-n", "2", "--", BTL])
+        .args(["stress", "--messages", "10"])
+        .env_remove("BTL_RANK")
+        .env("BTL_SM_POLL_PAUSE", "1025")
+        .output()
+        .expect("run btl");
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}\n{err}");
+    assert!(err.contains("BTL_SM_POLL_PAUSE"), "{out}\n{err}");
+}
+
 /// The number before `what` in a stress summary line.
 fn count_before(line: &str, what: &str) -> Option<u64> {
     let end = line.find(what)?;

@@ -4,8 +4,8 @@ use std::process::{Command, Output};
 
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
-/// The 27 parameters of the `sm` component, in table order.
-const SM_PARAMS: [&str; 27] = [
+/// The 28 parameters of the `sm` component, in table order.
+const SM_PARAMS: [&str; 28] = [
     "use_knem",
     "knem_dma_min",
     "knem_max_simultaneous",
@@ -23,6 +23,7 @@ const SM_PARAMS: [&str; 27] = [
     "fbox_size",
     "fbox_threshold",
     "fbox_max",
+    "poll_pause",
     "exclusivity",
     "flags",
     "rndv_eager_limit",

@@ -465,7 +465,7 @@ mod tests {
     #[test]
     fn human_listing() {
         let out = run(false, &[("OMPI_MCA_btl_sm_fifo_size", "100")]).unwrap();
-        assert!(out.starts_with("btl sm: 27 parameters"));
+        assert!(out.starts_with("btl sm: 28 parameters"));
         assert!(out.contains(
             "  btl_sm_fifo_size = 128 (default: 4096, source: environment, env: \
              BTL_SM_FIFO_SIZE) (adjusted by verify from 100)\n"

@@ -515,6 +515,7 @@ fn finish<'m>(
     } else {
         None
     };
+    let poll_pause = sm.as_ref().map_or(0, |sm| sm.params().poll_pause);
     let oversubscribed = crate::progress::oversubscribed(plan.local.len() as u32);
     if oversubscribed {
         log::info!(
@@ -559,6 +560,7 @@ fn finish<'m>(
         idle_passes: 0,
         passes: 0,
         lane_streak: 0,
+        poll_pause,
         barrier_epoch: 0,
         _mem: PhantomData,
     })
