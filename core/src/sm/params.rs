@@ -43,8 +43,9 @@ pub const MIN_EAGER_LIMIT: u32 = 64;
 /// rank of the largest node the engine addresses.
 pub const MAX_FBOX_MAX: u32 = 1024;
 
-/// Largest accepted `poll_pause` (spin-wait hints after an empty pass): a
-/// few microseconds at most, so an idle pass never becomes a wait.
+/// Largest accepted `poll_pause` (spin-wait hints after an empty pass):
+/// tens of microseconds at most (10 µs here), so an idle pass never
+/// becomes a wait.
 pub const MAX_POLL_PAUSE: u32 = 1024;
 
 /// Largest accepted `fifo_size` (slots per ring), as the seed's

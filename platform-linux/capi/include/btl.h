@@ -474,9 +474,9 @@ int btl_isend(struct btl_t *h,
 // when they return. With `cb` NULL, events are kept for a later call
 // with a callback. Returns the number of events and operations handled
 // (>= 0), or an error. A pass that found nothing on a handle with
-// shared-memory peers ends with the sm parameter poll_pause's spin-wait
-// hints (2 by default, ~20 ns here), which make the next poll's arrival
-// cheaper; BTL_SM_POLL_PAUSE=0 returns at once.
+// shared-memory peers ends with spin-wait hints (the sm parameter
+// poll_pause, 2 by default, ~20 ns here: the spin-wait idiom, which made
+// small messages faster); BTL_SM_POLL_PAUSE=0 returns at once.
 //
 // # Safety
 //
