@@ -14,6 +14,7 @@ pub mod regions;
 pub mod segment;
 pub mod sm;
 pub mod tcp;
+pub mod wait;
 pub mod wireup;
 pub mod world;
 

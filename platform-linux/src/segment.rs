@@ -881,9 +881,10 @@ impl Offer {
 pub fn fetch(name: &str, creator: Option<u32>, timeout: Duration) -> Result<OwnedFd, SegmentError> {
     let addr = rendezvous_addr(name)?;
     let uid = rustix::process::geteuid().as_raw();
+    let mut deadline = crate::wait::Deadline::new(timeout)
+        .pauses(Duration::from_millis(1), Duration::from_millis(10));
     let start = Instant::now();
-    let mut pause = Duration::from_millis(1);
-    loop {
+    let got = deadline.poll(|| {
         let sock = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -892,31 +893,22 @@ pub fn fetch(name: &str, creator: Option<u32>, timeout: Duration) -> Result<Owne
         )
         .map_err(|e| SegmentError::io("socket", name, e))?;
         match rustix::net::connect(&sock, &addr) {
-            Ok(()) => {
-                if let Some(fd) = receive(&sock, name, uid, creator, start, timeout)? {
-                    return Ok(fd);
-                }
-            }
+            Ok(()) => receive(&sock, name, uid, creator, start, timeout),
             // Nobody listens yet (or the backlog is full): try again.
-            Err(Errno::CONNREFUSED) | Err(Errno::NOENT) | Err(Errno::AGAIN) | Err(Errno::INTR) => {}
-            Err(e) => {
-                return Err(SegmentError::io(
-                    "connect to the rendezvous socket",
-                    name,
-                    e,
-                ))
+            Err(Errno::CONNREFUSED) | Err(Errno::NOENT) | Err(Errno::AGAIN) | Err(Errno::INTR) => {
+                Ok(None)
             }
+            Err(e) => Err(SegmentError::io(
+                "connect to the rendezvous socket",
+                name,
+                e,
+            )),
         }
-        let waited = start.elapsed();
-        if waited >= timeout {
-            return Err(SegmentError::Timeout {
-                name: name.to_owned(),
-                waited,
-            });
-        }
-        std::thread::sleep(pause.min(timeout - waited));
-        pause = (pause * 2).min(Duration::from_millis(10));
-    }
+    })?;
+    got.ok_or_else(|| SegmentError::Timeout {
+        name: name.to_owned(),
+        waited: deadline.elapsed(),
+    })
 }
 
 /// The offer on a connected rendezvous socket; `None` when the connection

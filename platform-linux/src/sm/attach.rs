@@ -19,6 +19,7 @@ use super::*;
 use crate::cma;
 use crate::job::JobEnv;
 use crate::segment::{self, Attached, Offer, Segment};
+use crate::wait::Deadline;
 
 /// What start-up produces besides the views of the segment.
 struct Rest {
@@ -99,17 +100,16 @@ impl Sm {
             let creator = pids.map(|p| p[0]);
             let fd = segment::fetch(&name, creator, attach_timeout)?;
             let seg = Segment::from_fd(fd, &name, PART_ALIGN)?;
-            let deadline = Instant::now() + attach_timeout;
             let (p, n, max_procs) = {
                 let control = Control::new(seg.region())?;
-                while !control.is_ready() {
-                    if Instant::now() > deadline {
-                        return Err(SmError::AttachTimeout {
-                            waited: attach_timeout,
-                            missing: vec![0],
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
+                let ready = Deadline::new(attach_timeout)
+                    .pauses(Duration::from_millis(1), Duration::from_millis(1))
+                    .poll(|| Ok::<_, SmError>(control.is_ready().then_some(())))?;
+                if ready.is_none() {
+                    return Err(SmError::AttachTimeout {
+                        waited: attach_timeout,
+                        missing: vec![0],
+                    });
                 }
                 control.read_params(&params)?
             };
@@ -286,36 +286,35 @@ fn attach<'r>(
     });
 
     // Wait for everyone (handing out the segment meanwhile, if we made it).
-    let deadline = Instant::now() + attach_timeout;
     let mut infos = vec![None; nprocs as usize];
-    loop {
-        if let Some(o) = offer {
-            o.serve(seg);
-        }
-        let mut missing = Vec::new();
-        for r in 0..nprocs {
-            match control.record(r)?.read() {
-                Some(info) => {
-                    // The wire-up's pid if there is one: a record can lie.
-                    let p = pids.map_or(info.pid, |p| u64::from(p[r as usize]));
-                    if r != me && !segment::process_alive(p as u32, info.start) {
-                        return Err(SmError::PeerDiedAtStart { rank: r, pid: p });
-                    }
-                    infos[r as usize] = Some(info);
-                }
-                None => missing.push(r),
+    let mut missing = Vec::new();
+    let all = Deadline::new(attach_timeout)
+        .pauses(Duration::from_micros(200), Duration::from_micros(200))
+        .poll(|| {
+            if let Some(o) = offer {
+                o.serve(seg);
             }
-        }
-        if missing.is_empty() {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(SmError::AttachTimeout {
-                waited: attach_timeout,
-                missing,
-            });
-        }
-        std::thread::sleep(Duration::from_micros(200));
+            missing.clear();
+            for r in 0..nprocs {
+                match control.record(r)?.read() {
+                    Some(info) => {
+                        // The wire-up's pid if there is one: a record can lie.
+                        let p = pids.map_or(info.pid, |p| u64::from(p[r as usize]));
+                        if r != me && !segment::process_alive(p as u32, info.start) {
+                            return Err(SmError::PeerDiedAtStart { rank: r, pid: p });
+                        }
+                        infos[r as usize] = Some(info);
+                    }
+                    None => missing.push(r),
+                }
+            }
+            Ok(missing.is_empty().then_some(()))
+        })?;
+    if all.is_none() {
+        return Err(SmError::AttachTimeout {
+            waited: attach_timeout,
+            missing,
+        });
     }
     let peers = identify(&infos, me, pid, start, pids)?;
 

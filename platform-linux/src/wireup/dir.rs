@@ -14,7 +14,7 @@
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{check_key, check_put, copy_value, Wireup, WireupError, DEFAULT_TIMEOUT, MAX_VALUE};
 
@@ -104,35 +104,31 @@ impl SessionWireup {
         key: &str,
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, WireupError> {
-        let start = Instant::now();
+        let mut deadline = crate::wait::Deadline::new(timeout);
         let mut got: Vec<Option<Vec<u8>>> = vec![None; ranks.len()];
-        let mut pause = Duration::from_millis(1);
-        loop {
+        let done = deadline.poll(|| {
             for (slot, &r) in got.iter_mut().zip(ranks) {
                 if slot.is_none() {
                     *slot = self.try_get(r, key)?;
                 }
             }
-            if got.iter().all(Option::is_some) {
-                return Ok(got.into_iter().flatten().collect());
-            }
-            if start.elapsed() > timeout {
-                let missing: Vec<u32> = ranks
-                    .iter()
-                    .zip(&got)
-                    .filter(|(_, g)| g.is_none())
-                    .map(|(&r, _)| r)
-                    .collect();
-                return Err(WireupError::Timeout {
-                    what: format!("the record {key:?}"),
-                    count: missing.len() as u32,
-                    missing,
-                    waited: start.elapsed(),
-                });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
+            Ok::<_, WireupError>(got.iter().all(Option::is_some).then_some(()))
+        })?;
+        if done.is_some() {
+            return Ok(got.into_iter().flatten().collect());
         }
+        let missing: Vec<u32> = ranks
+            .iter()
+            .zip(&got)
+            .filter(|(_, g)| g.is_none())
+            .map(|(&r, _)| r)
+            .collect();
+        Err(WireupError::Timeout {
+            what: format!("the record {key:?}"),
+            count: missing.len() as u32,
+            missing,
+            waited: deadline.elapsed(),
+        })
     }
 }
 

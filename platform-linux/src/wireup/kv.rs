@@ -443,23 +443,28 @@ impl KvWireup {
         id: &Identity,
         timeout: Duration,
     ) -> Result<KvWireup, WireupError> {
-        let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_millis(5);
-        let stream = loop {
+        let mut wait = crate::wait::Deadline::new(timeout)
+            .pauses(Duration::from_millis(5), Duration::from_millis(200));
+        let deadline = wait.at();
+        let mut last = None;
+        let stream = wait.poll(|| {
             let left = deadline.saturating_duration_since(Instant::now());
             match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10))) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() + pause >= deadline => {
-                    return Err(WireupError::Service {
-                        addr,
-                        what: "connect",
-                        source: e,
-                    })
+                Ok(s) => Ok::<_, WireupError>(Some(s)),
+                Err(e) => {
+                    last = Some(e);
+                    Ok(None)
                 }
-                Err(_) => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(200));
-                }
+            }
+        })?;
+        let stream = match (stream, last) {
+            (Some(s), _) => s,
+            (None, source) => {
+                return Err(WireupError::Service {
+                    addr,
+                    what: "connect",
+                    source: source.unwrap_or_else(|| io::ErrorKind::TimedOut.into()),
+                })
             }
         };
         let io = |what| move |source| WireupError::Service { addr, what, source };
