@@ -1,5 +1,5 @@
 # btl's rows for the anchor harness in ../shared/anchors (see its README):
-#   cargo build --release -p btl-linux
+#   cargo build --release -p btl-cli
 #   ANCHORS_EXTRA=$PWD/scripts/anchors-ours.sh ANCHOR_GROUPS="mpi ucx" \
 #     OUT_MD=/tmp/anchors_out/RESULTS.md OUT_TSV=/tmp/anchors_out/results_raw.tsv \
 #     bash ../shared/anchors/run_anchors.sh

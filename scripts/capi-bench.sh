@@ -36,7 +36,7 @@ rounds=${1:-$([ $mode = latency ] && echo 7 || echo 3)}
 iters=${ITERS:-200000}
 prefix=$PWD/target/capi
 bash scripts/capi.sh "$prefix" >/dev/null
-cargo build --release --locked -p btl-linux --bin btl
+cargo build --release --locked -p btl-cli --bin btl
 btl=$PWD/target/release/btl
 out=$prefix/bench
 mkdir -p "$out"

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=$PWD/target/capi
 bash scripts/capi.sh "$prefix" >/dev/null
-cargo build --release --locked -p btl-linux --bin btl
+cargo build --release --locked -p btl-cli --bin btl
 btl=$PWD/target/release/btl
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 src=platform-linux/capi/examples/c

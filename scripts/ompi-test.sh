@@ -52,7 +52,7 @@ sdist=${BTL_CACHE:-$HOME/.cache/btl}/mpi4py-$m4ver.tar.gz
 [ -f "$sdist" ] || skip_or_fail "$sdist missing (scripts/setup.sh downloads mpi4py's source release)"
 
 bash scripts/ompi-components.sh >/dev/null
-cargo build --release --locked -p btl-linux --bin btl 2>/dev/null
+cargo build --release --locked -p btl-cli --bin btl 2>/dev/null
 work=$root/target/ompi-test
 rm -rf "$work"
 mkdir -p "$work"

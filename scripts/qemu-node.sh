@@ -91,7 +91,7 @@ trap 'exit 130' INT TERM
 
 # ---- build ---------------------------------------------------------------
 log "building btl (host) and the node image (riscv64gc-unknown-none-elf)"
-cargo build --release --locked -q -p btl-linux
+cargo build --release --locked -q -p btl-cli
 if [ "$mode" = bench ]; then
   cargo build --release --locked -q -p btl-baremetal --example tap_node
 fi

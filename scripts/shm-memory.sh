@@ -2,7 +2,7 @@
 # Peak shared memory of a job: btl's shared-memory transport against Open
 # MPI's vader under the same workload.
 #
-#   cargo build --release -p btl-linux
+#   cargo build --release -p btl-cli
 #   bash scripts/shm-memory.sh
 #
 # For each N, runs the workload once per repetition and samples `Shmem` in
@@ -42,7 +42,7 @@ mkdir -p "$BUILD"
 log() { echo "[$(date +%T)] $*" >&2; }
 
 if [ ! -x "$BTL_BIN" ]; then
-    echo "shm-memory: no $BTL_BIN (cargo build --release -p btl-linux, or set BTL_BIN)" >&2
+    echo "shm-memory: no $BTL_BIN (cargo build --release -p btl-cli, or set BTL_BIN)" >&2
     exit 1
 fi
 

@@ -37,7 +37,6 @@ extern crate std;
 #[macro_use]
 mod fmt;
 
-pub mod check;
 pub mod params;
 pub mod rma;
 pub mod shm;
@@ -46,3 +45,4 @@ pub mod sync;
 pub mod tags;
 pub mod tcp;
 pub mod wireup;
+pub mod workload;

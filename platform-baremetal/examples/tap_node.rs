@@ -67,8 +67,8 @@ fn main() {
     };
     let mut out = std::io::stdout().lock();
     let ok = match cmd.as_str() {
-        "stress" => match btl_linux::cli::stress::parse_args(rest) {
-            Ok(opts) => match btl_linux::cli::stress::run_on(&mut node, &opts, started, &mut out) {
+        "stress" => match btl_cli::stress::parse_args(rest) {
+            Ok(opts) => match btl_cli::stress::run_on(&mut node, &opts, started, &mut out) {
                 Ok(r) => r.errors.is_empty(),
                 Err(e) => {
                     eprintln!("tap_node: stress: {e}");
@@ -80,10 +80,10 @@ fn main() {
                 std::process::exit(2)
             }
         },
-        "bench" => match btl_linux::cli::bench::parse_args(rest) {
+        "bench" => match btl_cli::bench::parse_args(rest) {
             Ok(mut opts) => {
                 opts.transports = vec!["smoltcp".into()];
-                match btl_linux::cli::bench::run_on(&mut node, &opts, &mut out) {
+                match btl_cli::bench::run_on(&mut node, &opts, &mut out) {
                     Ok(_) => true,
                     Err(e) => {
                         eprintln!("tap_node: bench: {e}");

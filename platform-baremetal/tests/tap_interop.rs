@@ -24,7 +24,7 @@ mod prereq;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use btl_linux::cli::transport::{BoxError, Transport};
+use btl_cli::transport::{BoxError, Transport};
 use btl_linux::job::JobEnv;
 use btl_linux::world::{Event, Flow};
 
@@ -366,7 +366,7 @@ fn run_child(role: &str) -> Result<(), BoxError> {
         "300"
     };
     if role == "linux" && (name == "stress" || name == "partition") {
-        let code = btl_linux::cli::stress::cmd(&os(&[
+        let code = btl_cli::stress::cmd(&os(&[
             "--transport",
             "tcp",
             "--messages",
@@ -382,7 +382,7 @@ fn run_child(role: &str) -> Result<(), BoxError> {
     }
     let sizes = var("BTL_BM_SIZES");
     if role == "linux" && name == "bench" {
-        let code = btl_linux::cli::bench::cmd(&os(&["--transport", "tcp", "--sizes", &sizes]));
+        let code = btl_cli::bench::cmd(&os(&["--transport", "tcp", "--sizes", &sizes]));
         return if code == 0 {
             Ok(())
         } else {
@@ -401,21 +401,21 @@ fn run_child(role: &str) -> Result<(), BoxError> {
     let mut out = std::io::stdout().lock();
     match name.as_str() {
         "stress" | "partition" => {
-            let opts = btl_linux::cli::stress::parse_args(&os(&[
+            let opts = btl_cli::stress::parse_args(&os(&[
                 "--messages",
                 messages,
                 "--max-size",
                 "200000",
             ]))?;
-            let r = btl_linux::cli::stress::run_on(t.as_mut(), &opts, started, &mut out)?;
+            let r = btl_cli::stress::run_on(t.as_mut(), &opts, started, &mut out)?;
             if !r.errors.is_empty() {
                 return Err(format!("{} errors", r.errors.len()).into());
             }
         }
         "bench" => {
-            let mut opts = btl_linux::cli::bench::parse_args(&os(&["--sizes", &sizes]))?;
+            let mut opts = btl_cli::bench::parse_args(&os(&["--sizes", &sizes]))?;
             opts.transports = vec!["smoltcp".into()];
-            btl_linux::cli::bench::run_on(t.as_mut(), &opts, &mut out)?;
+            btl_cli::bench::run_on(t.as_mut(), &opts, &mut out)?;
         }
         _ => exchange(t.as_mut(), role, &name, &mut out)?,
     }

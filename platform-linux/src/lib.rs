@@ -3,7 +3,6 @@
 
 pub use btl_core as core;
 
-pub mod cli;
 pub mod cma;
 mod idmap;
 pub mod ifaddrs;

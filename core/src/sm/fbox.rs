@@ -1506,10 +1506,10 @@ mod tests {
     }
 
     /// Deterministic pseudo-random choices.
-    struct Rng(crate::check::Rng);
+    struct Rng(crate::workload::check::Rng);
     impl Rng {
         fn new(seed: u64) -> Self {
-            Self(crate::check::Rng::new(seed))
+            Self(crate::workload::check::Rng::new(seed))
         }
         fn next(&mut self) -> u64 {
             self.0.next()

@@ -4,7 +4,7 @@
 //! launcher's service, a rendezvous, the session directory), driven as
 //! btl-linux's job API drives it: publish the node name, fence, publish
 //! `tcp-addr`, fence, read the others',
-//! wrapped as a `btl_linux::cli::transport::Transport` so that `btl stress` and
+//! wrapped as a `btl_cli::transport::Transport` so that `btl stress` and
 //! `btl bench` run unchanged on it. Shared by the `tap_node` example and
 //! the interop test (`#[path]`).
 #![allow(dead_code)]
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use btl_baremetal::smoltcp;
 use btl_baremetal::{Config, Event, Node, RmaError, SendError, Sizes};
-use btl_linux::cli::transport::{BoxError, Consumer, Transport};
+use btl_cli::transport::{BoxError, Consumer, Transport};
 use btl_linux::sm::{RegionKey, RmaStatus};
 use btl_linux::wireup::get_vec;
 use btl_linux::world::{Flow, Outbox};

@@ -22,15 +22,9 @@ use crate::{clock_ms, PEERS, SOCKETS};
 /// The node type of this image.
 pub type BtlNode = Node<'static, SOCKETS, PEERS>;
 
-/// Tags of `btl stress` and `btl bench` (btl-linux's `stress.rs` and
-/// `bench.rs`).
-pub const TAG_DATA: u8 = 1;
-/// `btl bench`'s acknowledgement of a window.
-pub const TAG_ACK: u8 = 2;
-/// `btl stress`'s messages.
-pub const TAG_STRESS: u8 = 7;
-/// `btl stress`'s region keys.
-pub const TAG_KEY: u8 = 8;
+/// Tags of `btl stress` and `btl bench`: the workload's own, shared with
+/// the Linux command.
+pub use btl_baremetal::core::workload::{TAG_ACK, TAG_DATA, TAG_KEY, TAG_STRESS};
 /// Empty polls before an idle wait sleeps.
 const SPIN: u32 = 200;
 

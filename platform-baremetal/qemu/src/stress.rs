@@ -23,7 +23,7 @@
 //! peer that closes its connections before the end has left the job: the
 //! run stops there.
 
-use btl_baremetal::core::check::{build, check, fill, is_filled};
+use btl_baremetal::core::workload::check::{build, check, fill, is_filled};
 
 use crate::job::{key_bytes, Job, JobError, TAG_KEY, TAG_STRESS};
 use crate::{clock_ms, println, PEERS};

@@ -6,7 +6,7 @@ use std::io;
 
 use rustix::thread::CpuSet;
 
-use crate::job::ENV_BIND_CPU;
+use btl_linux::job::ENV_BIND_CPU;
 
 /// Why [`apply_binding_from_env`] could not bind the process.
 #[derive(Debug)]

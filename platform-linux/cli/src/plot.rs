@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use crate::cli::bench::Row;
+use crate::bench::Row;
 
 /// One curve pair: latency and bandwidth of one transport (or one peer of
 /// the comparison file) against message size.

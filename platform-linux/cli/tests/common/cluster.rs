@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 pub fn agent() -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns-agent.sh");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netns-agent.sh");
     p.canonicalize().unwrap().to_string_lossy().into_owned()
 }
 

@@ -11,11 +11,11 @@
 //!   the kernel's socket buffers have grown before the clock starts).
 //!
 //! Outside a job, `btl bench` launches itself as 2 ranks pinned to
-//! different cores (through [`crate::cli::launcher`]) and prints rank 0's
+//! different cores (through [`crate::launcher`]) and prints rank 0's
 //! results unprefixed; with several transports (`--transport sm,tcp`) it
 //! launches one such job per transport, one after the other. Rank 0 also
 //! writes its rows to the file named by [`ENV_ROWS`], which is how the
-//! launching process collects them for `--plot` ([`crate::cli::plot`]).
+//! launching process collects them for `--plot` ([`crate::plot`]).
 //! Inside a job (another launcher started the ranks) one transport is
 //! measured per run, and rank 0 draws the plot.
 
@@ -24,10 +24,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::cli::launcher::{launch, LaunchSpec};
-use crate::cli::plot::{self, Series};
-use crate::cli::transport::{BoxError, Transport};
-use crate::world::{Choice, Event, Flow, Outbox, World};
+use crate::launcher::{launch, LaunchSpec};
+use crate::plot::{self, Series};
+use crate::transport::{BoxError, Transport};
+use btl_core::workload::{TAG_ACK, TAG_DATA};
+use btl_linux::world::{Choice, Event, Flow, Outbox, World};
 
 /// Sizes measured by default (bytes).
 pub const DEFAULT_SIZES: [usize; 7] = [8, 64, 1024, 4096, 65536, 1_048_576, 4_194_304];
@@ -42,9 +43,6 @@ pub const MAX_ITERATIONS: u64 = 100_000_000;
 /// bandwidth_MBps` line each, tab-separated, full precision) besides
 /// printing them: set by `btl bench` for the ranks it launches.
 pub const ENV_ROWS: &str = "BTL_BENCH_ROWS";
-
-const TAG_DATA: u8 = 1;
-const TAG_ACK: u8 = 2;
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -532,7 +530,7 @@ pub fn cmd(args: &[OsString]) -> i32 {
             return 2;
         }
     };
-    match crate::world::in_job() {
+    match btl_linux::world::in_job() {
         Err(e) => {
             eprintln!("btl bench: {e}");
             1
@@ -549,7 +547,7 @@ pub fn cmd(args: &[OsString]) -> i32 {
             match run(&opts, &mut out) {
                 Ok(_) => 0,
                 Err(e) => {
-                    let rank = crate::world::rank_hint();
+                    let rank = btl_linux::world::rank_hint();
                     eprintln!("btl bench: rank {rank}: {e}");
                     1
                 }

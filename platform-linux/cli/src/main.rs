@@ -11,8 +11,8 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use btl_linux::cli::info::{self, InfoError};
-use btl_linux::cli::launcher::{self, LaunchError, LaunchSpec, MAX_NPROCS};
+use btl_cli::info::{self, InfoError};
+use btl_cli::launcher::{self, LaunchError, LaunchSpec, MAX_NPROCS};
 use btl_linux::job;
 
 use args::{Args, UsageError};
@@ -100,11 +100,11 @@ fn main() -> ExitCode {
         }
         "bench" => {
             rank_setup();
-            btl_linux::cli::bench::cmd(rest)
+            btl_cli::bench::cmd(rest)
         }
         "stress" => {
             rank_setup();
-            btl_linux::cli::stress::cmd(rest)
+            btl_cli::stress::cmd(rest)
         }
         "help" | "--help" | "-h" => cmd_help(rest),
         "--version" | "-V" | "version" => cmd_version(rest),
@@ -157,7 +157,7 @@ fn cmd_help(args: &[OsString]) -> i32 {
         None => print(USAGE),
         Some("run") => print(RUN_USAGE),
         Some("info") => print(INFO_USAGE),
-        Some("bench") => print(&format!("{}\n", btl_linux::cli::bench::USAGE)),
+        Some("bench") => print(&format!("{}\n", btl_cli::bench::USAGE)),
         Some(other) => usage_error(
             "btl help",
             &UsageError::new(format!("unknown subcommand `{other}`")),

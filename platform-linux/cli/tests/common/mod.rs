@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+/// Shared with the library's own tests and the bare-metal ones.
+#[path = "../../../tests/common/prereq.rs"]
 pub mod prereq;
 
 use std::fs;

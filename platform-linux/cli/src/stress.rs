@@ -22,15 +22,12 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::time::Instant;
 
-use crate::cli::launcher::{launch, LaunchSpec};
-use crate::cli::transport::{BoxError, Transport};
-use crate::cma;
-use crate::sm::{RegionKey, SmError};
-use crate::world::{Choice, Event, Flow, World, WorldError};
-use btl_core::check;
-
-const TAG_STRESS: u8 = 7;
-const TAG_KEY: u8 = 8;
+use crate::launcher::{launch, LaunchSpec};
+use crate::transport::{BoxError, Transport};
+use btl_core::workload::{check, TAG_KEY, TAG_STRESS};
+use btl_linux::cma;
+use btl_linux::sm::{RegionKey, SmError};
+use btl_linux::world::{Choice, Event, Flow, World, WorldError};
 
 /// Options of `btl stress`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,7 +106,7 @@ pub fn parse_args(args: &[OsString]) -> Result<StressOpts, String> {
     Ok(o)
 }
 
-/// Message `seq` from `src` to `dst` (its content: [`btl_core::check`]).
+/// Message `seq` from `src` to `dst` (its content: [`btl_core::workload::check`]).
 fn build(seed: u64, src: u32, dst: u32, seq: u64, max: usize) -> Vec<u8> {
     let mut m = vec![0u8; check::message_len(seed, src, dst, seq, max)];
     check::build(&mut m, seed, src, dst, seq, max);
@@ -453,7 +450,7 @@ pub fn cmd(args: &[OsString]) -> i32 {
             return 2;
         }
     };
-    match crate::world::in_job() {
+    match btl_linux::world::in_job() {
         Err(e) => {
             eprintln!("btl stress: {e}");
             1
@@ -485,7 +482,7 @@ pub fn cmd(args: &[OsString]) -> i32 {
             match run(&opts, &mut out) {
                 Ok(r) => i32::from(!r.errors.is_empty()),
                 Err(e) => {
-                    let rank = crate::world::rank_hint();
+                    let rank = btl_linux::world::rank_hint();
                     eprintln!("btl stress: rank {rank}: {e}");
                     1
                 }
@@ -497,7 +494,7 @@ pub fn cmd(args: &[OsString]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use btl_core::check::{message_len, HEADER};
+    use btl_core::workload::check::{message_len, HEADER};
 
     #[test]
     fn messages_check_against_themselves() {

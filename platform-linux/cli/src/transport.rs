@@ -1,12 +1,12 @@
 //! What `btl bench` and `btl stress` need from a transport: the shape of
-//! the job API ([`crate::world::World`] — shared memory inside a node, TCP
+//! the job API ([`btl_linux::world::World`] — shared memory inside a node, TCP
 //! between nodes — implements it), so the tools run unchanged on one node
 //! or many, and on btl-baremetal's hosted smoltcp node.
 
 use std::error::Error;
 
-use crate::world::{Event, Flow, Outbox, World};
 use btl_core::rma::{RegionKey, RmaStatus};
+use btl_linux::world::{Event, Flow, Outbox, World};
 
 /// Errors of either transport.
 pub type BoxError = Box<dyn Error + Send + Sync>;

@@ -10,7 +10,7 @@
 //!   memfd with no name in any file system: there is nothing else to
 //!   remove, whatever happened to the ranks.)
 //! - **Environment.** Each rank gets the launcher's environment, then
-//!   [`LaunchSpec::extra_env`], then the job variables of [`crate::job`]
+//!   [`LaunchSpec::extra_env`], then the job variables of [`btl_linux::job`]
 //!   (`BTL_JOB`, `BTL_RANK`, `BTL_SIZE`, `BTL_LOCAL_RANK` = rank,
 //!   `BTL_LOCAL_SIZE` = size, `BTL_SESSION_DIR`, `BTL_NODE`), which
 //!   `extra_env` cannot override.
@@ -74,9 +74,9 @@ use std::sync::{mpsc, Mutex, TryLockError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::wireup::kv::KvServer;
+use btl_linux::wireup::kv::KvServer;
 
-use crate::job::{
+use btl_linux::job::{
     self, ENV_BIND_CPU, ENV_JOB, ENV_LOCAL_RANK, ENV_LOCAL_SIZE, ENV_NODE, ENV_RANK,
     ENV_SESSION_DIR, ENV_SIZE,
 };
@@ -442,7 +442,7 @@ fn run_job(
     );
     // `BTL_WIREUP=dir` in the launcher's environment: records in the
     // session directory instead (no service).
-    let use_dir = std::env::var(crate::wireup::ENV_WIREUP).is_ok_and(|v| v == "dir");
+    let use_dir = std::env::var(btl_linux::wireup::ENV_WIREUP).is_ok_and(|v| v == "dir");
     let service = if use_dir {
         None
     } else {
@@ -495,7 +495,7 @@ fn run_job(
                     .env(ENV_LOCAL_SIZE, local_size.to_string())
                     .env(ENV_SESSION_DIR, session)
                     .env(ENV_NODE, node)
-                    .env(crate::wireup::ENV_WIREUP, &wireup);
+                    .env(btl_linux::wireup::ENV_WIREUP, &wireup);
                 cmd
             }
             Some(host) => {
@@ -510,7 +510,7 @@ fn run_job(
                         (ENV_LOCAL_RANK, local_rank.to_string()),
                         (ENV_LOCAL_SIZE, local_size.to_string()),
                         (ENV_NODE, job::sanitize_name(host)),
-                        (crate::wireup::ENV_WIREUP, wireup.clone()),
+                        (btl_linux::wireup::ENV_WIREUP, wireup.clone()),
                     ],
                 ));
                 cmd
