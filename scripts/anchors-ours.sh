@@ -7,8 +7,11 @@
 # cores 0 and 1. Plot the result beside btl's own curves:
 #   target/release/btl bench --transport sm,tcp --plot bench.svg \
 #     --compare /tmp/anchors_out/results_raw.tsv --compare-ids ompi_tcp,ucp_tcp,btl_tcp
-# The shared-memory footprint series (btl against vader, same workload) is
-# the sibling script scripts/shm-memory.sh.
+# The rows beside the peers' make the comparison one interleaved run on one
+# machine; the current figures are in BENCHMARKS.md
+# (bench/results/10-btl-against-peers.tsv). The shared-memory footprint
+# series (btl against vader, same workload) is the sibling script
+# scripts/shm-memory.sh.
 BTL_BIN=${BTL_BIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/release/btl}
 extra_all() {
     row btl_sm "btl sm (default)" "btl bench --transport sm with default parameters: single copy (process_vm_readv) or the pipelined copy, as measured, from min_rdma_pipeline_size (68 KiB) up, split with the sender (process_vm_writev into a landing buffer) from cma_split_min (128 KiB), fragments below"

@@ -10,8 +10,12 @@
 # 4 KiB, 64 KiB, 1 MiB and 4 MiB. Prints each run's lines, then a table of
 # medians and the bars (rsm 8 B latency <= 1.0x vader's best, rsm 4 MiB
 # bandwidth >= 1.0x vader's best; rtcp latency <= 1.0x tcp's, bandwidth
-# >= 1.0x tcp's at every size). The machine's load shows in the numbers:
-# run it on a quiet machine.
+# >= 1.0x tcp's at every size). Interleaved because the guest's placement
+# moves single runs by 10-50 %: configurations measured in the same minutes
+# compare, runs minutes apart do not. The machine's load shows in the
+# numbers: run it on a quiet machine. The current table is in BENCHMARKS.md
+# (bench/results/20-open-mpi.tsv); what the runs decided is in
+# docs/performance-decisions.md.
 #
 # BASELINE=DIR adds rsm and rtcp from another build's components
 # (mca_btl_rsm.so, mca_btl_rtcp.so in DIR, e.g. a copy of an earlier
@@ -29,9 +33,10 @@
 # alternation gives one ratio, rsm over that configuration's run; the bar
 # uses the larger of the two medians (vader's best configuration), printed
 # with a 95 % bootstrap interval and how often rsm was the faster.
-# One ping-pong run lasts ~10 ms at 8 B, and the host's scheduling moves
-# single runs by 10-50 %, in either direction and either configuration:
-# three rounds put the ratio anywhere in 0.97-1.12 (README, Performance).
+# Why: one ping-pong run lasts ~10 ms at 8 B, and the host's scheduling
+# moves single runs by 10-50 %, in either direction and either
+# configuration, so the medians of three rounds cannot settle a bar of a
+# few per cent (docs/performance-decisions.md, "How it is measured").
 # LAT_RUNS=0 skips them (the bar then uses the medians).
 #
 # MIN=1 also runs, per round and configuration, two measures that a loaded
@@ -178,8 +183,8 @@ if sizes:
     # rsm / that configuration. The bar takes the configuration rsm does
     # worst against (vader's best configuration), not each alternation's
     # faster vader run: the faster of two runs of one code path (at 8 B
-    # single copy plays no part) is a lucky draw, ~1 % below a typical
-    # one at this noise (0.988 against 0.977 on one set of 30).
+    # single copy plays no part) is the luckier of two draws, which
+    # would bias the ratio by about 1 % at this noise.
     full = [d for d in runs.values() if {"rsm", "vader-cma", "vader-none"} <= d.keys()]
     vcfg = ("vader-cma", "vader-none")
     if full:

@@ -15,6 +15,12 @@
 #
 #   REPS=5 BASELINE=/tmp/before bash scripts/ompi-mixbench.sh
 #
+# Why: a rank that progresses TCP beside shared memory pays for every idle
+# socket it polls, so shared-memory latency inside a job across hosts is
+# what the transports' polling costs each other (docs/tcp.md, "Quiet
+# backoff"; docs/open-mpi.md, "Wire-up"). The current table is in
+# BENCHMARKS.md (bench/results/25-open-mpi-across-hosts.tsv).
+#
 # Needs root (ip netns) and the components (scripts/ompi-components.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -8,8 +8,11 @@
 # round trip of the fastest of 300 batches of 200 ping-pongs) at 8 B over
 # self,vader, the unpadded rsm and every padded copy, interleaved, REPS
 # rounds. The slope says how many instructions a change must remove from
-# either path to move rsm's 8 B latency by a given amount (README, "What
-# rsm's 8 B gap is made of").
+# either path to move rsm's 8 B latency by a given amount, so that a
+# change is judged before it is made (docs/performance-decisions.md,
+# "What the 8 B gap was made of"). The pads are register-only work, the
+# lightest load a sibling hardware thread can carry: an upper bound on
+# what removing instructions gains, not an estimate of it.
 #
 #   bash scripts/ompi-sensitivity.sh                # PADS="40 80" REPS=5
 #   PADS="20 40 80" REPS=3 bash scripts/ompi-sensitivity.sh
