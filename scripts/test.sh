@@ -34,6 +34,8 @@ step() {
 
 step setup bash scripts/setup.sh
 step fmt cargo fmt --all -- --check
+# BENCHMARKS.md is generated from bench/results/*.tsv (scripts/benchmarks.py).
+step benchmarks-md python3 scripts/benchmarks.py --check
 step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 step test cargo test --workspace --locked
 
