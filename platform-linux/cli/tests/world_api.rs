@@ -993,6 +993,16 @@ fn run_job(n: u32, scenario: &str, transport: &str) -> Output {
     out
 }
 
+/// Runs each `(ranks, scenario, transport)` job in turn (from the test
+/// process only: a rank re-running the test binary in a role does nothing).
+fn run_jobs(jobs: &[(u32, &str, &str)]) {
+    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+        for &(n, scenario, transport) in jobs {
+            run_job(n, scenario, transport);
+        }
+    }
+}
+
 fn check(o: &Output, n: u32, scenario: &str) {
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
@@ -1004,90 +1014,28 @@ fn check(o: &Output, n: u32, scenario: &str) {
     );
 }
 
-#[test]
-fn request_reply_in_a_handler() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(4, "reqreply", "sm");
-        run_job(3, "reqreply", "tcp");
-    }
+/// One `#[test]` per entry: its `(ranks, scenario, transport)` jobs, run in
+/// turn by [`run_jobs`].
+macro_rules! job_tests {
+    ($($(#[$doc:meta])* $name:ident: [$($job:expr),+ $(,)?];)+) => {
+        $($(#[$doc])* #[test] fn $name() { run_jobs(&[$($job),+]); })+
+    };
 }
 
-#[test]
-fn posted_sends_overlap_with_computation() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(2, "overlap", "sm");
-        run_job(2, "overlap", "tcp");
-    }
-}
-
-#[test]
-fn vectored_sends_in_a_flood_arrive_in_order() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(2, "vecflood", "sm");
-        run_job(2, "vecflood", "tcp");
-    }
-}
-
-#[test]
-fn small_raw_sends_wait_in_order_as_the_callers_memory() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(2, "rawqueue", "sm");
-        run_job(2, "rawqueue", "tcp");
-    }
-}
-
-#[test]
-fn messages_are_handed_out_in_place() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(2, "inplace", "sm");
-        run_job(2, "inplace", "tcp");
-    }
-}
-
-#[test]
-fn registered_user_memory_and_keys() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(3, "regions", "sm");
-        run_job(3, "regions", "tcp");
-    }
-}
-
-#[test]
-fn a_region_is_free_once_its_get_is_answered() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(2, "findone", "sm");
-        run_job(2, "findone-frag", "sm");
-        run_job(2, "findone", "tcp");
-    }
-}
-
-#[test]
-fn large_gets_are_split_with_the_target() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(2, "split", "sm");
-        run_job(3, "split", "sm");
-        run_job(2, "nosplit", "sm");
-    }
-}
-
-#[test]
-fn large_messages_are_split_with_the_sender() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(2, "splitsend", "sm");
-        run_job(3, "splitsend", "sm");
-        run_job(2, "nosplitsend", "sm");
-    }
-}
-
-/// Large messages as measured: single copy (plain and split) and the
-/// pipelined copy mix, measurement bursts included, and every byte
-/// arrives in order.
-#[test]
-fn measured_large_messages_arrive_whole_and_in_order() {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
-        run_job(2, "measuredsend", "sm");
-        run_job(4, "measuredsend", "sm");
-    }
+job_tests! {
+    request_reply_in_a_handler: [(4, "reqreply", "sm"), (3, "reqreply", "tcp")];
+    posted_sends_overlap_with_computation: [(2, "overlap", "sm"), (2, "overlap", "tcp")];
+    vectored_sends_in_a_flood_arrive_in_order: [(2, "vecflood", "sm"), (2, "vecflood", "tcp")];
+    small_raw_sends_wait_in_order_as_the_callers_memory: [(2, "rawqueue", "sm"), (2, "rawqueue", "tcp")];
+    messages_are_handed_out_in_place: [(2, "inplace", "sm"), (2, "inplace", "tcp")];
+    registered_user_memory_and_keys: [(3, "regions", "sm"), (3, "regions", "tcp")];
+    a_region_is_free_once_its_get_is_answered: [(2, "findone", "sm"), (2, "findone-frag", "sm"), (2, "findone", "tcp")];
+    large_gets_are_split_with_the_target: [(2, "split", "sm"), (3, "split", "sm"), (2, "nosplit", "sm")];
+    large_messages_are_split_with_the_sender: [(2, "splitsend", "sm"), (3, "splitsend", "sm"), (2, "nosplitsend", "sm")];
+    /// Large messages as measured: single copy (plain and split) and the
+    /// pipelined copy mix, measurement bursts included, and every byte
+    /// arrives in order.
+    measured_large_messages_arrive_whole_and_in_order: [(2, "measuredsend", "sm"), (4, "measuredsend", "sm")];
 }
 
 /// The cycle of blocking gets across transports (the cross-host get/put
