@@ -31,6 +31,62 @@ fn e(x: impl std::fmt::Display) -> String {
 }
 
 /// Bytes of message `i` from `src`, `len` long.
+/// Posts with `post` until it is taken, progressing while the world says
+/// [`WorldError::WouldBlock`]; fails after 60 s.
+fn post_retrying<T>(
+    w: &mut World<'_>,
+    mut post: impl FnMut(&mut World<'_>) -> Result<T, WorldError>,
+) -> R<T> {
+    let t0 = Instant::now();
+    loop {
+        match post(w) {
+            Ok(r) => return Ok(r),
+            Err(WorldError::WouldBlock { .. }) => {
+                w.progress();
+            }
+            Err(err) => return Err(e(err)),
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("posting did not finish".into());
+        }
+    }
+}
+
+/// Receives `n` messages on `TAG_DATA` from rank 0, message `i` expected
+/// to be `expect(i)`, then joins the barrier.
+fn receive_in_order(
+    w: &mut World<'_>,
+    what: &'static str,
+    n: u64,
+    expect: impl Fn(u64) -> Vec<u8>,
+) -> R<String> {
+    let (mut got, mut bad) = (0u64, Vec::new());
+    w.drive(what, Some(0), |_, ev| {
+        if let Event::Message {
+            tag: TAG_DATA,
+            data,
+            ..
+        } = ev
+        {
+            if data != expect(got).as_slice() {
+                bad.push(got);
+            }
+            got += 1;
+        }
+        if got == n {
+            Flow::Done
+        } else {
+            Flow::Continue
+        }
+    })
+    .map_err(e)?;
+    if !bad.is_empty() {
+        return Err(format!("messages {bad:?} differ or are out of order"));
+    }
+    w.barrier().map_err(e)?;
+    Ok(format!("{n} messages intact, in order"))
+}
+
 fn pattern(src: u32, i: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|k| (k as u64 ^ i.wrapping_mul(0x9e37) ^ u64::from(src) << 5) as u8)
@@ -199,25 +255,12 @@ fn rawqueue(w: &mut World<'_>, tcp: bool) -> R<String> {
         0 => {
             let msgs: Vec<Vec<u8>> = (0..N).map(|i| pattern(0, i, size(i))).collect();
             let mut reqs = Vec::new();
-            let t0 = Instant::now();
             for m in &msgs {
-                loop {
-                    // SAFETY: `msgs` outlives every request and is not
-                    // written meanwhile (all complete before it drops).
-                    match unsafe { w.isend_raw(1, TAG_DATA, &[m]) } {
-                        Ok(r) => {
-                            reqs.push(r);
-                            break;
-                        }
-                        Err(WorldError::WouldBlock { .. }) => {
-                            w.progress();
-                        }
-                        Err(err) => return Err(e(err)),
-                    }
-                    if t0.elapsed() > Duration::from_secs(60) {
-                        return Err("posting did not finish".into());
-                    }
-                }
+                // SAFETY: `msgs` outlives every request and is not
+                // written meanwhile (all complete before it drops).
+                reqs.push(post_retrying(w, |w| unsafe {
+                    w.isend_raw(1, TAG_DATA, &[m])
+                })?);
             }
             let queued = reqs.iter().filter(|r| **r != Request::COMPLETE).count();
             if queued == 0 && !tcp {
@@ -231,31 +274,7 @@ fn rawqueue(w: &mut World<'_>, tcp: bool) -> R<String> {
         }
         1 => {
             std::thread::sleep(Duration::from_millis(500));
-            let (mut got, mut bad) = (0u64, Vec::new());
-            w.drive("the small raw sends", Some(0), |_, ev| {
-                if let Event::Message {
-                    tag: TAG_DATA,
-                    data,
-                    ..
-                } = ev
-                {
-                    if data != pattern(0, got, size(got)).as_slice() {
-                        bad.push(got);
-                    }
-                    got += 1;
-                }
-                if got == N {
-                    Flow::Done
-                } else {
-                    Flow::Continue
-                }
-            })
-            .map_err(e)?;
-            if !bad.is_empty() {
-                return Err(format!("messages {bad:?} differ or are out of order"));
-            }
-            w.barrier().map_err(e)?;
-            Ok(format!("{N} messages intact, in order"))
+            receive_in_order(w, "the small raw sends", N, |i| pattern(0, i, size(i)))
         }
         _ => {
             w.barrier().map_err(e)?;
@@ -282,21 +301,9 @@ fn vecflood(w: &mut World<'_>) -> R<String> {
     w.barrier().map_err(e)?;
     match w.rank() {
         0 => {
-            let t0 = Instant::now();
             for i in 0..N {
                 let (a, b) = (pattern(0, i, (i % 5) as usize), pattern(1, i, mid(i)));
-                loop {
-                    match w.isendv(1, TAG_DATA, &[&a, &b, b"end"]) {
-                        Ok(_) => break,
-                        Err(WorldError::WouldBlock { .. }) => {
-                            w.progress();
-                        }
-                        Err(err) => return Err(e(err)),
-                    }
-                    if t0.elapsed() > Duration::from_secs(60) {
-                        return Err("posting did not finish".into());
-                    }
-                }
+                post_retrying(w, |w| w.isendv(1, TAG_DATA, &[&a, &b, b"end"]))?;
             }
             w.flush().map_err(e)?;
             w.barrier().map_err(e)?;
@@ -304,31 +311,7 @@ fn vecflood(w: &mut World<'_>) -> R<String> {
         }
         1 => {
             std::thread::sleep(Duration::from_millis(300));
-            let (mut got, mut bad) = (0u64, Vec::new());
-            w.drive("the vectored sends", Some(0), |_, ev| {
-                if let Event::Message {
-                    tag: TAG_DATA,
-                    data,
-                    ..
-                } = ev
-                {
-                    if data != whole(got).as_slice() {
-                        bad.push(got);
-                    }
-                    got += 1;
-                }
-                if got == N {
-                    Flow::Done
-                } else {
-                    Flow::Continue
-                }
-            })
-            .map_err(e)?;
-            if !bad.is_empty() {
-                return Err(format!("messages {bad:?} differ or are out of order"));
-            }
-            w.barrier().map_err(e)?;
-            Ok(format!("{N} messages intact, in order"))
+            receive_in_order(w, "the vectored sends", N, whole)
         }
         _ => {
             w.barrier().map_err(e)?;
