@@ -22,6 +22,16 @@ fn btl(args: &[&str]) -> (Output, Duration) {
     (out, start.elapsed())
 }
 
+/// Runs `btl ARGS` expecting it to stop with exit status `code` before
+/// [`HANG`] (`what` says what a slower stop means); returns stderr.
+fn stops_with(args: &[&str], code: i32, what: &str) -> String {
+    let (out, elapsed) = btl(args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert!(elapsed < HANG, "{what} ({elapsed:?})");
+    stderr
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -160,20 +170,18 @@ fn a_failing_rank_stops_the_job_with_its_status() {
 
 #[test]
 fn a_failing_rank_of_sleepers() {
-    let (out, elapsed) = btl(&[
-        "run",
-        "-n",
-        "4",
-        "--",
-        "sh",
-        "-c",
-        &format!("if [ $BTL_RANK = 1 ]; then exit 3; fi; sleep {SLEEP}"),
-    ]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(
-        elapsed < HANG,
-        "the launcher waited for the sleepers ({elapsed:?})"
+    let stderr = stops_with(
+        &[
+            "run",
+            "-n",
+            "4",
+            "--",
+            "sh",
+            "-c",
+            &format!("if [ $BTL_RANK = 1 ]; then exit 3; fi; sleep {SLEEP}"),
+        ],
+        3,
+        "the launcher waited for the sleepers",
     );
     assert!(stderr.contains("rank 1 (pid "), "{stderr}");
     assert!(stderr.contains("stopping the other 3 ranks"), "{stderr}");
@@ -181,20 +189,18 @@ fn a_failing_rank_of_sleepers() {
 
 #[test]
 fn a_rank_killed_by_a_signal_gives_128_plus_the_signal() {
-    let (out, elapsed) = btl(&[
-        "run",
-        "-n",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        &format!("if [ $BTL_RANK = 0 ]; then kill -9 $$; fi; sleep {SLEEP}"),
-    ]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(137), "{stderr}");
-    assert!(
-        elapsed < HANG,
-        "the launcher waited for the sleeper ({elapsed:?})"
+    let stderr = stops_with(
+        &[
+            "run",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            &format!("if [ $BTL_RANK = 0 ]; then kill -9 $$; fi; sleep {SLEEP}"),
+        ],
+        137,
+        "the launcher waited for the sleeper",
     );
     assert!(
         stderr.contains("rank 0 (pid ")
@@ -217,12 +223,10 @@ fn a_missing_program_is_a_clean_error() {
 
 #[test]
 fn the_timeout_stops_the_job_with_124() {
-    let (out, elapsed) = btl(&["run", "-n", "2", "--timeout", "1", "sleep", SLEEP]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(124), "{stderr}");
-    assert!(
-        elapsed < HANG,
-        "the timeout did not stop the job ({elapsed:?})"
+    let stderr = stops_with(
+        &["run", "-n", "2", "--timeout", "1", "sleep", SLEEP],
+        124,
+        "the timeout did not stop the job",
     );
     assert!(stderr.contains("timed out after 1s"), "{stderr}");
 }
