@@ -464,20 +464,15 @@ fn hostile(how: Attack) {
     let mut outcomes: Vec<Outcome> = Vec::new();
     let mut readers = readers.into_iter();
     for r in 0..victims.len() {
-        let status = loop {
-            let v = &mut victims[r];
-            if let Some(s) = v.try_wait().unwrap() {
-                break s;
+        let Some(status) = common::wait_until(&mut victims[r], ended, deadline) else {
+            let stacks = stacks(victims[r].id());
+            for v in victims.iter_mut() {
+                let _ = v.kill();
             }
-            if ended.elapsed() > deadline {
-                let stacks = stacks(v.id());
-                for v in victims.iter_mut() {
-                    let _ = v.kill();
-                }
-                let (_, err) = readers.next().unwrap().join().unwrap();
-                panic!("{how:?}: rank {r} still running {deadline:?} after the attack\n{err}\n{stacks}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            let (_, err) = readers.next().unwrap().join().unwrap();
+            panic!(
+                "{how:?}: rank {r} still running {deadline:?} after the attack\n{err}\n{stacks}"
+            );
         };
         let (out, err) = readers.next().unwrap().join().unwrap();
         outcomes.push((status, out, err));
@@ -653,18 +648,12 @@ fn the_launcher_ends_a_corrupted_job_naming_the_rank() {
         std::thread::sleep(Duration::from_micros(200));
     }
     let ended = Instant::now();
-    let status = loop {
-        if let Some(s) = launcher.try_wait().unwrap() {
-            break s;
-        }
-        if ended.elapsed() > DEADLINE {
-            let _ = launcher.kill();
-            panic!(
-                "the launcher did not end the corrupted job\n{}",
-                stderr.join().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = common::wait_until(&mut launcher, ended, DEADLINE) else {
+        let _ = launcher.kill();
+        panic!(
+            "the launcher did not end the corrupted job\n{}",
+            stderr.join().unwrap()
+        );
     };
     let err = stderr.join().unwrap();
     eprintln!("{err}");

@@ -13,6 +13,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+mod common;
+
 const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
 fn spawn_rank(job: &str, dir: &str, rank: u32, transport: &str) -> Child {
@@ -75,16 +77,9 @@ fn survivor_reports_death(transport: &str) {
     r1.kill().unwrap();
     r1.wait().unwrap();
     let killed = Instant::now();
-    let status = loop {
-        if let Some(s) = r0.try_wait().unwrap() {
-            break s;
-        }
-        // A hang-catching bound only.
-        if killed.elapsed() > Duration::from_secs(60) {
-            let _ = r0.kill();
-            panic!("{transport}: the survivor hung after its peer died");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = common::wait_until(&mut r0, killed, Duration::from_secs(60)) else {
+        let _ = r0.kill();
+        panic!("{transport}: the survivor hung after its peer died");
     };
     let mut err = String::new();
     r0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
@@ -175,16 +170,9 @@ fn survivors_keep_going(transport: &str, messages: &str) {
     let killed = Instant::now();
     let mut errs = errs.into_iter();
     for (r, c) in ranks.iter_mut().enumerate().take(2) {
-        let status = loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                break s;
-            }
-            // A hang-catching bound only.
-            if killed.elapsed() > Duration::from_secs(120) {
-                let _ = c.kill();
-                panic!("{transport}: survivor {r} hung after rank 2 died");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(status) = common::wait_until(c, killed, Duration::from_secs(120)) else {
+            let _ = c.kill();
+            panic!("{transport}: survivor {r} hung after rank 2 died");
         };
         let mut out = String::new();
         c.stdout.take().unwrap().read_to_string(&mut out).unwrap();

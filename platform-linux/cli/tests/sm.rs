@@ -357,18 +357,10 @@ fn a_rank_killed_mid_run_stops_the_job_cleanly() {
     )
     .unwrap();
     // The job ends within seconds, non-zero, naming rank 2 and the signal.
-    let status = loop {
-        if let Some(s) = launcher.try_wait().unwrap() {
-            break s;
-        }
-        // A hang-catching bound (liveness checks find the death within
-        // 100 ms; the launcher stops the job at once).
-        assert!(
-            killed.elapsed() < Duration::from_secs(60),
-            "the job hung after rank 2 died"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    // A hang-catching bound (liveness checks find the death within 100 ms;
+    // the launcher stops the job at once).
+    let status = common::wait_until(&mut launcher, killed, Duration::from_secs(60))
+        .expect("the job hung after rank 2 died");
     let mut err = String::new();
     launcher
         .stderr

@@ -10,7 +10,7 @@ pub mod prereq;
 
 use std::fs;
 use std::net::TcpListener;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Children of `pid` (from /proc).
@@ -33,6 +33,21 @@ pub fn environ_var(pid: u32, var: &str) -> Option<String> {
         let kv = String::from_utf8_lossy(kv);
         kv.strip_prefix(&format!("{var}=")).map(str::to_owned)
     })
+}
+
+/// Waits for child `c` to end until `bound` after `since`, polling every
+/// 20 ms; `None` if it is still running then (the caller kills it and says
+/// what hung — this is a hang-catching bound, not a timing check).
+pub fn wait_until(c: &mut Child, since: Instant, bound: Duration) -> Option<ExitStatus> {
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return Some(s);
+        }
+        if since.elapsed() > bound {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Runs `n` ranks of this test binary's `role` test as a job whose wire-up
@@ -67,15 +82,12 @@ pub fn run_rendezvous(
                 .unwrap()
         })
         .collect();
-    let deadline = Instant::now() + limit;
     let mut outs = Vec::new();
+    let start = Instant::now();
     for (r, mut c) in children.into_iter().enumerate() {
-        while c.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                panic!("rank {r} hung");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if wait_until(&mut c, start, limit).is_none() {
+            let _ = c.kill();
+            panic!("rank {r} hung");
         }
         outs.push(c.wait_with_output().unwrap());
     }
