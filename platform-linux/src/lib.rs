@@ -9,6 +9,7 @@ pub mod ifaddrs;
 pub mod job;
 pub mod ops;
 pub mod progress;
+pub mod rawbuf;
 pub mod regions;
 pub mod segment;
 pub mod sm;

@@ -22,7 +22,7 @@
 use btl_core::rma::RmaStatus;
 
 use crate::idmap::IdMap;
-use crate::ops::RawBuf;
+use crate::rawbuf::RawBuf;
 
 struct Region {
     mem: RawBuf,
