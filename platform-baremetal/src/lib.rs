@@ -48,9 +48,6 @@
 #[cfg(test)]
 extern crate std;
 
-#[macro_use]
-mod fmt;
-
 pub mod node;
 mod ring;
 

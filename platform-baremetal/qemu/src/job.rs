@@ -110,7 +110,7 @@ impl State {
                         None => log::warn!("stress message from {from} outside a stress run"),
                     },
                     TAG_KEY => match (
-                        RegionKey::from_stress_bytes(data),
+                        RegionKey::from_bytes(data),
                         self.keys.get_mut(from as usize),
                     ) {
                         (Some(k), Some(slot)) => *slot = Some(k),
@@ -152,32 +152,6 @@ impl State {
             }
         }
     }
-}
-
-/// `btl stress`'s region key encoding (btl-linux's `RegionKey::to_bytes`:
-/// rank, id, length, little-endian).
-trait StressKey: Sized {
-    fn from_stress_bytes(b: &[u8]) -> Option<Self>;
-}
-
-impl StressKey for RegionKey {
-    fn from_stress_bytes(b: &[u8]) -> Option<Self> {
-        let b: &[u8; 16] = b.try_into().ok()?;
-        Some(RegionKey {
-            rank: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            id: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
-            len: u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
-        })
-    }
-}
-
-/// The encoding of [`StressKey::from_stress_bytes`].
-pub fn key_bytes(k: &RegionKey) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    b[0..4].copy_from_slice(&k.rank.to_le_bytes());
-    b[4..8].copy_from_slice(&k.id.to_le_bytes());
-    b[8..16].copy_from_slice(&k.len.to_le_bytes());
-    b
 }
 
 /// The node, its device and what it heard.

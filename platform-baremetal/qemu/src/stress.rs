@@ -25,7 +25,7 @@
 
 use btl_baremetal::core::workload::check::{build, check, fill, is_filled};
 
-use crate::job::{key_bytes, Job, JobError, TAG_KEY, TAG_STRESS};
+use crate::job::{Job, JobError, TAG_KEY, TAG_STRESS};
 use crate::{clock_ms, println, PEERS};
 
 /// A console line when this many messages came from a rank (the QEMU test
@@ -280,7 +280,7 @@ fn rma_phase(
         .register(region)
         .map_err(|_| JobError::Rma(btl_baremetal::RmaError::Refused))?;
     for p in live(job, size, me) {
-        match job.send(p, TAG_KEY, &key_bytes(&key)) {
+        match job.send(p, TAG_KEY, &key.to_bytes()) {
             Ok(()) | Err(JobError::PeerFailed { .. }) => {}
             Err(e) => return Err(e),
         }

@@ -11,6 +11,7 @@ use btl_core::tcp::endpoint::{
 use btl_core::tcp::wire::{
     FrameRepr, CHUNK_HEADER_LEN, FRAME_HEADER_LEN, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK,
 };
+use btl_core::{debug, warn};
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, IpEndpoint};
 

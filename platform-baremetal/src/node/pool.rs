@@ -12,6 +12,7 @@ use btl_core::tcp::endpoint::{
     Action, ConnId, EndpointState, Incoming, IncomingDecision, RejectReason,
 };
 use btl_core::tcp::wire::{FrameRepr, HandshakeRepr};
+use btl_core::{debug, warn};
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 

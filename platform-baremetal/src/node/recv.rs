@@ -9,6 +9,7 @@ use btl_core::tcp::endpoint::ConnId;
 use btl_core::tcp::wire::{
     FrameRepr, FrameType, WireError, CHUNK_HEADER_LEN, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK,
 };
+use btl_core::{debug, warn};
 use smoltcp::socket::tcp;
 
 use super::peer::Chunk;

@@ -7,6 +7,7 @@ use btl_core::tcp::endpoint::SendDecision;
 use btl_core::tcp::wire::{
     FrameRepr, FrameType, RmaPacket, RmaRepr, FRAME_HEADER_LEN, RMA_HEADER_LEN,
 };
+use btl_core::warn;
 
 use super::{ConfigError, Event, Node, RmaError, SendError};
 
@@ -15,18 +16,9 @@ pub const MAX_REGIONS: usize = 8;
 /// Get/put requests a node can have outstanding at once.
 pub const MAX_REQUESTS: usize = 16;
 
-/// A registered region's key: send it to peers so they may get and put.
-/// The same fields as btl-linux's `RegionKey`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct RegionKey {
-    /// The owner.
-    pub rank: u32,
-    /// The owner's region id.
-    pub id: u32,
-    /// Length in bytes.
-    pub len: u64,
-}
+/// A registered region's key: send it to peers so they may get and put
+/// (the one key type of every adapter, [`RegionKey::to_bytes`] on the wire).
+pub use btl_core::rma::RegionKey;
 
 /// An RMA answer to a peer, parked until its queue has room.
 #[derive(Clone, Copy, Debug)]
