@@ -174,6 +174,13 @@ impl Adapter {
                 );
                 self.socks.remove(&conn);
             }
+            Action::Connect => {
+                // A retry: only while setting up, with a new deadline.
+                assert_eq!(self.ep.state(), EndpointState::Connecting);
+                assert!(self.ep.deadline().is_some());
+                let id = self.new_id();
+                self.connecting = Some(id);
+            }
             Action::Fail { close, reason } => {
                 assert_eq!(self.ep.state(), EndpointState::Failed(reason));
                 if let Some(conn) = close {
@@ -353,7 +360,7 @@ impl Adapter {
                     );
                     self.ep.on_connected(id, self.now)
                 } else {
-                    self.ep.on_connect_failed(id)
+                    self.ep.on_connect_failed(id, self.now)
                 };
                 self.apply(a, Some(id));
             }
@@ -461,7 +468,10 @@ fuzz_target!(|input: Input| {
     }
     let job = job_hash(b"fuzz-job");
     let mut a = Adapter {
-        ep: Endpoint::new(me, peer, job, TIMEOUT_MS),
+        // Odd `me`: connects are retried for a while (the Linux adapter's
+        // default), even: a failed connect fails the peer at once.
+        ep: Endpoint::new(me, peer, job, TIMEOUT_MS)
+            .with_connect_retry(u64::from(me % 2) * 3 * TIMEOUT_MS),
         job,
         now: 0,
         next_id: 0,

@@ -107,6 +107,7 @@ impl Net {
             Action::None | Action::FlushQueue { .. } => {}
             Action::SendHandshake { conn, repr } => self.send_on(s, conn, Msg::Handshake(repr)),
             Action::SendFin { .. } => panic!("no close was asked"),
+            Action::Connect => panic!("side {s} retried a connect without failures or timers"),
             Action::Close { conn } => self.close(s, conn),
             Action::Fail { close, reason } => {
                 panic!(

@@ -1,6 +1,14 @@
 //! The one wait loop's pacing, shared by every blocking call: poll while
-//! work arrives; when idle, spin, then yield, then sleep (or block in
-//! `epoll_wait`) briefly — so an oversubscribed job keeps moving; look at
+//! work arrives; when idle, spin, then yield (for at most [`YIELDS`] yields
+//! and [`YIELD_FOR`]), then sleep (or block in `epoll_wait`) for a pause
+//! that doubles from [`NAP`] to [`MAX_NAP`] while nothing comes — so an
+//! oversubscribed job keeps moving, and idle ranks leave the cores to the
+//! ranks and the kernel work (the network stack) that are busy. The yield
+//! phase is bounded in time because a machine shared with other jobs (or
+//! with the ranks of other "hosts") makes each yield last a time slice:
+//! counted yields alone would keep every idle rank runnable for seconds
+//! and starve the kernel's packet processing, so that connects to a job's
+//! peers went unanswered for longer than the handshake timeout. Look at
 //! the clock only every [`CLOCK_EVERY`] rounds (a clock read costs as much
 //! as a shared-memory message here), and then check liveness and the
 //! timeout.
@@ -22,8 +30,17 @@ pub const SPIN: u32 = 2000;
 pub const SPIN_OVERSUBSCRIBED: u32 = 8;
 /// Yields before sleeping.
 pub const YIELDS: u32 = 5000;
-/// One sleep when idle for long.
+/// The longest the yield phase lasts (checked every [`YIELD_CHECK`]
+/// yields).
+pub const YIELD_FOR: Duration = Duration::from_millis(2);
+/// Yields between two looks at the clock in the yield phase.
+pub const YIELD_CHECK: u32 = 64;
+/// The first sleep when idle for long.
 pub const NAP: Duration = Duration::from_micros(50);
+/// The longest sleep: what a message arriving after a long idle spell can
+/// wait at most before the rank looks (TCP-only waits block on their
+/// sockets instead and wake at once).
+pub const MAX_NAP: Duration = Duration::from_millis(1);
 
 /// What to do after an empty poll.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +65,9 @@ pub struct Waiter {
     rounds: u32,
     idle: u32,
     spin: u32,
+    yield_start: Option<Instant>,
+    napping: bool,
+    nap: Duration,
 }
 
 impl Waiter {
@@ -65,6 +85,9 @@ impl Waiter {
             } else {
                 SPIN
             },
+            yield_start: None,
+            napping: false,
+            nap: NAP,
         }
     }
 
@@ -80,8 +103,20 @@ impl Waiter {
     pub fn pass(&mut self, events: usize) -> Option<Instant> {
         if events > 0 {
             self.idle = 0;
+            self.yield_start = None;
+            self.napping = false;
+            self.nap = NAP;
         } else {
             self.idle = self.idle.saturating_add(1);
+            if self.napping {
+                self.nap = (self.nap * 2).min(MAX_NAP);
+            } else if self.idle >= self.spin + YIELDS {
+                self.napping = true;
+            } else if self.idle >= self.spin && (self.idle - self.spin) % YIELD_CHECK == 0 {
+                let now = Instant::now();
+                let start = *self.yield_start.get_or_insert(now);
+                self.napping = now.duration_since(start) >= YIELD_FOR;
+            }
         }
         self.rounds = self.rounds.wrapping_add(1);
         if self.rounds % CLOCK_EVERY == 0 {
@@ -109,10 +144,10 @@ impl Waiter {
     pub fn idle(&self) -> Idle {
         if self.idle == 0 || self.idle < self.spin {
             Idle::Spin
-        } else if self.idle < self.spin + YIELDS {
+        } else if !self.napping {
             Idle::Yield
         } else {
-            Idle::Nap(NAP)
+            Idle::Nap(self.nap)
         }
     }
 
@@ -187,10 +222,17 @@ mod tests {
             w.pass(0);
         }
         assert_eq!(w.idle(), Idle::Yield);
-        for _ in 0..YIELDS {
+        for _ in 0..YIELDS - 1 {
             w.pass(0);
         }
         assert_eq!(w.idle(), Idle::Nap(NAP));
+        // The nap doubles while nothing comes, up to MAX_NAP.
+        w.pass(0);
+        assert_eq!(w.idle(), Idle::Nap(NAP * 2));
+        for _ in 0..20 {
+            w.pass(0);
+        }
+        assert_eq!(w.idle(), Idle::Nap(MAX_NAP));
         w.pass(3);
         assert_eq!(w.idle(), Idle::Spin);
         // The clock is looked at every CLOCK_EVERY rounds.
@@ -198,6 +240,21 @@ mod tests {
         let seen: Vec<_> = (0..CLOCK_EVERY).filter_map(|_| w.pass(1)).collect();
         assert_eq!(seen.len(), 1);
         assert!(w.expired(seen[0]).is_none());
+    }
+
+    #[test]
+    fn the_yield_phase_ends_after_yield_for() {
+        // Yields that take long (a shared machine) end the phase early.
+        let mut w = Waiter::new("x", Duration::from_secs(1), true);
+        for _ in 0..=SPIN_OVERSUBSCRIBED {
+            w.pass(0);
+        }
+        assert_eq!(w.idle(), Idle::Yield);
+        std::thread::sleep(YIELD_FOR);
+        for _ in 0..2 * YIELD_CHECK {
+            w.pass(0);
+        }
+        assert!(matches!(w.idle(), Idle::Nap(_)), "{:?}", w.idle());
     }
 
     #[test]

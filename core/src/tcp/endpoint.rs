@@ -44,8 +44,19 @@
 //!   socket until EOF (frames the peer sent before it saw the FIN are still
 //!   delivered; that EOF is clean). The side that receives the FIN becomes
 //!   `Closed` too. A later send reconnects lazily.
+//! - **A peer slow to start is waited for**: with
+//!   [`Endpoint::with_connect_retry`], a connect that is refused or not
+//!   answered within the handshake timeout is retried — after a pause that
+//!   doubles from [`RETRY_FIRST_MS`] up to [`RETRY_MAX_MS`], with a jitter
+//!   from the two ranks so a job's ranks do not retry in step
+//!   ([`Action::Connect`]) — until the retry window has passed since the
+//!   first attempt; only then does the peer fail. The wire-up named the
+//!   peer, so a refused connect means "not listening yet" (or its SYNs were
+//!   dropped in a storm of connects), not "gone". The handshake timeout
+//!   bounds one attempt and one handshake, never the peer's start-up.
 //! - EOF without a FIN, EOF in the middle of a frame, a socket error, a
-//!   malformed stream, a failed or timed-out connect or handshake, or a
+//!   malformed stream, a failed or timed-out connect or handshake (past the
+//!   retry window, when retries are on), or a
 //!   peer answering with the wrong identity make the endpoint `Failed`: the
 //!   job reports the peer as failed; there is no silent reconnect.
 //!
@@ -61,6 +72,13 @@ use super::wire::{HandshakeRepr, WireError};
 
 /// The default handshake timeout (milliseconds).
 pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+
+/// The first pause before a refused or unanswered connect is retried
+/// (milliseconds; see [`Endpoint::with_connect_retry`]).
+pub const RETRY_FIRST_MS: u64 = 10;
+
+/// The longest pause between two connect attempts (milliseconds).
+pub const RETRY_MAX_MS: u64 = 1_000;
 
 /// A socket, named by the adapter (an index in its socket table, say).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -279,6 +297,11 @@ pub enum Action {
         /// The socket to drop.
         conn: ConnId,
     },
+    /// Start a new outgoing connection to the peer (a retry), first
+    /// dropping any outgoing socket of the previous attempt that is still
+    /// connecting; then report [`Endpoint::on_connected`] or
+    /// [`Endpoint::on_connect_failed`] as for the first.
+    Connect,
     /// The endpoint failed: drop `close` if any, complete every queued
     /// frame with an error and report the peer as failed.
     Fail {
@@ -334,6 +357,9 @@ enum Attempt {
     InFlight,
     /// Connected, our handshake sent on this socket.
     HandshakeSent(ConnId),
+    /// The last connect was refused or not answered: the next one starts
+    /// at the deadline.
+    Backoff,
 }
 
 /// What a socket is to this endpoint.
@@ -362,6 +388,9 @@ pub struct Endpoint {
     draining: Option<ConnId>,
     deadline_ms: u64,
     last_close: Option<CloseCause>,
+    retry_for_ms: u64,
+    retry_until_ms: u64,
+    retries: u32,
 }
 
 impl Endpoint {
@@ -381,6 +410,65 @@ impl Endpoint {
             draining: None,
             deadline_ms: 0,
             last_close: None,
+            retry_for_ms: 0,
+            retry_until_ms: 0,
+            retries: 0,
+        }
+    }
+
+    /// The same endpoint, retrying a refused or unanswered connect for up
+    /// to `retry_for_ms` after the first attempt starts (0: no retry, a
+    /// failed connect fails the peer at once). Adapters pass the job's
+    /// timeout: a peer the wire-up named is given as long to start as any
+    /// other wait of the job.
+    #[must_use]
+    pub const fn with_connect_retry(mut self, retry_for_ms: u64) -> Self {
+        self.retry_for_ms = retry_for_ms;
+        self
+    }
+
+    /// Sets the retry window of [`Self::with_connect_retry`] in place (it
+    /// applies from the next connection set-up on).
+    pub fn set_connect_retry(&mut self, retry_for_ms: u64) {
+        self.retry_for_ms = retry_for_ms;
+    }
+
+    /// Connect attempts retried so far in the current connection set-up.
+    pub const fn connect_retries(&self) -> u32 {
+        self.retries
+    }
+
+    /// The pause before retry number `n` (0-based): doubling from
+    /// [`RETRY_FIRST_MS`] to [`RETRY_MAX_MS`], plus up to a half more as a
+    /// jitter drawn from the two ranks and `n`.
+    fn retry_pause(&self, n: u32) -> u64 {
+        let base = RETRY_FIRST_MS
+            .saturating_mul(1u64 << n.min(20))
+            .min(RETRY_MAX_MS);
+        let h = (u64::from(self.me) << 32 | u64::from(self.peer))
+            .wrapping_add(u64::from(n))
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        base + (h >> 33) % (base / 2 + 1)
+    }
+
+    /// A connect attempt was refused or not answered at `now_ms`: schedule
+    /// the next one if the retry window allows it (closing `close`), or
+    /// fail with `reason`.
+    fn retry_or_fail(&mut self, now_ms: u64, reason: FailReason, close: Option<ConnId>) -> Action {
+        if now_ms >= self.retry_until_ms {
+            return self.fail(reason, close);
+        }
+        let pause = self.retry_pause(self.retries);
+        self.retries += 1;
+        debug!(
+            "tcp: peer {}: {} (attempt {}); retrying in {} ms",
+            self.peer, reason, self.retries, pause
+        );
+        self.attempt = Attempt::Backoff;
+        self.deadline_ms = now_ms.saturating_add(pause).min(self.retry_until_ms);
+        match close {
+            Some(conn) => Action::Close { conn },
+            None => Action::None,
         }
     }
 
@@ -482,6 +570,8 @@ impl Endpoint {
                 self.state = EndpointState::Connecting;
                 self.attempt = Attempt::InFlight;
                 self.deadline_ms = now_ms.saturating_add(self.handshake_timeout_ms);
+                self.retry_until_ms = now_ms.saturating_add(self.retry_for_ms);
+                self.retries = 0;
                 SendDecision::QueueAndConnect
             }
             EndpointState::Failed(reason) => SendDecision::Refuse(reason),
@@ -505,10 +595,11 @@ impl Endpoint {
         }
     }
 
-    /// Our outgoing socket `conn` could not connect.
-    pub fn on_connect_failed(&mut self, conn: ConnId) -> Action {
+    /// Our outgoing socket `conn` could not connect (at `now_ms`): retried
+    /// after a pause while the retry window lasts, else the peer fails.
+    pub fn on_connect_failed(&mut self, conn: ConnId, now_ms: u64) -> Action {
         if self.state == EndpointState::Connecting && self.attempt == Attempt::InFlight {
-            self.fail(FailReason::ConnectFailed, Some(conn))
+            self.retry_or_fail(now_ms, FailReason::ConnectFailed, Some(conn))
         } else {
             Action::Close { conn }
         }
@@ -563,7 +654,7 @@ impl Endpoint {
                 return refuse(RejectReason::PeerFailed(reason));
             }
             (EndpointState::Connected, _) => return refuse(RejectReason::AlreadyConnected),
-            (EndpointState::Closed, _) | (_, Attempt::None) => None,
+            (EndpointState::Closed, _) | (_, Attempt::None | Attempt::Backoff) => None,
             (_, attempt) => {
                 if self.me < self.peer {
                     debug!("tcp: simultaneous connect with {}: ours wins", self.peer);
@@ -678,12 +769,24 @@ impl Endpoint {
         }
     }
 
-    /// Time passed: a connect or handshake past its deadline fails the
-    /// peer.
+    /// Time passed: a pause before a retry that has ended starts the next
+    /// connect ([`Action::Connect`]); a connect past its deadline is
+    /// retried while the retry window lasts; otherwise a connect or
+    /// handshake past its deadline fails the peer.
     pub fn on_timer(&mut self, now_ms: u64) -> Action {
         match self.deadline() {
             Some(deadline) if now_ms >= deadline => {
                 let (reason, close) = match self.attempt {
+                    Attempt::Backoff => {
+                        self.attempt = Attempt::InFlight;
+                        self.deadline_ms = now_ms.saturating_add(self.handshake_timeout_ms);
+                        return Action::Connect;
+                    }
+                    Attempt::InFlight if now_ms < self.retry_until_ms => {
+                        // The stale socket is the adapter's to drop with
+                        // the next `Connect`.
+                        return self.retry_or_fail(now_ms, FailReason::ConnectTimeout, None);
+                    }
                     Attempt::InFlight => (FailReason::ConnectTimeout, None),
                     Attempt::HandshakeSent(conn) => (FailReason::HandshakeTimeout, Some(conn)),
                     Attempt::None => (FailReason::HandshakeTimeout, None),
@@ -1101,6 +1204,120 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_connect_is_retried_with_growing_pauses_until_the_window_ends() {
+        let window = 5_000;
+        let mut e = Endpoint::new(3, 7, job(), T).with_connect_retry(window);
+        assert_eq!(e.on_send_request(100), SendDecision::QueueAndConnect);
+        let mut now = 100;
+        let mut pauses = std::vec::Vec::new();
+        let mut conn = 1;
+        loop {
+            let a = e.on_connect_failed(ConnId(conn), now);
+            if let Action::Fail { reason, close } = a {
+                assert_eq!(reason, FailReason::ConnectFailed);
+                assert_eq!(close, Some(ConnId(conn)));
+                break;
+            }
+            assert_eq!(a, Action::Close { conn: ConnId(conn) });
+            assert_eq!(e.state(), EndpointState::Connecting);
+            let d = e.deadline().unwrap();
+            assert!(d > now && d <= 100 + window, "{d}");
+            pauses.push(d - now);
+            // Nothing happens before the pause ends, then a new connect.
+            assert_eq!(e.on_timer(d - 1), Action::None);
+            assert_eq!(e.on_timer(d), Action::Connect);
+            now = d;
+            conn += 1;
+        }
+        assert!(now >= 100 + window, "failed before the window ended: {now}");
+        assert!(pauses.len() >= 5, "{pauses:?}");
+        // Doubling (with a jitter of at most a half) up to the ceiling.
+        assert!(pauses[0] >= RETRY_FIRST_MS && pauses[0] <= RETRY_FIRST_MS * 3 / 2);
+        assert!(pauses[3] >= 8 * RETRY_FIRST_MS, "{pauses:?}");
+        assert!(
+            pauses.iter().all(|&p| p <= RETRY_MAX_MS * 3 / 2),
+            "{pauses:?}"
+        );
+        assert_eq!(e.connect_retries() as usize, pauses.len());
+    }
+
+    #[test]
+    fn an_unanswered_connect_is_retried_then_connects() {
+        let mut e = Endpoint::new(0, 1, job(), T).with_connect_retry(60_000);
+        e.on_send_request(0);
+        // The first attempt is not answered within the handshake timeout.
+        assert_eq!(e.on_timer(T), Action::None);
+        let d = e.deadline().unwrap();
+        assert_eq!(e.on_timer(d), Action::Connect);
+        // The new attempt connects and the handshake completes.
+        let c = ConnId(9);
+        assert!(matches!(
+            e.on_connected(c, d + 1),
+            Action::SendHandshake { .. }
+        ));
+        assert_eq!(
+            e.on_handshake(
+                c,
+                HandshakeRepr {
+                    job: job(),
+                    rank: 1
+                }
+            ),
+            Action::FlushQueue { conn: c }
+        );
+        assert_eq!(e.state(), EndpointState::Connected);
+    }
+
+    #[test]
+    fn an_unanswered_connect_fails_once_the_window_has_passed() {
+        let mut e = Endpoint::new(0, 1, job(), T).with_connect_retry(T / 2);
+        e.on_send_request(0);
+        assert_eq!(
+            e.on_timer(T),
+            Action::Fail {
+                close: None,
+                reason: FailReason::ConnectTimeout
+            }
+        );
+    }
+
+    #[test]
+    fn the_peer_connecting_during_a_pause_is_accepted() {
+        // The lower rank, waiting to retry, takes the peer's connection
+        // (it has no attempt of its own to prefer).
+        let mut e = Endpoint::new(0, 1, job(), T).with_connect_retry(60_000);
+        e.on_send_request(0);
+        e.on_connect_failed(ConnId(1), 5);
+        let d = e.on_incoming(
+            ConnId(2),
+            HandshakeRepr {
+                job: job(),
+                rank: 1,
+            },
+        );
+        assert!(
+            matches!(
+                d,
+                IncomingDecision::Accept {
+                    close_ours: None,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert_eq!(e.state(), EndpointState::Connected);
+        assert_eq!(e.deadline(), None);
+    }
+
+    #[test]
+    fn jitter_differs_between_peers() {
+        let a = Endpoint::new(0, 1, job(), T).retry_pause(4);
+        let b = Endpoint::new(0, 2, job(), T).retry_pause(4);
+        let c = Endpoint::new(5, 1, job(), T).retry_pause(4);
+        assert!(a != b || b != c, "{a} {b} {c}");
+    }
+
+    #[test]
     fn handshake_timeout() {
         let c = ConnId(1);
         let mut e = Endpoint::new(0, 1, job(), T);
@@ -1138,7 +1355,7 @@ mod tests {
         let mut e = Endpoint::new(0, 1, job(), T);
         e.on_send_request(0);
         assert_eq!(
-            e.on_connect_failed(c),
+            e.on_connect_failed(c, 5),
             Action::Fail {
                 close: Some(c),
                 reason: FailReason::ConnectFailed

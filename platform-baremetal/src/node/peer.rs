@@ -299,6 +299,15 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
                     self.release(i, true);
                 }
             }
+            Action::Connect => {
+                // A retry: drop the attempt still connecting, connect anew.
+                for j in 0..self.slots.len() {
+                    if matches!(self.slots[j].role, Role::Connecting(p) if p == peer) {
+                        self.release(j, false);
+                    }
+                }
+                self.peers[pi].want_connect = true;
+            }
             Action::Fail { close, reason } => {
                 if let Some(i) = close.and_then(|c| self.slot_of(c)) {
                     self.release(i, false);

@@ -164,9 +164,10 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
                 }
                 Err(_) => {
                     self.peers[peer as usize].want_connect = false;
+                    let now = self.now;
                     let a = self.peers[peer as usize]
                         .ep
-                        .on_connect_failed(ConnId(u32::MAX));
+                        .on_connect_failed(ConnId(u32::MAX), now);
                     self.apply(peer, a);
                 }
             }
@@ -242,7 +243,8 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
                     let conn = self.slots[i].id;
                     debug!("btl-baremetal: connect to {} failed", peer);
                     self.release(i, false);
-                    let a = self.peers[peer as usize].ep.on_connect_failed(conn);
+                    let now = self.now;
+                    let a = self.peers[peer as usize].ep.on_connect_failed(conn, now);
                     self.apply(peer, a);
                     1
                 }

@@ -186,14 +186,20 @@ impl Tcp {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
             Err(e) => {
+                log::debug!("tcp: connect to {peer} at {addr}: {e}");
+                let now = self.now_ms();
                 let a = self.peers[peer as usize]
                     .ep
-                    .on_connect_failed(ConnId(u32::MAX));
+                    .on_connect_failed(ConnId(u32::MAX), now);
+                let failed = matches!(a, Action::Fail { .. });
                 self.apply(peer, a);
-                return Err(TcpError::Io {
-                    what: "connect",
-                    source: e,
-                });
+                if failed {
+                    return Err(TcpError::Io {
+                        what: "connect",
+                        source: e,
+                    });
+                }
+                return Ok(());
             }
         }
         self.add_conn(sock, Some(peer), None, true, addr.to_string())?;
@@ -222,6 +228,22 @@ impl Tcp {
                     }
                 } else {
                     self.drop_conn(conn);
+                }
+            }
+            Action::Connect => {
+                // A retry: the previous attempt's socket, if still
+                // connecting, is dropped first.
+                let stale: Vec<ConnId> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.connecting && c.peer == Some(peer))
+                    .map(|(&id, _)| ConnId(id))
+                    .collect();
+                for c in stale {
+                    self.drop_conn(c);
+                }
+                if let Err(e) = self.start_connect(peer) {
+                    self.fail_peer(peer, e.to_string());
                 }
             }
             Action::Fail { close, reason } => {
@@ -430,7 +452,8 @@ impl Tcp {
             let err = c.sock.take_error().ok().flatten();
             if let Some(e) = err {
                 log::debug!("tcp: connect to {peer} failed: {e}");
-                let a = self.peers[peer as usize].ep.on_connect_failed(conn);
+                let now = self.now_ms();
+                let a = self.peers[peer as usize].ep.on_connect_failed(conn, now);
                 self.drop_conn(conn);
                 self.apply(peer, a);
                 return;

@@ -417,6 +417,17 @@ impl Tcp {
         })
     }
 
+    /// Retries a refused or unanswered connect to a peer for up to
+    /// `window` from the first attempt (see
+    /// [`btl_core::tcp::endpoint::Endpoint::with_connect_retry`]); without
+    /// it a failed connect fails the peer at once.
+    pub fn set_connect_retry(&mut self, window: Duration) {
+        let ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        for p in &mut self.peers {
+            p.ep.set_connect_retry(ms);
+        }
+    }
+
     /// This rank.
     pub fn rank(&self) -> u32 {
         self.me

@@ -277,7 +277,7 @@ impl Builder {
         let tcp_sizes = (tcp_p.eager_limit, tcp_p.max_send_size);
         let mut tcp = None;
         if plan.route.contains(&Route::Tcp) {
-            let t = start_tcp(&id, tcp_p, plan.nodes > 1)?;
+            let t = start_tcp(&id, tcp_p, plan.nodes > 1, timeout)?;
             w.put(crate::tcp::ADDR_KEY, t.published_addrs().as_bytes())?;
             w.fence()?;
             tcp = Some(t);
@@ -308,7 +308,7 @@ impl Builder {
             // Unless the runtime said the job is on one node, a job across
             // nodes is assumed (the node names are not known yet): the
             // interface rules pick the address.
-            let t = start_tcp(&id, tcp_p, self.nodes != Some(1))?;
+            let t = start_tcp(&id, tcp_p, self.nodes != Some(1), timeout)?;
             w.put(crate::tcp::ADDR_KEY, t.published_addrs().as_bytes())?;
             Some(t)
         };
@@ -421,9 +421,19 @@ fn node_names(id: &Identity, w: &mut DynWireup) -> Result<Vec<String>, WorldErro
     Ok(names)
 }
 
-fn start_tcp(id: &Identity, params: TcpParams, multi_node: bool) -> Result<Tcp, WorldError> {
+/// Listens for the job's TCP peers. A peer the wire-up names is given the
+/// job's `timeout` to start listening: connects to it are retried until
+/// then (the handshake timeout bounds one attempt).
+fn start_tcp(
+    id: &Identity,
+    params: TcpParams,
+    multi_node: bool,
+    timeout: Duration,
+) -> Result<Tcp, WorldError> {
     let binds = crate::tcp::choose_binds(&params, multi_node)?;
-    Ok(Tcp::listen(id, params, &binds)?)
+    let mut t = Tcp::listen(id, params, &binds)?;
+    t.set_connect_retry(timeout);
+    Ok(t)
 }
 
 /// Who is reached how.
