@@ -7,7 +7,7 @@
 //! TCP. Everything is removed on drop.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn agent() -> String {
@@ -21,6 +21,55 @@ pub fn ip(args: &[&str]) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false)
+}
+
+/// The kernel's neighbour (ARP) table limits. The table is one for every
+/// network namespace of the machine: `n` namespace hosts talking all to all
+/// need about `n * n` entries, and past `gc_thresh3` (1024 by default: 32
+/// hosts) the kernel drops new entries ("neighbor table overflow") and the
+/// packets waiting on them, so connects between hosts go unanswered for
+/// many seconds. Real hosts each have their own kernel; hosts simulated on
+/// one machine need the limits raised. Raised by [`Cluster::new`] (never
+/// lowered) and put back when the last cluster drops.
+const NEIGH: [&str; 3] = [
+    "/proc/sys/net/ipv4/neigh/default/gc_thresh1",
+    "/proc/sys/net/ipv4/neigh/default/gc_thresh2",
+    "/proc/sys/net/ipv4/neigh/default/gc_thresh3",
+];
+
+/// Where the limits found before any cluster raised them are kept, for
+/// the last cluster to drop (clusters of parallel tests share the limits).
+const NEIGH_SAVED: &str = "/tmp/btl-tests-neigh-limits";
+
+/// Raises the neighbour table limits for `n` hosts (the first raise saves
+/// the machine's values in [`NEIGH_SAVED`]).
+fn raise_neigh_limits(n: usize) {
+    let need = (4 * (n + 1) * (n + 1)).max(1024);
+    let cur: Vec<Option<usize>> = NEIGH
+        .iter()
+        .map(|f| std::fs::read_to_string(f).ok()?.trim().parse().ok())
+        .collect();
+    if !Path::new(NEIGH_SAVED).exists() && cur.iter().all(Option::is_some) {
+        let saved: Vec<String> = cur.iter().flatten().map(|v| v.to_string()).collect();
+        let _ = std::fs::write(NEIGH_SAVED, saved.join(" "));
+    }
+    for (i, (f, cur)) in NEIGH.iter().zip(cur).enumerate() {
+        let want = need << i;
+        if cur.is_some_and(|c| c < want) {
+            let _ = std::fs::write(f, want.to_string());
+        }
+    }
+}
+
+/// Puts back the limits saved by the first raise.
+fn restore_neigh_limits() {
+    let Ok(saved) = std::fs::read_to_string(NEIGH_SAVED) else {
+        return;
+    };
+    for (f, v) in NEIGH.iter().zip(saved.split_whitespace()) {
+        let _ = std::fs::write(f, v);
+    }
+    let _ = std::fs::remove_file(NEIGH_SAVED);
 }
 
 /// A bridge and `n` host namespaces on `10.X.Y.0/24`; removed on drop.
@@ -52,6 +101,7 @@ impl Cluster {
         ip(&["netns", "del", &probe]);
         let dir = std::env::temp_dir().join(format!("btl-multihost-{id}-{tag}"));
         std::fs::create_dir_all(&dir).unwrap();
+        raise_neigh_limits(n);
         let mut c = Cluster {
             bridge: format!("btlbr{tag}{}", id % 10_000),
             hosts: Vec::new(),
@@ -116,5 +166,24 @@ impl Drop for Cluster {
         }
         ip(&["link", "del", &self.bridge]);
         let _ = std::fs::remove_dir_all(&self.dir);
+        // Tests run in parallel: another cluster may still need the
+        // raised limits, so they go back only when no other is left.
+        if !other_clusters(&self.bridge) {
+            restore_neigh_limits();
+        }
     }
+}
+
+/// Whether a bridge of another cluster exists (`btlbr*` but `mine`).
+fn other_clusters(mine: &str) -> bool {
+    Command::new("ip")
+        .args(["-o", "link", "show", "type", "bridge"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.split(": ").nth(1))
+                .any(|name| name.starts_with("btlbr") && name != mine)
+        })
+        .unwrap_or(false)
 }
