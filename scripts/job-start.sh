@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Job start across network-namespace hosts under default settings: for each
+# "HOSTSxRANKS" shape, makes that many hosts (a bridge, a namespace and a
+# veth each, on 10.98.0.0/16), runs `btl run ... -- btl stress --messages
+# MESSAGES --max-size 8` (wire-up, a barrier, a message to and a one-sided
+# round with every peer) RUNS times, and writes the median wall time and
+# the outcome to bench/results/60-job-start.tsv (then BENCHMARKS.md). As
+# root; removes its hosts on exit, also on failure, and puts back the
+# kernel's neighbour-table limits it raises (the one ARP table of all
+# namespaces needs about hosts^2 entries).
+#
+#   bash scripts/job-start.sh                       # 8x2 16x2 32x2 32x4
+#   SHAPES="32x4 64x4" RUNS=1 bash scripts/job-start.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+SHAPES=${SHAPES:-"8x2 16x2 32x2 32x4"}
+RUNS=${RUNS:-3}
+MESSAGES=${MESSAGES:-1}
+MAX_SIZE=${MAX_SIZE:-8}
+OUT=${OUT:-bench/results/60-job-start.tsv}
+br=btlbr98
+made=0
+neigh=/proc/sys/net/ipv4/neigh/default
+saved=$(cat $neigh/gc_thresh1 $neigh/gc_thresh2 $neigh/gc_thresh3)
+work=$(mktemp -d)
+
+down() {
+  for i in $(seq 1 "$made"); do
+    ip link del "bjv$i" 2>/dev/null || true
+    ip netns del "bj$i" 2>/dev/null || true
+  done
+  ip link del "$br" 2>/dev/null || true
+  made=0
+}
+cleanup() {
+  down
+  set -- $saved
+  echo "$1" >$neigh/gc_thresh1; echo "$2" >$neigh/gc_thresh2; echo "$3" >$neigh/gc_thresh3
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+up() {
+  local n=$1 need=$(( 4 * ($1 + 1) * ($1 + 1) ))
+  [ "$need" -lt 1024 ] && need=1024
+  echo "$need" >$neigh/gc_thresh1; echo $((2 * need)) >$neigh/gc_thresh2
+  echo $((4 * need)) >$neigh/gc_thresh3
+  ip link add "$br" type bridge
+  ip addr add 10.98.255.254/16 dev "$br"
+  ip link set "$br" up
+  printf '127.0.0.1 localhost\n10.98.255.254 head\n' >"$work/hosts"
+  for i in $(seq 1 "$n"); do
+    ip netns add "bj$i"; made=$i
+    ip link add "bjv$i" type veth peer name eth0 netns "bj$i"
+    ip link set "bjv$i" master "$br" up
+    local a="10.98.$((i / 250)).$((i % 250 + 1))"
+    ip -n "bj$i" addr add "$a/16" dev eth0
+    ip -n "bj$i" link set eth0 up
+    ip -n "bj$i" link set lo up
+    echo "$a bj$i" >>"$work/hosts"
+  done
+}
+
+cargo build --release --locked -q -p btl-cli --bin btl
+btl=$root/target/release/btl
+rows=()
+for shape in $SHAPES; do
+  hosts=${shape%x*} per=${shape#*x}
+  up "$hosts"
+  list=$(for i in $(seq 1 "$hosts"); do printf 'bj%s:%s,' "$i" "$per"; done)
+  times=() ok=0
+  for r in $(seq 1 "$RUNS"); do
+    t0=$(date +%s.%N)
+    if BTL_TCP_IF_INCLUDE=10.98.0.0/16 BTL_NETNS_HOSTS=$work/hosts \
+        "$btl" run --timeout 600 -n $((hosts * per)) --host "${list%,}" \
+        --agent "$root/scripts/netns-agent.sh" --wireup-addr 10.98.255.254 -- \
+        "$btl" stress --messages "$MESSAGES" --max-size "$MAX_SIZE" >"$work/out" 2>&1 &&
+        [ "$(grep -c 'all intact' "$work/out")" = $((hosts * per)) ]; then
+      ok=$((ok + 1))
+    else
+      tail -n 5 "$work/out" >&2
+    fi
+    times+=("$(echo "$(date +%s.%N) - $t0" | bc)")
+  done
+  med=$(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  printf '[job-start] %s: %d of %d intact, median %.2f s\n' "$shape" "$ok" "$RUNS" "$med"
+  rows+=("$(printf '%s × %s\t%s\t%.2f\t%d of %d' "$hosts" "$per" $((hosts * per)) "$med" "$ok" "$RUNS")")
+  down
+done
+
+{
+  echo "# title: Job start across network-namespace hosts (btl run, default settings)"
+  echo "# command: SHAPES=\"$SHAPES\" RUNS=$RUNS MESSAGES=$MESSAGES MAX_SIZE=$MAX_SIZE bash scripts/job-start.sh"
+  echo "# machine: $(nproc) vCPU $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), $(. /etc/os-release && echo "$PRETTY_NAME")"
+  echo "# note: wall time of the whole job: launch, wire-up, barrier, $MESSAGES checked message(s) of up to $MAX_SIZE B to every peer and a get/put with each; median of $RUNS runs; all ranks share the machine's cores"
+  printf 'hosts × ranks\tranks\tjob s\tintact\n'
+  printf '%s\n' "${rows[@]}"
+} >"$OUT"
+python3 scripts/benchmarks.py
