@@ -29,6 +29,19 @@ use btl_linux::cma;
 use btl_linux::sm::{RegionKey, SmError};
 use btl_linux::world::{Choice, Event, Flow, World, WorldError};
 
+/// File descriptors this process has open (sockets, the epoll instance,
+/// segments, ...), from `/proc/self/fd`; `None` where it cannot be read.
+/// Connections open lazily, so a rank that talks to few peers holds few.
+fn open_fds() -> Option<usize> {
+    // The directory's own descriptor, open while it is read, is not counted.
+    Some(
+        std::fs::read_dir("/proc/self/fd")
+            .ok()?
+            .count()
+            .saturating_sub(1),
+    )
+}
+
 /// Options of `btl stress`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StressOpts {
@@ -417,11 +430,12 @@ pub fn run_on(
     }
     let _ = writeln!(
         out,
-        "rank {me}: {received} messages ({} bytes) from {} peers {}, get/put with each {}, {:.2} s: {}",
+        "rank {me}: {received} messages ({} bytes) from {} peers {}, get/put with each {}, {} fds open, {:.2} s: {}",
         c.bytes,
         n - 1,
         sm.summary(),
         if failed.is_empty() { "checked" } else { "skipped" },
+        open_fds().map_or_else(|| "?".to_string(), |f| f.to_string()),
         started.elapsed().as_secs_f64(),
         if errors.is_empty() {
             "all intact".to_string()
