@@ -1,5 +1,6 @@
-//! The TCP byte formats: the handshake, the frame header and the RMA
-//! sub-header. This module only parses and emits bytes.
+//! The TCP byte formats: the handshake, the frame header, the RMA
+//! sub-header and the chunk header. This module only parses and emits
+//! bytes.
 //!
 //! Every integer is **little endian** (the byte order of every machine btl
 //! runs on: x86_64, aarch64, Cortex-M; no swapping on the hot path).
@@ -18,12 +19,19 @@
 //! RMA sub-header (24 bytes), at the start of a PUT or GET payload
 //!  0         4          8             16          24
 //! [region u32][reserved][ offset u64  ][ len u64  ]
+//!
+//! chunk header (16 bytes), at the start of the first TAG_CHUNK frame
+//!  0     1              8                  16
+//! [tag ][ reserved (0) ][ total (u64)      ]
+//!  user tag               message length; data follows, then the next
+//!                         TAG_CHUNK frames carry data only
 //! ```
 //!
-//! Views ([`HandshakePacket`], [`FrameHeader`], [`RmaPacket`]) wrap any
+//! Views ([`HandshakePacket`], [`FrameHeader`], [`RmaPacket`],
+//! [`ChunkPacket`]) wrap any
 //! `T: AsRef<[u8]>`; once `new_checked` (or `check_len`) succeeded, no
 //! accessor can panic. Representations ([`HandshakeRepr`], [`FrameRepr`],
-//! [`RmaRepr`]) validate every field a peer controls in `parse` and write
+//! [`RmaRepr`], [`ChunkRepr`]) validate every field a peer controls in `parse` and write
 //! them back with `emit`. All malformed input is a typed [`WireError`],
 //! never a panic.
 
@@ -55,7 +63,7 @@ pub const TAG_BARRIER: u8 = crate::tags::BARRIER;
 /// the total is reached.
 pub const TAG_CHUNK: u8 = crate::tags::CHUNK;
 /// Length of the header of the first chunk of a chunked message.
-pub const CHUNK_HEADER_LEN: usize = 16;
+pub const CHUNK_HEADER_LEN: usize = field::CH_TOTAL.end;
 
 mod field {
     use core::ops::Range;
@@ -82,6 +90,11 @@ mod field {
     pub(super) const RMA_RESERVED: Field = 4..8;
     pub(super) const RMA_OFFSET: Field = 8..16;
     pub(super) const RMA_LEN: Field = 16..24;
+
+    // Chunk header.
+    pub(super) const CH_TAG: usize = 0;
+    pub(super) const CH_RESERVED: Field = 1..8;
+    pub(super) const CH_TOTAL: Field = 8..16;
 }
 
 /// 64-bit FNV-1a hash of a job identifier (the handshake's `job` field).
@@ -180,6 +193,12 @@ pub enum WireError {
     /// The stream ended inside a handshake or frame (EOF while the decoder
     /// held a partial item).
     UnexpectedEof,
+    /// A chunk header names a tag above [`MAX_USER_TAG`] (chunked
+    /// messages carry user messages only).
+    BadTag {
+        /// The tag received.
+        found: u8,
+    },
 }
 
 impl fmt::Display for WireError {
@@ -217,6 +236,12 @@ impl fmt::Display for WireError {
                 write!(f, "PUT announces {announced} bytes but carries {carried}")
             }
             Self::UnexpectedEof => write!(f, "stream ended inside a handshake or frame"),
+            Self::BadTag { found } => {
+                write!(
+                    f,
+                    "chunked message with internal tag {found} (user tags end at {MAX_USER_TAG})"
+                )
+            }
         }
     }
 }
@@ -791,6 +816,139 @@ impl RmaRepr {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Chunk header.
+
+/// A read/write view of the header at the start of the first chunk of a
+/// chunked message (a SEND on [`TAG_CHUNK`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkPacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> ChunkPacket<T> {
+    /// Wraps `buffer` without checking its length: accessors panic if it is
+    /// shorter than [`CHUNK_HEADER_LEN`]. Prefer [`Self::new_checked`].
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+
+    /// Wraps `buffer`, which must hold at least [`CHUNK_HEADER_LEN`] bytes
+    /// (the first data bytes may follow); no accessor of the result can
+    /// panic.
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let packet = Self::new_unchecked(buffer);
+        packet.check_len()?;
+        Ok(packet)
+    }
+
+    /// Checks that the buffer holds a whole chunk header.
+    pub fn check_len(&self) -> Result<(), WireError> {
+        check(self.buffer.as_ref(), CHUNK_HEADER_LEN)
+    }
+
+    /// The wrapped buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// The user tag field.
+    pub fn tag(&self) -> u8 {
+        self.buffer.as_ref()[field::CH_TAG]
+    }
+
+    /// The reserved field (7 bytes, as an integer below 2^56).
+    pub fn reserved(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b[..7].copy_from_slice(&self.buffer.as_ref()[field::CH_RESERVED]);
+        u64::from_le_bytes(b)
+    }
+
+    /// The total message length field.
+    pub fn total(&self) -> u64 {
+        u64::from_le_bytes(read(self.buffer.as_ref(), field::CH_TOTAL))
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized> ChunkPacket<&'a T> {
+    /// The bytes after the header (the message's first data).
+    pub fn data(&self) -> &'a [u8] {
+        &self.buffer.as_ref()[CHUNK_HEADER_LEN..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ChunkPacket<T> {
+    /// Sets the user tag field.
+    pub fn set_tag(&mut self, value: u8) {
+        self.buffer.as_mut()[field::CH_TAG] = value;
+    }
+
+    /// Sets the reserved field (its low 7 bytes).
+    pub fn set_reserved(&mut self, value: u64) {
+        self.buffer.as_mut()[field::CH_RESERVED].copy_from_slice(&value.to_le_bytes()[..7]);
+    }
+
+    /// Sets the total message length field.
+    pub fn set_total(&mut self, value: u64) {
+        self.buffer.as_mut()[field::CH_TOTAL].copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// A validated chunk header: the user tag and length of the message the
+/// chunks carry.
+///
+/// Whether the receiver can hold `total` bytes is for its reassembler to
+/// check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct ChunkRepr {
+    /// The message's user tag (at most [`MAX_USER_TAG`]).
+    pub tag: u8,
+    /// The message's length in bytes (all chunks' data together).
+    pub total: u64,
+}
+
+impl ChunkRepr {
+    /// Parses a chunk header: the tag must be a user tag and the reserved
+    /// bytes zero.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &ChunkPacket<&T>) -> Result<Self, WireError> {
+        packet.check_len()?;
+        let tag = packet.tag();
+        if tag > MAX_USER_TAG {
+            return Err(WireError::BadTag { found: tag });
+        }
+        let reserved = packet.reserved();
+        if reserved != 0 {
+            return Err(WireError::ReservedNotZero {
+                found: u32::try_from(reserved).unwrap_or(u32::MAX),
+            });
+        }
+        Ok(Self {
+            tag,
+            total: packet.total(),
+        })
+    }
+
+    /// Bytes [`Self::emit`] writes: [`CHUNK_HEADER_LEN`].
+    pub const fn buffer_len(&self) -> usize {
+        CHUNK_HEADER_LEN
+    }
+
+    /// Writes the header (reserved zero).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut ChunkPacket<&mut T>) {
+        packet.set_tag(self.tag);
+        packet.set_reserved(0);
+        packet.set_total(self.total);
+    }
+
+    /// The header as bytes.
+    pub fn to_bytes(&self) -> [u8; CHUNK_HEADER_LEN] {
+        let mut out = [0u8; CHUNK_HEADER_LEN];
+        self.emit(&mut ChunkPacket::new_unchecked(&mut out[..]));
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1082,6 +1240,78 @@ mod tests {
         );
     }
 
+    /// tag 5, total 0x0102030405.
+    const CHUNK: [u8; 16] = [
+        0x05, // tag
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // reserved
+        0x05, 0x04, 0x03, 0x02, 0x01, 0x00, 0x00, 0x00, // total
+    ];
+
+    fn parse_chunk(bytes: &[u8]) -> Result<ChunkRepr, WireError> {
+        ChunkRepr::parse(&ChunkPacket::new_checked(bytes)?)
+    }
+
+    #[test]
+    fn chunk_fixture() {
+        let repr = parse_chunk(&CHUNK).unwrap();
+        assert_eq!(
+            repr,
+            ChunkRepr {
+                tag: 5,
+                total: 0x01_0203_0405
+            }
+        );
+        assert_eq!(repr.to_bytes(), CHUNK);
+        assert_eq!(repr.buffer_len(), CHUNK_HEADER_LEN);
+        let mut first = [0xcdu8; 20];
+        first[..16].copy_from_slice(&CHUNK);
+        let view = ChunkPacket::new_checked(&first[..]).unwrap();
+        assert_eq!(
+            (view.tag(), view.reserved(), view.total()),
+            (5, 0, 0x01_0203_0405)
+        );
+        assert_eq!(view.data(), &[0xcd; 4]);
+        assert_eq!(parse_chunk(&first), Ok(repr));
+        for tag in [0, MAX_USER_TAG] {
+            let r = ChunkRepr {
+                tag,
+                total: u64::MAX,
+            };
+            assert_eq!(parse_chunk(&r.to_bytes()), Ok(r));
+        }
+    }
+
+    #[test]
+    fn chunk_errors() {
+        for n in 0..CHUNK_HEADER_LEN {
+            assert_eq!(
+                parse_chunk(&CHUNK[..n]),
+                Err(WireError::Truncated { needed: 16, got: n })
+            );
+            assert!(ChunkPacket::new_checked(&CHUNK[..n]).is_err());
+        }
+        for tag in [MAX_USER_TAG + 1, TAG_BARRIER, TAG_CHUNK, u8::MAX] {
+            let mut b = CHUNK;
+            b[0] = tag;
+            assert_eq!(parse_chunk(&b), Err(WireError::BadTag { found: tag }));
+        }
+        for i in 1..8 {
+            let mut b = CHUNK;
+            b[i] = 1;
+            let found = 1u64 << ((i - 1) * 8);
+            assert_eq!(
+                parse_chunk(&b),
+                Err(WireError::ReservedNotZero {
+                    found: u32::try_from(found).unwrap_or(u32::MAX)
+                })
+            );
+        }
+        let mut view = ChunkPacket::new_unchecked([0u8; 16]);
+        view.set_reserved(u64::MAX);
+        assert_eq!(view.reserved(), (1 << 56) - 1);
+        assert_eq!(view.total(), 0);
+    }
+
     #[test]
     fn arbitrary_bytes_never_panic() {
         // Every 1- and 2-byte variation of the fixtures at every position.
@@ -1098,6 +1328,7 @@ mod tests {
             let _ = parse_hs(&buf[..n]);
             let _ = parse_frame(&buf[..n.min(20)], (x >> 40) as u32);
             let _ = parse_rma(&buf[..n]);
+            let _ = parse_chunk(&buf[..n.min(16)]);
             let _ = FrameType::try_from(buf[0]);
         }
     }
