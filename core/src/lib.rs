@@ -37,6 +37,7 @@ extern crate std;
 #[macro_use]
 mod fmt;
 
+pub mod barrier;
 pub mod params;
 pub mod rma;
 pub mod shm;

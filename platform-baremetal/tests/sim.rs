@@ -210,8 +210,8 @@ fn iface(dev: &mut Port, seed: u64) -> Interface {
 }
 
 const PORT: u16 = 7000;
-const SOCKS: usize = 6;
-const PEERS: usize = 4;
+const SOCKS: usize = 10;
+const PEERS: usize = 8;
 
 type TestNode = Node<'static, SOCKS, PEERS>;
 
@@ -512,6 +512,62 @@ fn simultaneous_incoming_connections_are_all_accepted() {
     assert_eq!(nodes[0].0.stats().connected, 0);
 }
 
+/// Eight nodes (dissemination: three rounds of one message each) through
+/// three barriers over a lossy network: none leaves a barrier before every
+/// node entered it, every node leaves it, and each connects only to the
+/// five partners of its rounds (+-1, +-2, 4), not to all seven others.
+#[test]
+fn dissemination_barrier_of_eight_nodes() {
+    let n = 8u32;
+    let hub = Hub::new(
+        n as usize,
+        11,
+        Faults {
+            loss: 5,
+            corrupt: 2,
+            dup: 2,
+            reorder: 10,
+        },
+    );
+    let mut nodes: Vec<_> = (0..n).map(|r| node(&hub, r, n, |_| {})).collect();
+    let mut t = 0u64;
+    for epoch in 1..=3u64 {
+        // Nodes enter one after another, polling between: the last one
+        // enters long after the first.
+        for i in 0..n as usize {
+            assert_eq!(nodes[i].0.barrier_start().unwrap(), epoch);
+            for _ in 0..50 {
+                for (node, dev) in nodes.iter_mut() {
+                    node.poll(t, dev, &mut |_| {});
+                }
+                t += 1;
+                hub.borrow_mut().now = t;
+            }
+            if i + 1 < n as usize {
+                for (node, _) in &nodes {
+                    assert!(
+                        !node.barrier_done(epoch),
+                        "epoch {epoch}: done before node {} entered",
+                        i + 1
+                    );
+                }
+            }
+        }
+        while !nodes.iter().all(|(node, _)| node.barrier_done(epoch)) {
+            for (node, dev) in nodes.iter_mut() {
+                node.poll(t, dev, &mut |_| {});
+            }
+            t += 1;
+            hub.borrow_mut().now = t;
+            assert!(t < 200_000, "epoch {epoch} never completed");
+        }
+    }
+    for (node, _) in &nodes {
+        let s = node.stats();
+        assert!(s.accepted + s.connected <= 5, "{s:?}");
+    }
+}
+
 #[test]
 fn get_put_and_barrier_between_two_nodes() {
     let hub = Hub::new(
@@ -666,7 +722,14 @@ fn configuration_is_checked() {
     let ok = Config::new(b"j", 0, 2, 1);
     assert_eq!(mk(ok, &mut dev), Ok(()));
     assert!(mk(Config { rank: 2, ..ok }, &mut dev).is_err());
-    assert!(mk(Config { size: 5, ..ok }, &mut dev).is_err());
+    assert!(mk(
+        Config {
+            size: PEERS as u32 + 1,
+            ..ok
+        },
+        &mut dev
+    )
+    .is_err());
     assert!(mk(Config { port: 0, ..ok }, &mut dev).is_err());
     assert!(mk(
         Config {

@@ -14,6 +14,7 @@
 
 use std::fmt;
 
+use btl_core::barrier::BarrierRepr;
 use btl_core::rma::RmaStatus;
 
 /// Names an operation posted to a transport; chosen by the caller (the job
@@ -77,12 +78,13 @@ pub enum TEvent<'a> {
         /// Its outcome.
         result: Result<(), OpError>,
     },
-    /// A peer announced its arrival at barrier `epoch`.
+    /// A peer's barrier message: its arrival at a barrier, or the barrier
+    /// given up for a failed rank.
     Barrier {
         /// The peer.
         from: u32,
-        /// Its epoch (counted from 1).
-        epoch: u64,
+        /// What it said.
+        msg: BarrierRepr,
     },
     /// A peer was declared failed (reported once).
     PeerFailed {

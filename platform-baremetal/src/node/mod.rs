@@ -136,7 +136,10 @@ pub struct Node<'a, const S: usize, const P: usize> {
     next_request: u64,
     next_port: u16,
     barrier_epoch: u64,
-    barrier: [(u64, u32); 4],
+    /// Rounds of the current barrier whose messages we sent.
+    barrier_sent: u32,
+    /// Per epoch (mod 4): (epoch, arrivals counted, rounds arrived as bits).
+    barrier: [(u64, u32, u64); 4],
     now: u64,
     stats: Stats,
 }
@@ -295,7 +298,8 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
             next_request: 0,
             next_port: EPHEMERAL_FIRST + (config.rank as u16 % 1024) * 16,
             barrier_epoch: 0,
-            barrier: [(0, 0); 4],
+            barrier_sent: 0,
+            barrier: [(0, 0, 0); 4],
             now: 0,
             stats: Stats::default(),
         };
@@ -395,6 +399,7 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
         self.timers();
         self.start_connects();
         self.arm_listeners();
+        self.barrier_advance();
         for peer in 0..self.cfg.size {
             self.flush_peer(peer);
         }

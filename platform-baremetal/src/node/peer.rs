@@ -5,6 +5,7 @@
 //! done for all peers at once: the barrier, a clean close, the endpoint's
 //! actions carried out on sockets and queues.
 
+use btl_core::barrier::{BarrierRepr, Schedule, ARRIVED_LEN};
 use btl_core::tcp::endpoint::{
     Action, CloseCause, ConnId, Endpoint, EndpointState, FailReason, SendDecision,
 };
@@ -175,39 +176,112 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
         Ok(())
     }
 
-    /// Enters the next barrier: tells every live peer. Returns its epoch,
-    /// for [`Self::barrier_done`].
+    /// Enters the next barrier: tells the live peers of its first round
+    /// (every peer up to [`btl_core::barrier::DIRECT_MAX`] ranks, one by
+    /// dissemination above; the later rounds go out from [`Self::poll`]).
+    /// Returns its epoch, for [`Self::barrier_done`].
     pub fn barrier_start(&mut self) -> Result<u64, SendError> {
-        let me = self.cfg.rank;
-        for (r, p) in self.peers.iter().enumerate() {
-            if r as u32 != me && p.failed.is_none() && p.out.free() < FRAME_HEADER_LEN + 8 {
-                return Err(SendError::QueueFull { peer: r as u32 });
+        let Some(s) = self.barrier_schedule() else {
+            return Ok(self.barrier_epoch);
+        };
+        for r in s.sends(0) {
+            let p = &self.peers[r as usize];
+            if p.failed.is_none() && p.out.free() < FRAME_HEADER_LEN + ARRIVED_LEN {
+                return Err(SendError::QueueFull { peer: r });
             }
         }
-        let epoch = self.barrier_epoch + 1;
-        for peer in 0..self.cfg.size {
-            if peer != me && self.peers[peer as usize].failed.is_none() {
+        self.barrier_epoch += 1;
+        self.barrier_sent = 0;
+        self.barrier_send_round(s, 0)?;
+        Ok(self.barrier_epoch)
+    }
+
+    /// Whether the barrier `epoch` is complete: every round's message
+    /// arrived, or its sender failed (failed ranks are not waited for).
+    pub fn barrier_done(&self, epoch: u64) -> bool {
+        let Some(s) = self.barrier_schedule() else {
+            return true;
+        };
+        epoch < self.barrier_epoch
+            || (epoch == self.barrier_epoch
+                && self.barrier_sent >= s.rounds()
+                && self.barrier_round_done(s, epoch, s.rounds() - 1))
+    }
+
+    /// Our barrier schedule (all ranks take part).
+    fn barrier_schedule(&self) -> Option<Schedule> {
+        Schedule::new(self.cfg.size, self.cfg.rank)
+    }
+
+    /// Counts a barrier arrival from `peer`.
+    pub(super) fn barrier_arrived(&mut self, peer: u32, epoch: u64) {
+        let Some(s) = self.barrier_schedule() else {
+            return;
+        };
+        let Some(round) = s.round_of(peer) else {
+            warn!(
+                "btl-baremetal: barrier message from {}, who has no round with us",
+                peer
+            );
+            return;
+        };
+        let slot = &mut self.barrier[(epoch % 4) as usize];
+        if slot.0 != epoch {
+            *slot = (epoch, 0, 0);
+        }
+        slot.1 += 1;
+        slot.2 |= 1u64 << (round % 64);
+        self.barrier_advance();
+    }
+
+    /// Whether `round` of barrier `epoch` has what it waits for.
+    fn barrier_round_done(&self, s: Schedule, epoch: u64, round: u32) -> bool {
+        let (e, count, rounds) = self.barrier[(epoch % 4) as usize];
+        match s {
+            Schedule::Direct { .. } => {
+                let failed = self.peers.iter().filter(|p| p.failed.is_some()).count() as u32;
+                (if e == epoch { count } else { 0 }) + failed >= s.size() - 1
+            }
+            Schedule::Dissemination { .. } => s.expects(round).all(|p| {
+                (e == epoch && (rounds >> (round % 64)) & 1 == 1)
+                    || self.peers[p as usize].failed.is_some()
+            }),
+        }
+    }
+
+    /// Sends the next rounds of the current barrier whose turn has come.
+    pub(super) fn barrier_advance(&mut self) {
+        let Some(s) = self.barrier_schedule() else {
+            return;
+        };
+        let epoch = self.barrier_epoch;
+        while epoch > 0
+            && self.barrier_sent < s.rounds()
+            && self.barrier_round_done(s, epoch, self.barrier_sent - 1)
+        {
+            // A full queue: the next poll tries again.
+            if self.barrier_send_round(s, self.barrier_sent).is_err() {
+                break;
+            }
+        }
+    }
+
+    fn barrier_send_round(&mut self, s: Schedule, round: u32) -> Result<(), SendError> {
+        let msg = BarrierRepr::Arrived {
+            epoch: self.barrier_epoch,
+        };
+        let bytes = msg.to_bytes();
+        for peer in s.sends(round) {
+            if self.peers[peer as usize].failed.is_none() {
                 self.queue_frame(
                     peer,
-                    FrameRepr::send(TAG_BARRIER, 8),
-                    &[&epoch.to_le_bytes()],
+                    FrameRepr::send(TAG_BARRIER, ARRIVED_LEN as u32),
+                    &[&bytes[..ARRIVED_LEN]],
                 )?;
             }
         }
-        self.barrier_epoch = epoch;
-        Ok(epoch)
-    }
-
-    /// Whether every other rank entered barrier `epoch` (failed ranks are
-    /// not waited for).
-    pub fn barrier_done(&self, epoch: u64) -> bool {
-        let arrived = self
-            .barrier
-            .iter()
-            .find(|(e, _)| *e == epoch)
-            .map_or(0, |&(_, n)| n);
-        let failed = self.peers.iter().filter(|p| p.failed.is_some()).count() as u32;
-        arrived + failed >= self.cfg.size - 1
+        self.barrier_sent = round + 1;
+        Ok(())
     }
 
     /// Closes every connection cleanly (a FIN frame, then TCP's FIN);

@@ -4,6 +4,7 @@
 //! barrier arrivals counted, FIN and RMA frames to their handlers — and the
 //! end of a stream told apart as FIN, EOF or reset.
 
+use btl_core::barrier::BarrierRepr;
 use btl_core::tcp::decoder::Event as DecEvent;
 use btl_core::tcp::endpoint::ConnId;
 use btl_core::tcp::wire::{
@@ -197,14 +198,14 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
         match h.kind {
             FrameType::Send if h.tag == TAG_CHUNK => self.on_chunk(conn, peer, len, on_event),
             FrameType::Send if h.tag == TAG_BARRIER => {
-                let p = &self.peers[pi];
-                if let Ok(b) = <[u8; 8]>::try_from(&p.msg[base..base + len]) {
-                    let epoch = u64::from_le_bytes(b);
-                    let slot = &mut self.barrier[(epoch % 4) as usize];
-                    if slot.0 != epoch {
-                        *slot = (epoch, 0);
-                    }
-                    slot.1 += 1;
+                match BarrierRepr::parse_bytes(&self.peers[pi].msg[base..base + len]) {
+                    Ok(BarrierRepr::Arrived { epoch }) => self.barrier_arrived(peer, epoch),
+                    // We see failures ourselves, and go on without them.
+                    Ok(BarrierRepr::Abandoned { epoch, failed }) => warn!(
+                        "btl-baremetal: rank {} gave barrier {} up: rank {} failed",
+                        peer, epoch, failed
+                    ),
+                    Err(e) => warn!("btl-baremetal: from {}: {}; dropped", peer, e),
                 }
             }
             FrameType::Send if h.tag <= MAX_USER_TAG => {

@@ -72,11 +72,47 @@ fn rank_main(choice: Choice) -> Result<String, String> {
     ))
 }
 
+/// A rank of a barrier that rank `ABANDON_N - 1` never enters (it
+/// vanishes after start-up): ours must end with that rank's failure — told
+/// by whoever waited for it directly — well before `BTL_TIMEOUT`.
+fn abandon_main(choice: Choice) -> Result<String, String> {
+    let mut w = World::init(choice).map_err(|e| e.to_string())?;
+    let me = w.rank();
+    let gone = w.size() - 1;
+    if me == gone {
+        // Once the others are through start-up (which needs every rank).
+        std::thread::sleep(Duration::from_millis(500));
+        std::process::exit(0);
+    }
+    let t = std::time::Instant::now();
+    let r = match w.barrier() {
+        Err(WorldError::PeerFailed { peer, why }) if peer == gone => Ok(format!(
+            "ABANDONED rank {me}: rank {gone} failed ({why}) after {:.1} s",
+            t.elapsed().as_secs_f64()
+        )),
+        other => Err(format!("barrier without rank {gone}: {other:?}")),
+    };
+    // Not gone at once: a rank still waiting for our message of a round
+    // would see us fail before the news of rank `gone` reaches it.
+    std::thread::sleep(Duration::from_millis(500));
+    r
+}
+
+/// Ranks in the abandoned barrier: above the direct schedule's four.
+const ABANDON_N: u32 = 6;
+
 #[test]
 fn role() {
     let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
         return;
     };
+    if let Some(t) = role.strip_prefix("abandon:") {
+        match abandon_main(Choice::parse(t).expect("a transport choice")) {
+            Ok(line) => println!("{line}"),
+            Err(e) => panic!("rank failed: {e}"),
+        }
+        return;
+    }
     let choice = Choice::parse(&role).expect("role is a transport choice");
     match rank_main(choice) {
         Ok(line) => println!("{line}"),
@@ -120,4 +156,37 @@ fn survivors_go_on_over_tcp() {
     if std::env::var_os("BTL_TEST_ROLE").is_none() {
         run("tcp");
     }
+}
+
+/// Every rank of a dissemination barrier that one rank never enters ends
+/// with that rank's failure, not a timeout (shared memory: its liveness
+/// check sees the death of a rank it never heard from).
+#[test]
+fn a_barrier_without_a_rank_ends_at_every_rank() {
+    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+        return;
+    }
+    let job = format!("aban{}", std::process::id());
+    let t = std::time::Instant::now();
+    let outs = common::run_rendezvous(
+        ABANDON_N,
+        &job,
+        |_| {
+            vec![
+                ("BTL_TEST_ROLE", "abandon:sm".to_string()),
+                ("BTL_TIMEOUT", "60".to_string()),
+            ]
+        },
+        Duration::from_secs(120),
+    );
+    for (r, o) in outs.iter().enumerate().take(ABANDON_N as usize - 1) {
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "rank {r}:\n{out}\n{err}");
+        assert!(
+            out.contains(&format!("ABANDONED rank {r}:")),
+            "rank {r}:\n{out}\n{err}"
+        );
+    }
+    assert!(t.elapsed() < Duration::from_secs(40), "{:?}", t.elapsed());
 }

@@ -910,6 +910,114 @@ fn splitsend(w: &mut World<'_>, on: bool, measured: bool) -> R<String> {
     Ok(format!("large messages, split={on}: {summary}"))
 }
 
+/// Sockets this process holds (connections, listeners, the wire-up's).
+fn sockets() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|f| std::fs::read_link(f.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy().starts_with("socket:"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Wall-clock nanoseconds (one clock for every rank of this machine).
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Barriers of every rank, one rank late for each: rank 0 gathers when each
+/// rank entered and left each barrier and checks that nobody left before
+/// the last one entered. Over TCP it also checks that the barriers opened
+/// about `2 log2 n` connections per rank, not `n - 1` (the dissemination
+/// schedule; nothing else is sent but the reports to rank 0).
+fn barriers(w: &mut World<'_>, tcp: bool) -> R<String> {
+    const ROUNDS: u64 = 6;
+    const TAG_TIMES: u8 = 6;
+    let me = w.rank();
+    let n = w.size();
+    let mut times = Vec::new();
+    for k in 0..ROUNDS {
+        if u64::from(me) == (k * 7 + 3) % u64::from(n) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let entered = now_ns();
+        w.barrier().map_err(|x| format!("barrier {k}: {x}"))?;
+        times.push((entered, now_ns()));
+    }
+    let socks = sockets() as u64;
+    let mut report: Vec<u8> = socks.to_le_bytes().to_vec();
+    for (a, b) in &times {
+        report.extend_from_slice(&a.to_le_bytes());
+        report.extend_from_slice(&b.to_le_bytes());
+    }
+    if me != 0 {
+        w.send(0, TAG_TIMES, &report).map_err(e)?;
+        w.flush().map_err(e)?;
+        // Stay until rank 0 has everything.
+        w.barrier().map_err(e)?;
+        return Ok(format!("{socks} sockets"));
+    }
+    let mut all = vec![report];
+    all.resize(n as usize, Vec::new());
+    let mut got = 1;
+    w.drive("the reports", None, |_, ev| {
+        if let Event::Message {
+            from,
+            tag: TAG_TIMES,
+            data,
+        } = ev
+        {
+            all[from as usize] = data.to_vec();
+            got += 1;
+        }
+        if got == n {
+            Flow::Done
+        } else {
+            Flow::Continue
+        }
+    })
+    .map_err(e)?;
+    w.barrier().map_err(e)?;
+    let at = |r: &[u8], i: usize| u64::from_le_bytes(r[i * 8..i * 8 + 8].try_into().unwrap());
+    let mut most = 0;
+    for (r, rep) in all.iter().enumerate() {
+        if rep.len() != 8 + 16 * ROUNDS as usize {
+            return Err(format!("rank {r}: report of {} bytes", rep.len()));
+        }
+        // Rank 0 holds a connection from everyone for the reports.
+        if r != 0 {
+            most = most.max(at(rep, 0));
+        }
+    }
+    for k in 0..ROUNDS as usize {
+        let last_in = all.iter().map(|rep| at(rep, 1 + 2 * k)).max().unwrap();
+        for (r, rep) in all.iter().enumerate() {
+            let out = at(rep, 2 + 2 * k);
+            if out < last_in {
+                return Err(format!(
+                    "barrier {k}: rank {r} left {} us before the last rank entered",
+                    (last_in - out) / 1000
+                ));
+            }
+        }
+    }
+    // Dissemination: partners i +- 2^j, at most 2 ceil(log2 n); plus the
+    // report's connection to rank 0, the listener and the wire-up's.
+    let rounds = u64::from(u32::BITS - (n - 1).leading_zeros());
+    let bound = 2 * rounds + 4;
+    if tcp && n > 8 && most > bound {
+        return Err(format!(
+            "a rank holds {most} sockets after barriers alone (want at most {bound})"
+        ));
+    }
+    Ok(format!(
+        "{ROUNDS} barriers of {n}, at most {most} sockets a rank but rank 0"
+    ))
+}
+
 #[test]
 fn role() {
     let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
@@ -947,6 +1055,7 @@ fn role() {
                 regions(&mut w, &mut mem[..n * 8192])
             }
             "cycle" => cycle(&mut w),
+            "barriers" => barriers(&mut w, transport == "tcp"),
             "findone" | "findone-frag" => findone(&mut w),
             "split" => split(&mut w, true),
             "nosplit" => split(&mut w, false),
@@ -1019,6 +1128,10 @@ job_tests! {
     /// pipelined copy mix, measurement bursts included, and every byte
     /// arrives in order.
     measured_large_messages_arrive_whole_and_in_order: [(2, "measuredsend", "sm"), (4, "measuredsend", "sm")];
+    /// Barriers hold everyone until the last rank enters, by the direct
+    /// schedule (3 ranks) and by dissemination (9 over shared memory, 16
+    /// over TCP, where it opens a few connections per rank, not n - 1).
+    barriers_wait_for_the_last_rank: [(3, "barriers", "sm"), (9, "barriers", "sm"), (16, "barriers", "tcp")];
 }
 
 /// The cycle of blocking gets across transports (the cross-host get/put

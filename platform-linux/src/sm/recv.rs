@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use btl_core::sync::Ordering;
 
+use btl_core::barrier::{BarrierError, BarrierRepr, ABANDONED_LEN, ARRIVED_LEN};
 use btl_core::rma::RmaStatus;
 use btl_core::shm::Region;
 use btl_core::sm::engine::{deliver_boxed, Dispatch, PeerError};
@@ -958,17 +959,19 @@ impl Dispatch for Ctx<'_, '_> {
             rma::TAG_RMA_REPLY => self.recv_reply(peer, frag),
             rma::TAG_GET_DATA => self.recv_get_data(peer, frag),
             TAG_BARRIER => {
-                let Some(b) = frag.exact::<8>() else {
-                    violation!(self.st, peer, "malformed barrier message");
-                    return false;
+                let msg = match (frag.exact::<ARRIVED_LEN>(), frag.exact::<ABANDONED_LEN>()) {
+                    (Some(b), _) => BarrierRepr::parse_bytes(&b),
+                    (None, Some(b)) => BarrierRepr::parse_bytes(&b),
+                    (None, None) => Err(BarrierError::Length(frag.info.len as usize)),
                 };
-                (self.sink)(
-                    self.regions,
-                    TEvent::Barrier {
-                        from: peer,
-                        epoch: u64::from_le_bytes(b),
-                    },
-                );
+                let msg = match msg {
+                    Ok(m) => m,
+                    Err(e) => {
+                        violation!(self.st, peer, "malformed barrier message: {e}");
+                        return false;
+                    }
+                };
+                (self.sink)(self.regions, TEvent::Barrier { from: peer, msg });
                 true
             }
             t if t <= MAX_USER_TAG => {

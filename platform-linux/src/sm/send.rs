@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use btl_core::barrier::BarrierRepr;
 use btl_core::sm::engine::{PeerState, SendError};
 
 use super::landing::{LandingAd, RndvSplit, ALIGN_SLACK};
@@ -514,10 +515,10 @@ impl Sm {
         Ok(())
     }
 
-    /// Announces our arrival at barrier `epoch` to `peer` (the job's
-    /// barrier; arrivals are reported as [`TEvent::Barrier`](crate::ops::TEvent::Barrier)).
-    pub fn send_barrier(&mut self, peer: u32, epoch: u64) -> Result<(), PostError> {
-        self.send_ctl(peer, TAG_BARRIER, &epoch.to_le_bytes())
+    /// Sends barrier message `msg` to `peer` (the job's barrier; they
+    /// arrive as [`TEvent::Barrier`](crate::ops::TEvent::Barrier)).
+    pub fn send_barrier(&mut self, peer: u32, msg: BarrierRepr) -> Result<(), PostError> {
+        self.send_ctl(peer, TAG_BARRIER, &msg.to_bytes()[..msg.buffer_len()])
     }
 
     /// Queues a large message by the protocol measurement prefers.

@@ -15,6 +15,7 @@
 use std::io::{self, IoSlice};
 use std::os::fd::AsFd;
 
+use btl_core::barrier::BarrierRepr;
 use btl_core::tcp::decoder::Event;
 use btl_core::tcp::endpoint::{ConnId, SendDecision};
 use btl_core::tcp::wire::{
@@ -1231,17 +1232,10 @@ impl Tcp {
     ) {
         match h.kind {
             FrameType::Send if h.tag == TAG_CHUNK => self.on_chunk(peer, payload, pass),
-            FrameType::Send if h.tag == TAG_BARRIER => {
-                if let Ok(b) = <[u8; 8]>::try_from(payload) {
-                    (pass.sink)(
-                        pass.regions,
-                        TEvent::Barrier {
-                            from: peer,
-                            epoch: u64::from_le_bytes(b),
-                        },
-                    );
-                }
-            }
+            FrameType::Send if h.tag == TAG_BARRIER => match BarrierRepr::parse_bytes(payload) {
+                Ok(msg) => (pass.sink)(pass.regions, TEvent::Barrier { from: peer, msg }),
+                Err(e) => log::warn!("tcp: from {peer}: {e}; dropped"),
+            },
             FrameType::Send if h.tag <= MAX_USER_TAG => (pass.sink)(
                 pass.regions,
                 TEvent::Message {
@@ -1324,10 +1318,10 @@ impl Tcp {
         }
     }
 
-    /// Announces our arrival at barrier `epoch` to `peer` (the TCP
-    /// barrier's frame, which the bare-metal node speaks too). Never
-    /// refused for queue bounds.
-    pub fn send_barrier(&mut self, peer: u32, epoch: u64) -> Result<(), PostError> {
+    /// Sends barrier message `msg` to `peer` (the TCP barrier's frame,
+    /// which the bare-metal node speaks too). Never refused for queue
+    /// bounds.
+    pub fn send_barrier(&mut self, peer: u32, msg: BarrierRepr) -> Result<(), PostError> {
         if peer >= self.n || peer == self.me {
             return Err(PostError::InvalidPeer);
         }
@@ -1336,8 +1330,8 @@ impl Tcp {
         }
         self.post(
             peer,
-            FrameRepr::send(TAG_BARRIER, 8),
-            &[&epoch.to_le_bytes()],
+            FrameRepr::send(TAG_BARRIER, msg.buffer_len() as u32),
+            &[&msg.to_bytes()[..msg.buffer_len()]],
             None,
         )
         .map(|_| ())

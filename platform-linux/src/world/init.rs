@@ -546,6 +546,7 @@ fn finish<'m>(
             completed: VecDeque::new(),
             next_req: 0,
             barrier_in: HashMap::<u64, HashSet<u32>>::new(),
+            barrier_abandoned: HashMap::new(),
             failed: Vec::new(),
         },
         id,

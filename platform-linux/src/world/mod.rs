@@ -53,6 +53,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
+use btl_core::barrier::BarrierRepr;
 use btl_core::rma::RmaStatus;
 
 use crate::idmap::IdMap;
@@ -573,6 +574,8 @@ struct Hub<'m> {
     next_req: u64,
     /// Peers (global) that announced each barrier epoch.
     barrier_in: HashMap<u64, HashSet<u32>>,
+    /// Barrier epochs a peer gave up: (the rank that failed, who said so).
+    barrier_abandoned: HashMap<u64, (u32, u32)>,
     /// Peers (global) declared failed, with why.
     failed: Vec<(u32, String)>,
 }
@@ -683,9 +686,16 @@ impl Hub<'_> {
                 });
                 self.done(op, result, regions, user);
             }
-            TEvent::Barrier { from, epoch } => {
+            TEvent::Barrier { from, msg } => {
                 let g = self.global(sm, from);
-                self.barrier_in.entry(epoch).or_default().insert(g);
+                match msg {
+                    BarrierRepr::Arrived { epoch } => {
+                        self.barrier_in.entry(epoch).or_default().insert(g);
+                    }
+                    BarrierRepr::Abandoned { epoch, failed } => {
+                        self.barrier_abandoned.entry(epoch).or_insert((failed, g));
+                    }
+                }
             }
             TEvent::PeerFailed { peer, why } => {
                 let g = self.global(sm, peer);

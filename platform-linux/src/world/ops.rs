@@ -11,6 +11,7 @@
 //! `register_raw` — caller memory under the caller's `unsafe` promise.
 #![allow(unsafe_code)]
 
+use btl_core::barrier::{BarrierRepr, Schedule};
 use btl_core::rma::RmaStatus;
 
 use super::*;
@@ -631,49 +632,96 @@ impl<'m> World<'m> {
         refusal(self.finish_borrowed(req))
     }
 
-    /// Waits until every rank has called `barrier` as often: each rank
-    /// announces its arrival at epoch `k` to every other (over shared
-    /// memory and TCP alike, on the barrier tag; the bare-metal node speaks
-    /// the TCP one) and waits for the `n - 1` announcements of the others.
-    /// A peer that fails after announcing does not stop the barrier; one
-    /// that fails before does (the error names it). With
+    /// Waits until every rank has called `barrier` as often. The ranks
+    /// tell each other by the schedule of [`btl_core::barrier`] (over
+    /// shared memory and TCP alike, on the barrier tag; the bare-metal node
+    /// speaks the TCP one): up to four ranks each tells every other, above
+    /// in `ceil(log2 n)` rounds of one message each (dissemination), so a
+    /// barrier opens about `log2 n` connections per rank, not `n - 1`.
+    ///
+    /// A peer that fails after its message of a round reached us does not
+    /// stop the barrier; one that fails before does, with an error naming
+    /// it — and (dissemination) every other rank is told, so theirs end
+    /// with the same error instead of a timeout. With
     /// [`Choice::SmLocal`] it is a barrier of the ranks of our node (the
     /// ranks this world reaches).
     pub fn barrier(&mut self) -> Result<(), WorldError> {
         self.barrier_epoch += 1;
         let epoch = self.barrier_epoch;
         let me = self.id.rank;
-        let peers: Vec<u32> = (0..self.id.size)
-            .filter(|&p| p != me && self.reachable(p))
+        let members: Vec<u32> = (0..self.id.size)
+            .filter(|&p| p == me || self.reachable(p))
             .collect();
-        for p in peers {
-            let r = match self.route_of(p)? {
-                Route::Tcp => match self.tcp.as_mut() {
-                    Some(t) => t.send_barrier(p, epoch),
-                    None => Err(PostError::InvalidPeer),
-                },
-                Route::Sm(l) => match self.sm.as_mut() {
-                    Some(sm) => sm.send_barrier(l, epoch),
-                    None => Err(PostError::InvalidPeer),
-                },
-                Route::Me | Route::Unreachable => Ok(()),
+        let mine = members.iter().position(|&p| p == me).unwrap_or(0);
+        // `mine < members.len()`: we are a member.
+        let Some(s) = Schedule::new(members.len() as u32, mine as u32) else {
+            return Ok(());
+        };
+        let result = self.barrier_rounds(epoch, &members, s);
+        let told = self.hub.barrier_abandoned.remove(&epoch).is_some();
+        self.hub.barrier_in.remove(&epoch);
+        if let (Err(WorldError::PeerFailed { peer, .. }), Schedule::Dissemination { .. }, false) =
+            (&result, s, told)
+        {
+            let msg = BarrierRepr::Abandoned {
+                epoch,
+                failed: *peer,
             };
-            r.map_err(|e| self.post_error(p, e))?;
+            for &p in members.iter().filter(|&&p| p != me && p != *peer) {
+                // Best effort: a rank we cannot tell ends by its own
+                // liveness checks or BTL_TIMEOUT.
+                let _ = self.send_barrier(p, msg);
+            }
         }
+        result
+    }
+
+    fn barrier_rounds(
+        &mut self,
+        epoch: u64,
+        members: &[u32],
+        s: Schedule,
+    ) -> Result<(), WorldError> {
         let arrived =
             |w: &World<'_>, p: u32| w.hub.barrier_in.get(&epoch).is_some_and(|s| s.contains(&p));
-        self.wait_loop(
-            "the other ranks at a barrier",
-            &mut |w, p| !arrived(w, p),
-            &mut None,
-            &mut |w| {
-                (0..w.id.size)
-                    .filter(|&p| p != me && w.reachable(p))
-                    .all(|p| arrived(w, p))
-            },
-        )?;
-        self.hub.barrier_in.remove(&epoch);
+        for round in 0..s.rounds() {
+            for i in s.sends(round) {
+                self.send_barrier(members[i as usize], BarrierRepr::Arrived { epoch })?;
+            }
+            let expect: Vec<u32> = s.expects(round).map(|i| members[i as usize]).collect();
+            self.wait_loop(
+                "the other ranks at a barrier",
+                &mut |w, p| expect.contains(&p) && !arrived(w, p),
+                &mut None,
+                &mut |w| {
+                    w.hub.barrier_abandoned.contains_key(&epoch)
+                        || expect.iter().all(|&p| arrived(w, p))
+                },
+            )?;
+            if let Some(&(peer, by)) = self.hub.barrier_abandoned.get(&epoch) {
+                return Err(WorldError::PeerFailed {
+                    peer,
+                    why: format!("rank {by} saw it fail before it reached barrier {epoch}"),
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// Sends barrier message `msg` to `p` by its route.
+    fn send_barrier(&mut self, p: u32, msg: BarrierRepr) -> Result<(), WorldError> {
+        let r = match self.route_of(p)? {
+            Route::Tcp => match self.tcp.as_mut() {
+                Some(t) => t.send_barrier(p, msg),
+                None => Err(PostError::InvalidPeer),
+            },
+            Route::Sm(l) => match self.sm.as_mut() {
+                Some(sm) => sm.send_barrier(l, msg),
+                None => Err(PostError::InvalidPeer),
+            },
+            Route::Me | Route::Unreachable => Ok(()),
+        };
+        r.map_err(|e| self.post_error(p, e))
     }
 
     /// Waits until everything sent has left (and, over shared memory, been
