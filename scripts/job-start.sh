@@ -62,14 +62,31 @@ up() {
   done
 }
 
-cargo build --release --locked -q -p btl-cli --bin btl
-btl=$root/target/release/btl
+# BTL=PATH measures that build of btl instead (say, the one before a change).
+if [ -n "${BTL:-}" ]; then
+  btl=$BTL
+else
+  cargo build --release --locked -q -p btl-cli --bin btl
+  btl=$root/target/release/btl
+fi
 rows=()
 for shape in $SHAPES; do
   hosts=${shape%x*} per=${shape#*x}
   up "$hosts"
   list=$(for i in $(seq 1 "$hosts"); do printf 'bj%s:%s,' "$i" "$per"; done)
-  times=() ok=0
+  times=() ok=0 spreads=()
+  # How long after the launch each rank's program starts (a program that
+  # prints the clock): the spread, and the last host's first rank.
+  for r in $(seq 1 "$RUNS"); do
+    t0=$(date +%s.%N)
+    BTL_NETNS_HOSTS=$work/hosts "$btl" run --timeout 120 -n $((hosts * per)) --host "${list%,}" \
+      --agent "$root/scripts/netns-agent.sh" --wireup-addr 10.98.255.254 -- \
+      date +%s.%N >"$work/starts" 2>&1 || true
+    spreads+=("$(sed -n 's/^\[\([0-9]*\)\] \([0-9.]*\)$/\1 \2/p' "$work/starts" |
+      awk -v t0="$t0" -v last=$(((hosts - 1) * per)) '
+        { d = $2 - t0; if (NR == 1 || d > max) max = d; if (NR == 1 || d < min) min = d; if ($1 == last) l = d }
+        END { printf "%.2f %.2f %.2f", min, max, l }')")
+  done
   for r in $(seq 1 "$RUNS"); do
     t0=$(date +%s.%N)
     if BTL_TCP_IF_INCLUDE=10.98.0.0/16 BTL_NETNS_HOSTS=$work/hosts \
@@ -84,8 +101,11 @@ for shape in $SHAPES; do
     times+=("$(echo "$(date +%s.%N) - $t0" | bc)")
   done
   med=$(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-  printf '[job-start] %s: %d of %d intact, median %.2f s\n' "$shape" "$ok" "$RUNS" "$med"
-  rows+=("$(printf '%s × %s\t%s\t%.2f\t%d of %d' "$hosts" "$per" $((hosts * per)) "$med" "$ok" "$RUNS")")
+  # The run with the median latest start.
+  read -r smin smax slast <<<"$(printf '%s\n' "${spreads[@]}" | sort -n -k2 | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}')"
+  printf '[job-start] %s: %d of %d intact, median %.2f s; programs started %s-%s s after launch (last host %s s)\n' \
+    "$shape" "$ok" "$RUNS" "$med" "$smin" "$smax" "$slast"
+  rows+=("$(printf '%s × %s\t%s\t%.2f\t%s\t%s\t%s\t%d of %d' "$hosts" "$per" $((hosts * per)) "$med" "$smin" "$smax" "$slast" "$ok" "$RUNS")")
   down
 done
 
@@ -93,8 +113,8 @@ done
   echo "# title: Job start across network-namespace hosts (btl run, default settings)"
   echo "# command: SHAPES=\"$SHAPES\" RUNS=$RUNS MESSAGES=$MESSAGES MAX_SIZE=$MAX_SIZE bash scripts/job-start.sh"
   echo "# machine: $(nproc) vCPU $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), $(. /etc/os-release && echo "$PRETTY_NAME")"
-  echo "# note: wall time of the whole job: launch, wire-up, barrier, $MESSAGES checked message(s) of up to $MAX_SIZE B to every peer and a get/put with each; median of $RUNS runs; all ranks share the machine's cores"
-  printf 'hosts × ranks\tranks\tjob s\tintact\n'
+  echo "# note: wall time of the whole job: launch, wire-up, barrier, $MESSAGES checked message(s) of up to $MAX_SIZE B to every peer and a get/put with each; median of $RUNS runs; all ranks share the machine's cores. Starts: when each rank's program began (a program printing the clock, same launch), after the launch; the run with the median latest start; last host: the first rank of the last host in the list"
+  printf 'hosts × ranks\tranks\tjob s\tfirst start s\tlast start s\tlast host s\tintact\n'
   printf '%s\n' "${rows[@]}"
 } >"$OUT"
 python3 scripts/benchmarks.py

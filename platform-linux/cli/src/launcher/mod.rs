@@ -64,12 +64,13 @@
 //! [`launch`] installs process-wide signal handlers, so only one launch may
 //! run at a time in a process.
 
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, IsTerminal, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Mutex, TryLockError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -89,6 +90,7 @@ mod supervise;
 
 use binding::*;
 pub use binding::{apply_binding_from_env, BindError};
+use rustix::thread::CpuSet;
 use session::*;
 use status::*;
 use supervise::*;
@@ -481,6 +483,7 @@ fn run_job(
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut readers: Vec<JoinHandle<()>> = Vec::new();
     let stdin_for_rank0 = !io::stdin().is_terminal();
+    let mut todo_spawn = Vec::with_capacity(spec.nprocs as usize);
     for rank in 0..spec.nprocs {
         let (local_rank, local_size) = local_of(rank);
         let mut cmd = match placement[rank as usize] {
@@ -524,27 +527,41 @@ fn run_job(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-        let mut restore = None;
         let here = placement[rank as usize].is_none();
-        if let (Some((set, cpus)), true) = (&bind_cpus, here) {
-            let cpu = cpus[rank as usize % cpus.len()];
-            cmd.env(ENV_BIND_CPU, cpu.to_string());
-            restore = Some(AffinityRestore(*set));
-            bind_current_thread(cpu).map_err(|source| LaunchError::Binding {
-                rank,
-                cpu,
-                source,
-            })?;
-        } else {
-            cmd.env_remove(ENV_BIND_CPU);
-        }
-        let spawned = cmd.spawn();
-        drop(restore);
-        let mut child = spawned.map_err(|source| LaunchError::Spawn {
+        let cpu = match (&bind_cpus, here) {
+            (Some((_, cpus)), true) => {
+                let cpu = cpus[rank as usize % cpus.len()];
+                cmd.env(ENV_BIND_CPU, cpu.to_string());
+                Some(cpu)
+            }
+            _ => {
+                cmd.env_remove(ENV_BIND_CPU);
+                None
+            }
+        };
+        todo_spawn.push(ToSpawn {
             rank,
-            program: spec.program.clone(),
-            source,
-        })?;
+            host: placement[rank as usize],
+            cmd,
+            cpu,
+        });
+    }
+    let children = spawn_all(
+        todo_spawn,
+        &spec.program,
+        bind_cpus.as_ref().map(|(set, _)| *set),
+    );
+    // Every child started is supervised (and so killed on an error) before
+    // the first error is returned.
+    let mut first_error = None;
+    for (rank, spawned) in children {
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                first_error.get_or_insert(e);
+                continue;
+            }
+        };
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         ranks.procs.push(RankProc {
@@ -575,12 +592,127 @@ fn run_job(
         }
     }
     drop(done_tx);
+    if let Some(e) = first_error {
+        drop(ranks);
+        wait_for_output(&done_rx, readers);
+        return Err(e);
+    }
 
     let report = supervise(&mut ranks, spec.timeout)?;
     drop(ranks);
     drop(service);
     wait_for_output(&done_rx, readers);
     Ok(report)
+}
+
+/// A rank's process, ready to start.
+struct ToSpawn<'a> {
+    rank: u32,
+    /// Its host (`None`: here).
+    host: Option<&'a str>,
+    cmd: Command,
+    /// The CPU to bind it to.
+    cpu: Option<usize>,
+}
+
+/// Most processes started at once: agents (ssh, a namespace's `ip netns
+/// exec`) cost the launcher a fork and exec each, and a start on every
+/// host at once does not wait for the hosts before it in the list.
+const SPAWNERS: usize = 16;
+
+/// Starts every process, [`SPAWNERS`] at a time, taking the hosts in
+/// turn (the first rank of every host, then the second, ...), so a rank's
+/// start does not wait for the ranks of the hosts listed before its own.
+/// Returns each rank's child (or the error that kept it from starting), in
+/// rank order. `restore` is the launcher's CPU set, when ranks are bound.
+fn spawn_all(
+    todo: Vec<ToSpawn<'_>>,
+    program: &OsString,
+    restore: Option<CpuSet>,
+) -> Vec<(u32, Result<Child, LaunchError>)> {
+    let mut keyed: Vec<(usize, ToSpawn<'_>)> = Vec::with_capacity(todo.len());
+    let mut seen: Vec<(Option<&str>, usize)> = Vec::new();
+    for t in todo {
+        let nth = match seen.iter_mut().find(|(h, _)| *h == t.host) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                seen.push((t.host, 0));
+                0
+            }
+        };
+        keyed.push((nth, t));
+    }
+    // Stable: within a turn, hosts in the order of the list.
+    keyed.sort_by_key(|(nth, _)| *nth);
+    let queue: Mutex<VecDeque<ToSpawn<'_>>> =
+        Mutex::new(keyed.into_iter().map(|(_, t)| t).collect());
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let next = match queue.lock() {
+                Ok(mut q) => q.pop_front(),
+                Err(poisoned) => poisoned.into_inner().pop_front(),
+            };
+            let Some(mut t) = next else { break };
+            done.push((t.rank, spawn_one(&mut t, program, restore)));
+        }
+        done
+    };
+    let helpers = SPAWNERS.saturating_sub(1).min(queue_len(&queue));
+    let mut out: Vec<(u32, Result<Child, LaunchError>)> = thread::scope(|s| {
+        // A helper thread that cannot be made leaves its share to the
+        // others; this thread works too, so at least one does.
+        let handles: Vec<_> = (0..helpers)
+            .filter_map(|_| {
+                thread::Builder::new()
+                    .name("btl-run-spawn".into())
+                    .stack_size(64 * 1024)
+                    .spawn_scoped(s, work)
+                    .ok()
+            })
+            .collect();
+        let mut all = work();
+        for h in handles {
+            all.extend(h.join().unwrap_or_default());
+        }
+        all
+    });
+    out.sort_unstable_by_key(|(r, _)| *r);
+    out
+}
+
+fn queue_len<T>(q: &Mutex<VecDeque<T>>) -> usize {
+    q.lock().map_or(0, |q| q.len())
+}
+
+/// Starts one rank's process, bound to its CPU (from this thread, whose
+/// affinity the child inherits) if it has one.
+fn spawn_one(
+    t: &mut ToSpawn<'_>,
+    program: &OsString,
+    restore: Option<CpuSet>,
+) -> Result<Child, LaunchError> {
+    let rank = t.rank;
+    let _restore = match (t.cpu, restore) {
+        (Some(cpu), Some(set)) => {
+            let r = AffinityRestore(set);
+            bind_current_thread(cpu).map_err(|source| LaunchError::Binding {
+                rank,
+                cpu,
+                source,
+            })?;
+            Some(r)
+        }
+        _ => None,
+    };
+    t.cmd.spawn().map_err(|source| LaunchError::Spawn {
+        rank,
+        program: program.clone(),
+        source,
+    })
 }
 
 /// The shell command that starts a rank on another host: into the
