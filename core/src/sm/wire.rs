@@ -54,7 +54,10 @@
 //! against each other are slower.
 //!
 //! Views (`*Packet`) wrap any `T: AsRef<[u8]>`; once `new_checked` (or
-//! `check_len`) succeeded, no accessor can panic. Representations
+//! `check_len`) succeeded, no accessor can panic. A view of a header may
+//! hold data after it ([`ChunkPacket::data`]); a view of a whole message
+//! (rendezvous, landing buffer, get request, single-copy put, answer)
+//! covers exactly it, and its parser refuses any other length. Representations
 //! (`*Repr`) validate every field a peer controls that this layer can judge
 //! (tags, lengths against a limit, offsets within their length, address
 //! ranges that must not wrap, reserved bytes, status codes) in `parse` and
@@ -326,6 +329,18 @@ macro_rules! view {
     };
 }
 
+/// A message format without data after it: the view covers exactly the
+/// message (`check_len` saw it is not shorter).
+fn whole(extra: &[u8], expected: usize) -> Result<(), WireError> {
+    if !extra.is_empty() {
+        return Err(WireError::BadLength {
+            len: expected + extra.len(),
+            expected,
+        });
+    }
+    Ok(())
+}
+
 fn user_tag(tag: u8) -> Result<u8, WireError> {
     if tag > MAX_USER_TAG {
         return Err(WireError::BadTag { found: tag });
@@ -390,13 +405,15 @@ pub struct RndvRepr {
 }
 
 impl RndvRepr {
-    /// Parses a header: the tag must be a user tag, the length at most
-    /// `max` (the receiver's message limit), and the range must not wrap.
+    /// Parses a header (the view covers exactly the message): the tag must
+    /// be a user tag, the length at most `max` (the receiver's message
+    /// limit), and the range must not wrap.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(
         packet: &RndvPacket<&T>,
         max: u64,
     ) -> Result<Self, WireError> {
         packet.check_len()?;
+        whole(packet.data(), RNDV_LEN)?;
         let len = at_most(packet.msg_len(), max)?;
         Ok(Self {
             tag: user_tag(packet.tag())?,
@@ -465,13 +482,15 @@ pub struct RndvSplitRepr {
 }
 
 impl RndvSplitRepr {
-    /// Parses a header: the rendezvous as [`RndvRepr::parse`] (with `max`,
-    /// the landing buffer's capacity), `at` within its length.
+    /// Parses a header (the view covers exactly the message): the
+    /// rendezvous as [`RndvRepr::parse`] (with `max`, the landing buffer's
+    /// capacity), `at` within its length.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(
         packet: &RndvSplitPacket<&T>,
         max: u64,
     ) -> Result<Self, WireError> {
         packet.check_len()?;
+        whole(packet.data(), RNDV_SPLIT_LEN)?;
         let rndv = RndvRepr::parse(&packet.rndv(), max)?;
         Ok(Self {
             rndv,
@@ -528,11 +547,12 @@ pub struct LandingAdRepr {
 }
 
 impl LandingAdRepr {
-    /// Parses an advertisement: the buffer (flag, gap and data) must not
-    /// wrap around the address space. Whether the sender may write there
+    /// Parses an advertisement (the view covers exactly the message): the
+    /// buffer (flag, gap and data) must not wrap around the address space. Whether the sender may write there
     /// is for the kernel to say.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &LandingAdPacket<&T>) -> Result<Self, WireError> {
         packet.check_len()?;
+        whole(packet.data(), LANDING_AD_LEN)?;
         let cap = packet.cap();
         let extent = cap.saturating_add(LANDING_DATA_OFF as u64);
         Ok(Self {
@@ -857,9 +877,11 @@ pub struct PutCmaRepr {
 }
 
 impl PutCmaRepr {
-    /// Parses a single-copy put: the source range must not wrap.
+    /// Parses a single-copy put (the view covers exactly the message): the
+    /// source range must not wrap.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &RangeReqPacket<&T>) -> Result<Self, WireError> {
         let (req, id, offset, len, src) = packet.fields()?;
+        whole(packet.data(), RANGE_REQ_LEN)?;
         Ok(Self {
             req,
             id,
@@ -966,9 +988,11 @@ pub struct ReplyRepr {
 }
 
 impl ReplyRepr {
-    /// Parses an answer: the status code must be an [`RmaStatus`].
+    /// Parses an answer (the view covers exactly the message): the status
+    /// code must be an [`RmaStatus`].
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &ReplyPacket<&T>) -> Result<Self, WireError> {
         packet.check_len()?;
+        whole(packet.data(), REPLY_LEN)?;
         let code = packet.status();
         let status = RmaStatus::from_code(code);
         if status.code() != code {
@@ -1129,6 +1153,20 @@ mod tests {
         }
     }
 
+    /// A whole message with a byte more is refused.
+    fn longer<R: core::fmt::Debug>(bytes: &[u8], parse: impl Fn(&[u8]) -> Result<R, WireError>) {
+        let mut b = [0u8; 64];
+        b[..bytes.len()].copy_from_slice(bytes);
+        let len = bytes.len() + 1;
+        assert_eq!(
+            parse(&b[..len]).unwrap_err(),
+            WireError::BadLength {
+                len,
+                expected: bytes.len()
+            }
+        );
+    }
+
     #[test]
     fn rndv_fixture_roundtrips() {
         let b = rndv_fixture();
@@ -1144,6 +1182,7 @@ mod tests {
         assert_eq!(r.to_bytes(), b);
         assert_eq!(r.buffer_len(), RNDV_LEN);
         truncations(&b, RNDV_LEN, |b| parse_rndv(b, MAX));
+        longer(&b, |b| parse_rndv(b, MAX));
     }
 
     #[test]
@@ -1189,6 +1228,7 @@ mod tests {
         assert_eq!(r.to_bytes(), b);
         assert_eq!(r.buffer_len(), RNDV_SPLIT_LEN);
         truncations(&b, RNDV_SPLIT_LEN, |b| parse_split(b, MAX));
+        longer(&b, |b| parse_split(b, MAX));
         // The rendezvous's rules, with the landing capacity as the limit.
         assert!(matches!(
             parse_split(&b, 0x0102_0303),
@@ -1234,6 +1274,7 @@ mod tests {
         assert_eq!(a.buffer_len(), LANDING_AD_LEN);
         assert_eq!(a.data_addr(5), Some(0x7f00_0000_0000 + 4096 + 5));
         truncations(&b, LANDING_AD_LEN, parse_ad);
+        longer(&b, parse_ad);
         // The whole buffer must not wrap: flag page, then `cap` bytes.
         let top = LandingAdRepr {
             addr: u64::MAX - 4096 - 10,
@@ -1241,6 +1282,11 @@ mod tests {
         };
         assert_eq!(parse_ad(&top.to_bytes()), Ok(top));
         assert_eq!(top.data_addr(11), None);
+        let high = LandingAdRepr {
+            addr: u64::MAX - 10,
+            cap: 1,
+        };
+        assert_eq!(high.data_addr(0), None);
         let wraps = LandingAdRepr { cap: 11, ..top };
         assert!(matches!(
             parse_ad(&wraps.to_bytes()),
@@ -1440,6 +1486,7 @@ mod tests {
         assert_eq!(p.to_bytes(), b);
         assert_eq!(p.buffer_len(), RANGE_REQ_LEN);
         truncations(&b, RANGE_REQ_LEN, parse_put_cma);
+        longer(&b, parse_put_cma);
         assert_eq!(
             parse_put_cma(&range_fixture(u64::MAX)),
             Err(WireError::Overflow {
@@ -1493,6 +1540,7 @@ mod tests {
             assert_eq!(r.to_bytes(), b);
             assert_eq!(r.buffer_len(), REPLY_LEN);
             truncations(&b, REPLY_LEN, parse_reply);
+            longer(&b, parse_reply);
         }
         for found in [4u32, 0x100, u32::MAX] {
             let b: [u8; REPLY_LEN] = cat(&[&b8(9), &found.to_le_bytes(), &b8(0)]);

@@ -10,17 +10,18 @@
 //! 1. The receiver maps a landing buffer for the sender ([`Landing`]: a
 //!    private anonymous mapping, a flag word then up to [`LANDING_CAP`]
 //!    bytes of data, pages touched only as used, transparent huge pages
-//!    advised) the first time that
-//!    sender sends it a large single-copy message, and tells it the
-//!    address ([`SM_LANDING`](btl_core::tags::SM_LANDING): address and
-//!    capacity). The sender checks once that the kernel lets it write
-//!    there (it writes the flag's current value, 0); if not, it never
-//!    splits to that receiver.
+//!    advised) the first time that sender sends it a large single-copy
+//!    message, and tells it the address
+//!    ([`SM_LANDING`](btl_core::tags::SM_LANDING): a [`LandingAdRepr`],
+//!    address and capacity). The sender checks once that the kernel lets
+//!    it write there (it writes the flag's current value, 0); if not, it
+//!    never splits to that receiver.
 //! 2. A large single-copy message (at least `cma_split_min` bytes, at most
-//!    the capacity) then travels as [`RndvSplit`]: the sender posts it and,
-//!    right away in the same call, writes the message's bytes from `at` on
-//!    into the landing buffer, then (after a fence) the message's sequence
-//!    number into the flag word. The receiver reads the bytes before `at`
+//!    the capacity) then travels as a split rendezvous
+//!    ([`RndvSplitRepr`](btl_core::sm::wire::RndvSplitRepr)): the sender
+//!    posts it and, right away in the same call, writes the message's
+//!    bytes from `at` on into the landing buffer, then (after a fence) the
+//!    message's sequence number into the flag word. The receiver reads the bytes before `at`
 //!    into the landing buffer itself, waits for the flag to show the
 //!    sequence number, and delivers the message from the landing buffer.
 //!    A rendezvous stays at the head of the sender's queue until the
@@ -35,8 +36,8 @@
 //!    can meet a stale write.
 //!
 //! The sender writes only into the range the receiver advertised, by the
-//! pid start-up established; the receiver validates every [`RndvSplit`]
-//! against its own landing buffer (length within the capacity, `at`
+//! pid start-up established; the receiver validates every split
+//! rendezvous against its own landing buffer (length within the capacity, `at`
 //! within the length) and reads only its own memory or the sender's.
 //! Dropping a landing buffer never unmaps it: it becomes inaccessible
 //! (`PROT_NONE`) and its pages are returned (`MADV_DONTNEED`), so a write
@@ -45,17 +46,15 @@
 
 use std::time::Duration;
 
+use btl_core::sm::wire::{LandingAdRepr, LANDING_DATA_OFF};
 use btl_core::sync::AtomicU64;
-
-use super::rma::u64_at;
-use super::send::Rndv;
 
 /// Most bytes of a message that travels split (the landing buffer's data
 /// capacity): address space, touched only as far as messages reach.
 pub(super) const LANDING_CAP: usize = 64 << 20;
 /// Where the data area starts in the mapping (the flag word is at 0): a
-/// page.
-const DATA_OFF: usize = 4096;
+/// page, as the protocol fixes it.
+const DATA_OFF: usize = LANDING_DATA_OFF;
 
 /// Where in the data area a message from the sender's address `addr`
 /// starts: at the same offset modulo 64 as the sender's bytes, so the
@@ -77,65 +76,6 @@ pub(super) const ALIGN_SLACK: usize = crate::cma::ALIGN;
 /// How long the receiver waits for the sender's part before reading it
 /// itself.
 pub(super) const SPLIT_WAIT: Duration = Duration::from_millis(50);
-
-/// Header of a split rendezvous fragment: the rendezvous's own header
-/// (tag, the sender's address and length), then where the sender's part
-/// starts and the sequence number its flag write carries. 33 bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct RndvSplit {
-    pub(super) rndv: Rndv,
-    pub(super) at: u64,
-    pub(super) seq: u64,
-}
-
-impl RndvSplit {
-    pub(super) const LEN: usize = Rndv::LEN + 16;
-    pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0; Self::LEN];
-        b[..Rndv::LEN].copy_from_slice(&self.rndv.encode());
-        b[Rndv::LEN..Rndv::LEN + 8].copy_from_slice(&self.at.to_le_bytes());
-        b[Rndv::LEN + 8..].copy_from_slice(&self.seq.to_le_bytes());
-        b
-    }
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        (b.len() == Self::LEN).then_some(())?;
-        Some(Self {
-            rndv: Rndv::decode(&b[..Rndv::LEN])?,
-            at: u64_at(b, Rndv::LEN)?,
-            seq: u64_at(b, Rndv::LEN + 8)?,
-        })
-    }
-}
-
-/// A landing buffer as its sender knows it: the mapping's address (flag
-/// word there, data at [`DATA_OFF`]) and the data capacity. 16 bytes on
-/// the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct LandingAd {
-    pub(super) addr: u64,
-    pub(super) cap: u64,
-}
-
-impl LandingAd {
-    pub(super) const LEN: usize = 16;
-    pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0; Self::LEN];
-        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
-        b[8..16].copy_from_slice(&self.cap.to_le_bytes());
-        b
-    }
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        (b.len() == Self::LEN).then_some(())?;
-        Some(Self {
-            addr: u64_at(b, 0)?,
-            cap: u64_at(b, 8)?,
-        })
-    }
-    /// The address of data byte `off`.
-    pub(super) fn data_addr(&self, off: u64) -> Option<u64> {
-        self.addr.checked_add(DATA_OFF as u64)?.checked_add(off)
-    }
-}
 
 /// Our landing buffer for one sender.
 #[derive(Debug)]
@@ -171,8 +111,8 @@ impl Landing {
     }
 
     /// How the sender learns of it.
-    pub(super) fn ad(&self) -> LandingAd {
-        LandingAd {
+    pub(super) fn ad(&self) -> LandingAdRepr {
+        LandingAdRepr {
             addr: self.map.as_ref().map_or(0, |m| m.as_ptr() as u64),
             cap: LANDING_CAP as u64,
         }
@@ -227,36 +167,6 @@ impl Drop for Landing {
 mod tests {
     use super::*;
     use btl_core::sync::Ordering;
-
-    #[test]
-    fn headers_roundtrip_and_reject_bad_lengths() {
-        let r = RndvSplit {
-            rndv: Rndv {
-                tag: 7,
-                addr: 0x7fff_1234_5000,
-                len: (4 << 20) + 13,
-            },
-            at: 2 << 20,
-            seq: u64::MAX,
-        };
-        assert_eq!(RndvSplit::decode(&r.encode()), Some(r));
-        assert_eq!(RndvSplit::decode(&r.encode()[..32]), None);
-        let a = LandingAd {
-            addr: 0x7f00_0000_0000,
-            cap: LANDING_CAP as u64,
-        };
-        assert_eq!(LandingAd::decode(&a.encode()), Some(a));
-        assert_eq!(LandingAd::decode(&[0; 17]), None);
-        assert_eq!(a.data_addr(5), Some(0x7f00_0000_0000 + 4096 + 5));
-        assert_eq!(
-            LandingAd {
-                addr: u64::MAX - 10,
-                cap: 1
-            }
-            .data_addr(0),
-            None
-        );
-    }
 
     #[test]
     fn a_landing_buffer_is_written_through_the_kernel_and_retired() {

@@ -14,73 +14,18 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use btl_core::sm::engine::{PeerState, SendError};
+use btl_core::sm::wire::{
+    ChunkPacket, ChunkRepr, GetDataPacket, GetDataRepr, LandingAdRepr, PutDataRepr, RangeReqPacket,
+    RndvRepr, RndvSplitRepr, CHUNK_HEADER_LEN, GET_DATA_HEADER_LEN, RANGE_REQ_LEN,
+};
 
-use super::landing::{LandingAd, RndvSplit, ALIGN_SLACK};
+use super::landing::ALIGN_SLACK;
 use super::recv::Ctx;
-use super::rma::{encode_get_data, PutChunk, GET_DATA_LEN};
 use super::*;
 use crate::cma;
 use crate::ops::{OpError, OpId, PostError, Posted, RawBuf, RawParts, Sink};
 use crate::regions::Regions;
 use btl_core::sync::Ordering;
-
-/// Header of a single-copy rendezvous fragment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Rndv {
-    pub(super) tag: u8,
-    pub(super) addr: u64,
-    pub(super) len: u64,
-}
-
-impl Rndv {
-    pub(super) const LEN: usize = 17;
-    pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0; Self::LEN];
-        b[0] = self.tag;
-        b[1..9].copy_from_slice(&self.addr.to_le_bytes());
-        b[9..17].copy_from_slice(&self.len.to_le_bytes());
-        b
-    }
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        let b: &[u8; Self::LEN] = b.try_into().ok()?;
-        Some(Self {
-            tag: b[0],
-            addr: u64::from_le_bytes(b[1..9].try_into().ok()?),
-            len: u64::from_le_bytes(b[9..17].try_into().ok()?),
-        })
-    }
-}
-
-/// Header of a pipelined chunk: the message's total length, the user tag,
-/// and this chunk's offset. Chunks of one message arrive in order (per-peer
-/// order), so the offset is a check, not a reordering key. Padded to 32
-/// bytes so that, after the 32-byte fragment header, the data starts on a
-/// cache line of the (cache-line aligned) fragment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Chunk {
-    pub(super) tag: u8,
-    pub(super) total: u64,
-    pub(super) offset: u64,
-}
-
-impl Chunk {
-    pub(super) const LEN: usize = 32;
-    pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0; Self::LEN];
-        b[0] = self.tag;
-        b[1..9].copy_from_slice(&self.total.to_le_bytes());
-        b[9..17].copy_from_slice(&self.offset.to_le_bytes());
-        b
-    }
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        let h = b.get(..Self::LEN)?;
-        Some(Self {
-            tag: h[0],
-            total: u64::from_le_bytes(h[1..9].try_into().ok()?),
-            offset: u64::from_le_bytes(h[9..17].try_into().ok()?),
-        })
-    }
-}
 
 /// How a large message travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -663,7 +608,7 @@ impl Sm {
                     // a split message included (see `BulkRates`).
                     let t0 = Instant::now();
                     let split = self.split_to(peer, len);
-                    let rndv = Rndv {
+                    let rndv = RndvRepr {
                         tag,
                         addr: buf.addr(),
                         len: len as u64,
@@ -671,7 +616,7 @@ impl Sm {
                     let sent = match split {
                         Some(ad) => {
                             self.split_seq[peer as usize] += 1;
-                            let hdr = RndvSplit {
+                            let hdr = RndvSplitRepr {
                                 rndv,
                                 // Page-aligned, so each side copies whole
                                 // pages.
@@ -679,14 +624,14 @@ impl Sm {
                                 seq: self.split_seq[peer as usize],
                             };
                             let e = &mut self.shm.get().engine;
-                            let sent = e.send(peer, TAG_RNDV_SPLIT, &[&hdr.encode()], cookie);
+                            let sent = e.send(peer, TAG_RNDV_SPLIT, &[&hdr.to_bytes()], cookie);
                             // Our part right away, before anything else
                             // (the receiver waits for it).
                             sent.map(|()| self.write_split_part(peer, buf, ad, hdr))
                         }
                         None => {
                             let e = &mut self.shm.get().engine;
-                            e.send(peer, TAG_RNDV, &[&rndv.encode()], cookie)
+                            e.send(peer, TAG_RNDV, &[&rndv.to_bytes()], cookie)
                         }
                     };
                     if sent.is_err() {
@@ -711,36 +656,40 @@ impl Sm {
                     }
                     let total = s.parts.len();
                     while s.sent < total {
-                        let mut hdr = [0u8; 40];
+                        let mut hdr = [0u8; RANGE_REQ_LEN];
                         let hlen = match s.kind {
                             StreamKind::Message { tag } => {
-                                hdr[..Chunk::LEN].copy_from_slice(
-                                    &Chunk {
-                                        tag,
-                                        total: total as u64,
-                                        offset: s.sent as u64,
-                                    }
-                                    .encode(),
-                                );
-                                Chunk::LEN
+                                let c = ChunkRepr {
+                                    tag,
+                                    total: total as u64,
+                                    offset: s.sent as u64,
+                                };
+                                c.emit(&mut ChunkPacket::new_unchecked(
+                                    &mut hdr[..CHUNK_HEADER_LEN],
+                                ));
+                                c.buffer_len()
                             }
                             StreamKind::PutData { req, id, offset } => {
-                                hdr[..PutChunk::LEN].copy_from_slice(
-                                    &PutChunk {
-                                        req,
-                                        id,
-                                        offset,
-                                        total: total as u64,
-                                        chunk_off: s.sent as u64,
-                                    }
-                                    .encode(),
-                                );
-                                PutChunk::LEN
+                                let c = PutDataRepr {
+                                    req,
+                                    id,
+                                    offset,
+                                    total: total as u64,
+                                    chunk_off: s.sent as u64,
+                                };
+                                c.emit(&mut RangeReqPacket::new_unchecked(
+                                    &mut hdr[..RANGE_REQ_LEN],
+                                ));
+                                c.buffer_len()
                             }
                             StreamKind::GetData { req } => {
-                                hdr[..GET_DATA_LEN]
-                                    .copy_from_slice(&encode_get_data(req, s.sent as u64));
-                                GET_DATA_LEN
+                                let g = GetDataRepr {
+                                    req,
+                                    offset: s.sent as u64,
+                                };
+                                let h = &mut hdr[..GET_DATA_HEADER_LEN];
+                                g.emit(&mut GetDataPacket::new_unchecked(h));
+                                g.buffer_len()
                             }
                         };
                         // A multiple of 64 bytes, so every chunk of the
@@ -751,8 +700,8 @@ impl Sm {
                         s.parts.range(s.sent, len, slices);
                         let tag = match s.kind {
                             StreamKind::Message { .. } => TAG_CHUNK,
-                            StreamKind::PutData { .. } => rma::TAG_PUT_DATA,
-                            StreamKind::GetData { .. } => rma::TAG_GET_DATA,
+                            StreamKind::PutData { .. } => btl_core::tags::SM_PUT_DATA,
+                            StreamKind::GetData { .. } => btl_core::tags::SM_GET_DATA,
                         };
                         // The header and the pieces, gathered on the stack
                         // when few (one fragment of a contiguous stream:
@@ -869,7 +818,7 @@ impl Sm {
 
     /// `peer`'s landing buffer, if a message of `len` bytes to it goes by
     /// split rendezvous (see [`super::landing`]).
-    fn split_to(&self, peer: u32, len: usize) -> Option<LandingAd> {
+    fn split_to(&self, peer: u32, len: usize) -> Option<LandingAdRepr> {
         let st = &self.state;
         st.landing_to[peer as usize].filter(|ad| {
             st.split_min != 0
@@ -883,7 +832,7 @@ impl Sm {
     /// flag word (see [`super::landing`]). A write the kernel refuses stops
     /// splitting to that peer (the receiver then reads the rest itself
     /// after its wait).
-    fn write_split_part(&mut self, peer: u32, buf: RawBuf, ad: LandingAd, hdr: RndvSplit) {
+    fn write_split_part(&mut self, peer: u32, buf: RawBuf, ad: LandingAdRepr, hdr: RndvSplitRepr) {
         let pid = self.state.peers[peer as usize].pid;
         let at = hdr.at as usize;
         let skew = super::landing::skew(buf.addr()) as u64;
@@ -1124,25 +1073,5 @@ mod tests {
         assert_eq!(probe_burst(4 << 20), 4);
         assert_eq!(probe_burst(128 << 10), 8);
         assert_eq!(probe_burst(64 << 20), 1);
-    }
-
-    #[test]
-    fn protocol_headers_roundtrip() {
-        let r = Rndv {
-            tag: 3,
-            addr: 0xdead_beef,
-            len: 1 << 33,
-        };
-        assert_eq!(Rndv::decode(&r.encode()), Some(r));
-        assert_eq!(Rndv::decode(&[0; 5]), None);
-        let c = Chunk {
-            tag: 9,
-            total: 100,
-            offset: 40,
-        };
-        let mut b = c.encode().to_vec();
-        b.extend_from_slice(b"data");
-        assert_eq!(Chunk::decode(&b), Some(c));
-        assert_eq!(Chunk::decode(&b[..10]), None);
     }
 }
