@@ -104,10 +104,11 @@ pub const GET_BY_SINGLE_COPY: u64 = 1;
 /// request carries a split tail.
 pub const GET_SPLIT: u64 = 2;
 
-mod field {
-    use core::ops::Range;
+/// Where a field lies in its format.
+type Field = core::ops::Range<usize>;
 
-    pub(super) type Field = Range<usize>;
+mod field {
+    use super::Field;
 
     // Single-copy rendezvous; a split one continues it.
     pub(super) const RNDV_TAG: Field = 0..1;
@@ -149,15 +150,21 @@ mod field {
     pub(super) const GD_RESERVED: Field = 16..32;
 }
 
-/// Bytes a peer wrote could not be parsed.
+/// Why a message a peer wrote was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum WireError {
-    /// The buffer is shorter than the format needs.
+    /// A tag above [`MAX_USER_TAG`] where only user messages travel.
+    BadTag {
+        /// The tag received.
+        found: u8,
+    },
+    /// Fewer bytes than the format has.
     Truncated {
-        /// Bytes the format needs.
+        /// The format's length.
         needed: usize,
-        /// Bytes available.
+        /// The bytes there were.
         got: usize,
     },
     /// A message whose length is not its format's.
@@ -166,11 +173,6 @@ pub enum WireError {
         len: usize,
         /// The length its format has.
         expected: usize,
-    },
-    /// A tag above [`MAX_USER_TAG`] where only user messages travel.
-    BadTag {
-        /// The tag received.
-        found: u8,
     },
     /// A length above the receiver's limit.
     TooLong {
@@ -211,33 +213,25 @@ pub enum WireError {
     },
 }
 
+impl core::error::Error for WireError {}
+
 impl fmt::Display for WireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Self::Truncated { needed, got } => {
-                write!(f, "truncated: {got} bytes, {needed} needed")
-            }
-            Self::BadLength { len, expected } => {
-                write!(f, "{len} bytes, the format has {expected}")
-            }
-            Self::BadTag { found } => {
-                write!(f, "internal tag {found} (user tags end at {MAX_USER_TAG})")
-            }
+            Self::Truncated { needed, got } => write!(f, "truncated: {got} bytes, {needed} needed"),
+            Self::BadLength { len, expected } => write!(f, "{len} bytes, not {expected}"),
+            Self::BadTag { found } => write!(f, "tag {found}, not a user tag (0..={MAX_USER_TAG})"),
             Self::TooLong { len, max } => write!(f, "length {len}, limit is {max}"),
             Self::ReservedNotZero { at } => write!(f, "reserved byte {at} is not zero"),
             Self::OutOfRange { at, len } => write!(f, "offset {at} past length {len}"),
-            Self::Overflow { addr, len } => {
-                write!(f, "address range {addr:#x}+{len} wraps around")
-            }
+            Self::Overflow { addr, len } => write!(f, "address range {addr:#x}+{len} wraps around"),
             Self::BadStatus { found } => write!(f, "unknown status code {found}"),
             Self::BadGetMode { found } => write!(f, "unknown get mode {found}"),
         }
     }
 }
 
-impl core::error::Error for WireError {}
-
-fn le<const N: usize>(data: &[u8], at: field::Field) -> [u8; N] {
+fn le<const N: usize>(data: &[u8], at: Field) -> [u8; N] {
     let mut out = [0u8; N];
     out.copy_from_slice(&data[at]);
     out
@@ -341,6 +335,40 @@ fn whole(extra: &[u8], expected: usize) -> Result<(), WireError> {
     Ok(())
 }
 
+/// `buffer_len` and `to_bytes` of a `Repr` whose format has a fixed
+/// length (its `emit` writes exactly that many bytes).
+macro_rules! fixed_len {
+    ($($repr:ident: $packet:ident, $len:ident;)*) => {
+        $(
+            impl $repr {
+                #[doc = concat!("Bytes [`Self::emit`] writes: [`", stringify!($len), "`].")]
+                pub const fn buffer_len(&self) -> usize {
+                    $len
+                }
+
+                /// The format as bytes, as [`Self::emit`] writes them.
+                pub fn to_bytes(&self) -> [u8; $len] {
+                    let mut out = [0u8; $len];
+                    self.emit(&mut $packet::new_unchecked(&mut out[..]));
+                    out
+                }
+            }
+        )*
+    };
+}
+
+fixed_len! {
+    RndvRepr: RndvPacket, RNDV_LEN;
+    RndvSplitRepr: RndvSplitPacket, RNDV_SPLIT_LEN;
+    LandingAdRepr: LandingAdPacket, LANDING_AD_LEN;
+    ChunkRepr: ChunkPacket, CHUNK_HEADER_LEN;
+    SplitTailRepr: SplitTailPacket, SPLIT_TAIL_LEN;
+    PutCmaRepr: RangeReqPacket, RANGE_REQ_LEN;
+    PutDataRepr: RangeReqPacket, RANGE_REQ_LEN;
+    ReplyRepr: ReplyPacket, REPLY_LEN;
+    GetDataRepr: GetDataPacket, GET_DATA_HEADER_LEN;
+}
+
 fn user_tag(tag: u8) -> Result<u8, WireError> {
     if tag > MAX_USER_TAG {
         return Err(WireError::BadTag { found: tag });
@@ -422,23 +450,11 @@ impl RndvRepr {
         })
     }
 
-    /// Bytes [`Self::emit`] writes: [`RNDV_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        RNDV_LEN
-    }
-
     /// Writes the header.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut RndvPacket<&mut T>) {
         packet.set_tag(self.tag);
         packet.set_addr(self.addr);
         packet.set_msg_len(self.len);
-    }
-
-    /// The header as bytes.
-    pub fn to_bytes(&self) -> [u8; RNDV_LEN] {
-        let mut out = [0u8; RNDV_LEN];
-        self.emit(&mut RndvPacket::new_unchecked(&mut out[..]));
-        out
     }
 }
 
@@ -499,11 +515,6 @@ impl RndvSplitRepr {
         })
     }
 
-    /// Bytes [`Self::emit`] writes: [`RNDV_SPLIT_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        RNDV_SPLIT_LEN
-    }
-
     /// Writes the header.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(
         &self,
@@ -512,13 +523,6 @@ impl RndvSplitRepr {
         self.rndv.emit(&mut packet.rndv_mut());
         packet.set_at(self.at);
         packet.set_seq(self.seq);
-    }
-
-    /// The header as bytes.
-    pub fn to_bytes(&self) -> [u8; RNDV_SPLIT_LEN] {
-        let mut out = [0u8; RNDV_SPLIT_LEN];
-        self.emit(&mut RndvSplitPacket::new_unchecked(&mut out[..]));
-        out
     }
 }
 
@@ -568,11 +572,6 @@ impl LandingAdRepr {
             .checked_add(off)
     }
 
-    /// Bytes [`Self::emit`] writes: [`LANDING_AD_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        LANDING_AD_LEN
-    }
-
     /// Writes the advertisement.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(
         &self,
@@ -580,13 +579,6 @@ impl LandingAdRepr {
     ) {
         packet.set_addr(self.addr);
         packet.set_cap(self.cap);
-    }
-
-    /// The advertisement as bytes.
-    pub fn to_bytes(&self) -> [u8; LANDING_AD_LEN] {
-        let mut out = [0u8; LANDING_AD_LEN];
-        self.emit(&mut LandingAdPacket::new_unchecked(&mut out[..]));
-        out
     }
 }
 
@@ -637,11 +629,6 @@ impl ChunkRepr {
             total,
             offset: within(packet.offset(), total)?,
         })
-    }
-
-    /// Bytes [`Self::emit`] writes: [`CHUNK_HEADER_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        CHUNK_HEADER_LEN
     }
 
     /// Writes the header (reserved zero).
@@ -739,11 +726,6 @@ impl SplitTailRepr {
             dst: packet.dst(),
             deadline: packet.deadline(),
         })
-    }
-
-    /// Bytes [`Self::emit`] writes: [`SPLIT_TAIL_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        SPLIT_TAIL_LEN
     }
 
     /// Writes the tail.
@@ -891,21 +873,9 @@ impl PutCmaRepr {
         })
     }
 
-    /// Bytes [`Self::emit`] writes: [`RANGE_REQ_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        RANGE_REQ_LEN
-    }
-
     /// Writes the request.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut RangeReqPacket<&mut T>) {
         packet.set_fields((self.req, self.id, self.offset, self.len, self.src));
-    }
-
-    /// The request as bytes.
-    pub fn to_bytes(&self) -> [u8; RANGE_REQ_LEN] {
-        let mut out = [0u8; RANGE_REQ_LEN];
-        self.emit(&mut RangeReqPacket::new_unchecked(&mut out[..]));
-        out
     }
 }
 
@@ -939,11 +909,6 @@ impl PutDataRepr {
             total,
             chunk_off,
         })
-    }
-
-    /// Bytes [`Self::emit`] writes: [`RANGE_REQ_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        RANGE_REQ_LEN
     }
 
     /// Writes the header.
@@ -1005,23 +970,11 @@ impl ReplyRepr {
         })
     }
 
-    /// Bytes [`Self::emit`] writes: [`REPLY_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        REPLY_LEN
-    }
-
     /// Writes the answer.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut ReplyPacket<&mut T>) {
         packet.set_req(self.req);
         packet.set_status(self.status.code());
         packet.set_addr(self.addr);
-    }
-
-    /// The answer as bytes.
-    pub fn to_bytes(&self) -> [u8; REPLY_LEN] {
-        let mut out = [0u8; REPLY_LEN];
-        self.emit(&mut ReplyPacket::new_unchecked(&mut out[..]));
-        out
     }
 }
 
@@ -1062,11 +1015,6 @@ impl GetDataRepr {
         })
     }
 
-    /// Bytes [`Self::emit`] writes: [`GET_DATA_HEADER_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        GET_DATA_HEADER_LEN
-    }
-
     /// Writes the header (reserved zero).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut GetDataPacket<&mut T>) {
         packet.set_req(self.req);
@@ -1102,40 +1050,26 @@ mod tests {
         cat(&[&[3], &b8(0x7fff_1234_5000), &b8(0x0102_0304)])
     }
 
-    fn parse_rndv(b: &[u8], max: u64) -> Result<RndvRepr, WireError> {
-        RndvRepr::parse(&RndvPacket::new_checked(b)?, max)
+    /// `fn name(bytes[, max]) -> Result<Repr, WireError>`: the view, then
+    /// the `Repr`'s parse.
+    macro_rules! parsers {
+        ($($name:ident: $repr:ident($packet:ident $(, $max:ident)?);)*) => {$(
+            fn $name(b: &[u8] $(, $max: u64)?) -> Result<$repr, WireError> {
+                $repr::parse(&$packet::new_checked(b)? $(, $max)?)
+            }
+        )*};
     }
 
-    fn parse_split(b: &[u8], max: u64) -> Result<RndvSplitRepr, WireError> {
-        RndvSplitRepr::parse(&RndvSplitPacket::new_checked(b)?, max)
-    }
-
-    fn parse_ad(b: &[u8]) -> Result<LandingAdRepr, WireError> {
-        LandingAdRepr::parse(&LandingAdPacket::new_checked(b)?)
-    }
-
-    fn parse_chunk(b: &[u8], max: u64) -> Result<ChunkRepr, WireError> {
-        ChunkRepr::parse(&ChunkPacket::new_checked(b)?, max)
-    }
-
-    fn parse_get(b: &[u8]) -> Result<GetReqRepr, WireError> {
-        GetReqRepr::parse(&RangeReqPacket::new_checked(b)?)
-    }
-
-    fn parse_put_cma(b: &[u8]) -> Result<PutCmaRepr, WireError> {
-        PutCmaRepr::parse(&RangeReqPacket::new_checked(b)?)
-    }
-
-    fn parse_put_data(b: &[u8]) -> Result<PutDataRepr, WireError> {
-        PutDataRepr::parse(&RangeReqPacket::new_checked(b)?)
-    }
-
-    fn parse_reply(b: &[u8]) -> Result<ReplyRepr, WireError> {
-        ReplyRepr::parse(&ReplyPacket::new_checked(b)?)
-    }
-
-    fn parse_get_data(b: &[u8]) -> Result<GetDataRepr, WireError> {
-        GetDataRepr::parse(&GetDataPacket::new_checked(b)?)
+    parsers! {
+        parse_rndv: RndvRepr(RndvPacket, max);
+        parse_split: RndvSplitRepr(RndvSplitPacket, max);
+        parse_ad: LandingAdRepr(LandingAdPacket);
+        parse_chunk: ChunkRepr(ChunkPacket, max);
+        parse_get: GetReqRepr(RangeReqPacket);
+        parse_put_cma: PutCmaRepr(RangeReqPacket);
+        parse_put_data: PutDataRepr(RangeReqPacket);
+        parse_reply: ReplyRepr(ReplyPacket);
+        parse_get_data: GetDataRepr(GetDataPacket);
     }
 
     /// Every prefix shorter than `len` is refused as truncated.
@@ -1577,15 +1511,17 @@ mod tests {
 
     #[test]
     fn arbitrary_bytes_never_panic() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        for _ in 0..if cfg!(miri) { 200 } else { 20_000 } {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+        // Bytes of a linear congruential generator, most of them small so
+        // that lengths, offsets and modes parse now and then.
+        let mut x = 1u64;
+        let rounds = if cfg!(miri) { 200 } else { 20_000 };
+        for _ in 0..rounds {
             let mut buf = [0u8; GET_REQ_SPLIT_LEN + 1];
             for (i, b) in buf.iter_mut().enumerate() {
-                // Mostly small values, so that lengths and modes parse.
-                *b = ((x >> ((i % 8) * 8)) as u8) & if i % 3 == 0 { 0xff } else { 0x03 };
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                *b = (x >> 56) as u8 & if i % 3 == 0 { 0xff } else { 0x03 };
             }
             let n = (x % (buf.len() as u64 + 1)) as usize;
             let b = &buf[..n];
@@ -1611,7 +1547,7 @@ mod tests {
         );
         assert_eq!(
             WireError::BadTag { found: 255 }.to_string(),
-            "internal tag 255 (user tags end at 239)"
+            "tag 255, not a user tag (0..=239)"
         );
         assert!(WireError::Overflow { addr: 16, len: 1 }
             .to_string()

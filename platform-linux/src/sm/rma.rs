@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use btl_core::rma::RmaStatus;
 use btl_core::sm::wire::{
     GetMode, GetReqRepr, LandingAdRepr, PutCmaRepr, PutDataRepr, RangeReqPacket, ReplyRepr,
-    SplitTailRepr, GET_REQ_SPLIT_LEN, RANGE_REQ_LEN,
+    SplitTailRepr, GET_REQ_SPLIT_LEN,
 };
 
 use super::send::{Bulk, Probe, Stream, StreamKind};
@@ -407,9 +407,7 @@ impl Sm {
                     total: 0,
                     chunk_off: 0,
                 };
-                let mut b = [0u8; RANGE_REQ_LEN];
-                hdr.emit(&mut RangeReqPacket::new_unchecked(&mut b[..]));
-                self.send_ctl(wait.peer, TAG_PUT_DATA, &b)?;
+                self.send_ctl(wait.peer, TAG_PUT_DATA, &hdr.to_bytes())?;
                 self.state.waiting.insert(req, wait);
                 return Ok(());
             }

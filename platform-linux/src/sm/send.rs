@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use btl_core::sm::engine::{PeerState, SendError};
 use btl_core::sm::wire::{
-    ChunkPacket, ChunkRepr, GetDataPacket, GetDataRepr, LandingAdRepr, PutDataRepr, RangeReqPacket,
-    RndvRepr, RndvSplitRepr, CHUNK_HEADER_LEN, GET_DATA_HEADER_LEN, RANGE_REQ_LEN,
+    ChunkRepr, GetDataRepr, LandingAdRepr, PutDataRepr, RndvRepr, RndvSplitRepr, RANGE_REQ_LEN,
 };
 
 use super::landing::ALIGN_SLACK;
@@ -656,40 +655,29 @@ impl Sm {
                     }
                     let total = s.parts.len();
                     while s.sent < total {
+                        let (sent, total64) = (s.sent as u64, total as u64);
                         let mut hdr = [0u8; RANGE_REQ_LEN];
+                        let mut put = |b: &[u8]| {
+                            hdr[..b.len()].copy_from_slice(b);
+                            b.len()
+                        };
                         let hlen = match s.kind {
-                            StreamKind::Message { tag } => {
-                                let c = ChunkRepr {
-                                    tag,
-                                    total: total as u64,
-                                    offset: s.sent as u64,
-                                };
-                                c.emit(&mut ChunkPacket::new_unchecked(
-                                    &mut hdr[..CHUNK_HEADER_LEN],
-                                ));
-                                c.buffer_len()
+                            StreamKind::Message { tag } => put(&ChunkRepr {
+                                tag,
+                                total: total64,
+                                offset: sent,
                             }
-                            StreamKind::PutData { req, id, offset } => {
-                                let c = PutDataRepr {
-                                    req,
-                                    id,
-                                    offset,
-                                    total: total as u64,
-                                    chunk_off: s.sent as u64,
-                                };
-                                c.emit(&mut RangeReqPacket::new_unchecked(
-                                    &mut hdr[..RANGE_REQ_LEN],
-                                ));
-                                c.buffer_len()
+                            .to_bytes()),
+                            StreamKind::PutData { req, id, offset } => put(&PutDataRepr {
+                                req,
+                                id,
+                                offset,
+                                total: total64,
+                                chunk_off: sent,
                             }
+                            .to_bytes()),
                             StreamKind::GetData { req } => {
-                                let g = GetDataRepr {
-                                    req,
-                                    offset: s.sent as u64,
-                                };
-                                let h = &mut hdr[..GET_DATA_HEADER_LEN];
-                                g.emit(&mut GetDataPacket::new_unchecked(h));
-                                g.buffer_len()
+                                put(&GetDataRepr { req, offset: sent }.to_bytes())
                             }
                         };
                         // A multiple of 64 bytes, so every chunk of the
