@@ -237,13 +237,76 @@ fn le<const N: usize>(data: &[u8], at: Field) -> [u8; N] {
     out
 }
 
-/// A read/write view: the type, its length constant, its fields (getter,
-/// setter, type, range) and optionally its reserved bytes.
+/// `buffer_len` and `to_bytes` of a `Repr` whose format has a fixed
+/// length (its `emit` writes exactly that many bytes).
+macro_rules! fixed_len {
+    ($($repr:ident: $packet:ident, $len:ident;)*) => {
+        $(
+            impl $repr {
+                #[doc = concat!("Bytes [`Self::emit`] writes: [`", stringify!($len), "`].")]
+                pub const fn buffer_len(&self) -> usize {
+                    $len
+                }
+
+                /// The format as bytes, as [`Self::emit`] writes them.
+                pub fn to_bytes(&self) -> [u8; $len] {
+                    let mut out = [0u8; $len];
+                    self.emit(&mut $packet::new_unchecked(&mut out[..]));
+                    out
+                }
+            }
+        )*
+    };
+}
+
+/// A read/write view: the type, its length constant, its fields (name,
+/// getter, setter, type, range) and optionally its reserved bytes. With
+/// `=> Repr`, also the plain `Repr` of the same fields (their validation,
+/// `parse`, is written by hand), its `emit` (reserved bytes zero),
+/// `buffer_len` and `to_bytes`, and `Repr::raw`, the fields as the bytes
+/// have them.
 macro_rules! view {
     (
         $(#[$doc:meta])*
+        $name:ident, $len:ident => $(#[$rdoc:meta])* $repr:ident {
+            $( $(#[$fdoc:meta])* $fname:ident ($get:ident, $set:ident): $ty:ty = $field:expr; )*
+        }
+        $( reserved $res:expr; )?
+    ) => {
+        view! {
+            $(#[$doc])*
+            $name, $len {
+                $( $(#[$fdoc])* $fname ($get, $set): $ty = $field; )*
+            }
+            $( reserved $res; )?
+        }
+
+        $(#[$rdoc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+        pub struct $repr {
+            $( $(#[$fdoc])* pub $fname: $ty, )*
+        }
+
+        impl $repr {
+            /// The fields as the bytes have them, not validated.
+            fn raw<T: AsRef<[u8]> + ?Sized>(packet: &$name<&T>) -> Self {
+                Self { $( $fname: packet.$get(), )* }
+            }
+
+            /// Writes the format (reserved bytes zero).
+            pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut $name<&mut T>) {
+                $( packet.$set(self.$fname); )*
+                $( packet.buffer.as_mut()[$res].fill(0); )?
+            }
+        }
+
+        fixed_len! { $repr: $name, $len; }
+    };
+    (
+        $(#[$doc:meta])*
         $name:ident, $len:ident {
-            $( $(#[$fdoc:meta])* $get:ident, $set:ident: $ty:ty = $field:expr; )*
+            $( $(#[$fdoc:meta])* $fname:ident ($get:ident, $set:ident): $ty:ty = $field:expr; )*
         }
         $( reserved $res:expr; )?
     ) => {
@@ -335,38 +398,11 @@ fn whole(extra: &[u8], expected: usize) -> Result<(), WireError> {
     Ok(())
 }
 
-/// `buffer_len` and `to_bytes` of a `Repr` whose format has a fixed
-/// length (its `emit` writes exactly that many bytes).
-macro_rules! fixed_len {
-    ($($repr:ident: $packet:ident, $len:ident;)*) => {
-        $(
-            impl $repr {
-                #[doc = concat!("Bytes [`Self::emit`] writes: [`", stringify!($len), "`].")]
-                pub const fn buffer_len(&self) -> usize {
-                    $len
-                }
-
-                /// The format as bytes, as [`Self::emit`] writes them.
-                pub fn to_bytes(&self) -> [u8; $len] {
-                    let mut out = [0u8; $len];
-                    self.emit(&mut $packet::new_unchecked(&mut out[..]));
-                    out
-                }
-            }
-        )*
-    };
-}
-
 fixed_len! {
-    RndvRepr: RndvPacket, RNDV_LEN;
     RndvSplitRepr: RndvSplitPacket, RNDV_SPLIT_LEN;
-    LandingAdRepr: LandingAdPacket, LANDING_AD_LEN;
-    ChunkRepr: ChunkPacket, CHUNK_HEADER_LEN;
-    SplitTailRepr: SplitTailPacket, SPLIT_TAIL_LEN;
     PutCmaRepr: RangeReqPacket, RANGE_REQ_LEN;
     PutDataRepr: RangeReqPacket, RANGE_REQ_LEN;
     ReplyRepr: ReplyPacket, REPLY_LEN;
-    GetDataRepr: GetDataPacket, GET_DATA_HEADER_LEN;
 }
 
 fn user_tag(tag: u8) -> Result<u8, WireError> {
@@ -409,27 +445,17 @@ fn no_reserved(at: Option<usize>) -> Result<(), WireError> {
 
 view! {
     /// A read/write view of a single-copy rendezvous header.
-    RndvPacket, RNDV_LEN {
-        /// The message's tag.
-        tag, set_tag: u8 = field::RNDV_TAG;
+    RndvPacket, RNDV_LEN =>
+    /// A validated single-copy rendezvous: the receiver reads `len` bytes
+    /// at `addr` of the sender's memory and delivers them with `tag`.
+    RndvRepr {
+        /// The message's (user) tag.
+        tag (tag, set_tag): u8 = field::RNDV_TAG;
         /// The sender's address of the message.
-        addr, set_addr: u64 = field::RNDV_ADDR;
+        addr (addr, set_addr): u64 = field::RNDV_ADDR;
         /// The message's length.
-        msg_len, set_msg_len: u64 = field::RNDV_LEN;
+        len (msg_len, set_msg_len): u64 = field::RNDV_LEN;
     }
-}
-
-/// A validated single-copy rendezvous: the receiver reads `len` bytes at
-/// `addr` of the sender's memory and delivers them with `tag`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct RndvRepr {
-    /// The message's user tag.
-    pub tag: u8,
-    /// The sender's address of the message.
-    pub addr: u64,
-    /// The message's length.
-    pub len: u64,
 }
 
 impl RndvRepr {
@@ -442,19 +468,11 @@ impl RndvRepr {
     ) -> Result<Self, WireError> {
         packet.check_len()?;
         whole(packet.data(), RNDV_LEN)?;
-        let len = at_most(packet.msg_len(), max)?;
-        Ok(Self {
-            tag: user_tag(packet.tag())?,
-            addr: no_wrap(packet.addr(), len)?,
-            len,
-        })
-    }
-
-    /// Writes the header.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut RndvPacket<&mut T>) {
-        packet.set_tag(self.tag);
-        packet.set_addr(self.addr);
-        packet.set_msg_len(self.len);
+        let r = Self::raw(packet);
+        user_tag(r.tag)?;
+        at_most(r.len, max)?;
+        no_wrap(r.addr, r.len)?;
+        Ok(r)
     }
 }
 
@@ -463,9 +481,9 @@ view! {
     /// rendezvous header ([`Self::rndv`]), then `at` and `seq`.
     RndvSplitPacket, RNDV_SPLIT_LEN {
         /// Where the sender's part starts in the message.
-        at, set_at: u64 = field::SPLIT_AT;
+        at (at, set_at): u64 = field::SPLIT_AT;
         /// The sequence number the sender's flag write carries.
-        seq, set_seq: u64 = field::SPLIT_SEQ;
+        seq (seq, set_seq): u64 = field::SPLIT_SEQ;
     }
 }
 
@@ -531,38 +549,27 @@ impl RndvSplitRepr {
 
 view! {
     /// A read/write view of a landing buffer advertisement.
-    LandingAdPacket, LANDING_AD_LEN {
+    LandingAdPacket, LANDING_AD_LEN =>
+    /// A validated landing buffer, as its sender knows it: the flag word at
+    /// `addr`, `cap` bytes of data from `addr +` [`LANDING_DATA_OFF`].
+    LandingAdRepr {
         /// The landing buffer's address (its flag word).
-        addr, set_addr: u64 = field::AD_ADDR;
+        addr (addr, set_addr): u64 = field::AD_ADDR;
         /// Its data capacity.
-        cap, set_cap: u64 = field::AD_CAP;
+        cap (cap, set_cap): u64 = field::AD_CAP;
     }
-}
-
-/// A validated landing buffer, as its sender knows it: the flag word at
-/// `addr`, `cap` bytes of data from `addr +` [`LANDING_DATA_OFF`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct LandingAdRepr {
-    /// The buffer's address (its flag word).
-    pub addr: u64,
-    /// Its data capacity.
-    pub cap: u64,
 }
 
 impl LandingAdRepr {
     /// Parses an advertisement (the view covers exactly the message): the
-    /// buffer (flag, gap and data) must not wrap around the address space. Whether the sender may write there
-    /// is for the kernel to say.
+    /// buffer (flag, gap and data) must not wrap around the address space.
+    /// Whether the sender may write there is for the kernel to say.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &LandingAdPacket<&T>) -> Result<Self, WireError> {
         packet.check_len()?;
         whole(packet.data(), LANDING_AD_LEN)?;
-        let cap = packet.cap();
-        let extent = cap.saturating_add(LANDING_DATA_OFF as u64);
-        Ok(Self {
-            addr: no_wrap(packet.addr(), extent)?,
-            cap,
-        })
+        let r = Self::raw(packet);
+        no_wrap(r.addr, r.cap.saturating_add(LANDING_DATA_OFF as u64))?;
+        Ok(r)
     }
 
     /// The address of data byte `off`.
@@ -570,15 +577,6 @@ impl LandingAdRepr {
         self.addr
             .checked_add(LANDING_DATA_OFF as u64)?
             .checked_add(off)
-    }
-
-    /// Writes the advertisement.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(
-        &self,
-        packet: &mut LandingAdPacket<&mut T>,
-    ) {
-        packet.set_addr(self.addr);
-        packet.set_cap(self.cap);
     }
 }
 
@@ -588,30 +586,20 @@ impl LandingAdRepr {
 view! {
     /// A read/write view of a pipelined chunk: the header, then
     /// ([`Self::data`]) the chunk's data.
-    ChunkPacket, CHUNK_HEADER_LEN {
-        /// The message's tag.
-        tag, set_tag: u8 = field::CH_TAG;
+    ChunkPacket, CHUNK_HEADER_LEN =>
+    /// A validated chunk header. Chunks of one message arrive in order
+    /// (per-peer order), so `offset` is a check, not a reordering key: the
+    /// receiver's reassembly compares it, and the data's length, with what
+    /// it has.
+    ChunkRepr {
+        /// The message's (user) tag.
+        tag (tag, set_tag): u8 = field::CH_TAG;
         /// The message's length.
-        total, set_total: u64 = field::CH_TOTAL;
-        /// This chunk's offset in the message.
-        offset, set_offset: u64 = field::CH_OFFSET;
+        total (total, set_total): u64 = field::CH_TOTAL;
+        /// This chunk's offset in the message (at most `total`).
+        offset (offset, set_offset): u64 = field::CH_OFFSET;
     }
     reserved field::CH_RESERVED;
-}
-
-/// A validated chunk header. Chunks of one message arrive in order
-/// (per-peer order), so `offset` is a check, not a reordering key: the
-/// receiver's reassembly compares it, and the data's length, with what it
-/// has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct ChunkRepr {
-    /// The message's user tag.
-    pub tag: u8,
-    /// The message's length.
-    pub total: u64,
-    /// This chunk's offset in the message (at most `total`).
-    pub offset: u64,
 }
 
 impl ChunkRepr {
@@ -623,20 +611,11 @@ impl ChunkRepr {
     ) -> Result<Self, WireError> {
         packet.check_len()?;
         no_reserved(packet.nonzero_reserved())?;
-        let total = at_most(packet.total(), max)?;
-        Ok(Self {
-            tag: user_tag(packet.tag())?,
-            total,
-            offset: within(packet.offset(), total)?,
-        })
-    }
-
-    /// Writes the header (reserved zero).
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut ChunkPacket<&mut T>) {
-        packet.set_tag(self.tag);
-        packet.set_total(self.total);
-        packet.set_offset(self.offset);
-        packet.clear_reserved();
+        let r = Self::raw(packet);
+        at_most(r.total, max)?;
+        user_tag(r.tag)?;
+        within(r.offset, r.total)?;
+        Ok(r)
     }
 }
 
@@ -650,16 +629,16 @@ view! {
     /// header (its data in [`Self::data`]).
     RangeReqPacket, RANGE_REQ_LEN {
         /// The requester's request id.
-        req, set_req: u64 = field::RQ_REQ;
+        req (req, set_req): u64 = field::RQ_REQ;
         /// The target's region id.
-        id, set_id: u32 = field::RQ_ID;
+        id (id, set_id): u32 = field::RQ_ID;
         /// The offset in the region.
-        offset, set_offset: u64 = field::RQ_OFFSET;
+        offset (offset, set_offset): u64 = field::RQ_OFFSET;
         /// The range's length (a put chunk: the put's total length).
-        range_len, set_range_len: u64 = field::RQ_LEN;
+        range_len (range_len, set_range_len): u64 = field::RQ_LEN;
         /// The get's mode, the put's source address, or the put chunk's
         /// offset in the put.
-        addr, set_addr: u64 = field::RQ_ADDR;
+        addr (addr, set_addr): u64 = field::RQ_ADDR;
     }
 }
 
@@ -691,29 +670,19 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> RangeReqPacket<T> {
 
 view! {
     /// A read/write view of a split get's tail.
-    SplitTailPacket, SPLIT_TAIL_LEN {
+    SplitTailPacket, SPLIT_TAIL_LEN =>
+    /// What a split get adds to its request: the target writes the range's
+    /// bytes from `at` on to `dst` in the requester's memory, beginning
+    /// each piece before `deadline`.
+    SplitTailRepr {
         /// Where the part the target writes begins, in the range.
-        at, set_at: u64 = field::TAIL_AT;
+        at (at, set_at): u64 = field::TAIL_AT;
         /// The requester's address of that byte.
-        dst, set_dst: u64 = field::TAIL_DST;
+        dst (dst, set_dst): u64 = field::TAIL_DST;
         /// Until when (`CLOCK_MONOTONIC`, ns) the target may begin writing
         /// a piece.
-        deadline, set_deadline: u64 = field::TAIL_DEADLINE;
+        deadline (deadline, set_deadline): u64 = field::TAIL_DEADLINE;
     }
-}
-
-/// What a split get adds to its request: the target writes the range's
-/// bytes from `at` on to `dst` in the requester's memory, beginning each
-/// piece before `deadline`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct SplitTailRepr {
-    /// Where the part the target writes begins, in the range.
-    pub at: u64,
-    /// The requester's address of that byte.
-    pub dst: u64,
-    /// Until when (`CLOCK_MONOTONIC`, ns) the target may begin a piece.
-    pub deadline: u64,
 }
 
 impl SplitTailRepr {
@@ -721,21 +690,7 @@ impl SplitTailRepr {
     /// [`GetReqRepr::parse`]'s to check.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &SplitTailPacket<&T>) -> Result<Self, WireError> {
         packet.check_len()?;
-        Ok(Self {
-            at: packet.at(),
-            dst: packet.dst(),
-            deadline: packet.deadline(),
-        })
-    }
-
-    /// Writes the tail.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(
-        &self,
-        packet: &mut SplitTailPacket<&mut T>,
-    ) {
-        packet.set_at(self.at);
-        packet.set_dst(self.dst);
-        packet.set_deadline(self.deadline);
+        Ok(Self::raw(packet))
     }
 }
 
@@ -931,11 +886,11 @@ view! {
     /// A read/write view of an answer to a get or put.
     ReplyPacket, REPLY_LEN {
         /// The request answered.
-        req, set_req: u64 = field::RE_REQ;
+        req (req, set_req): u64 = field::RE_REQ;
         /// The status code ([`RmaStatus::code`]).
-        status, set_status: u32 = field::RE_STATUS;
+        status (status, set_status): u32 = field::RE_STATUS;
         /// The address to read, or the bytes written.
-        addr, set_addr: u64 = field::RE_ADDR;
+        addr (addr, set_addr): u64 = field::RE_ADDR;
     }
 }
 
@@ -984,24 +939,16 @@ impl ReplyRepr {
 view! {
     /// A read/write view of a get data chunk: the header, then
     /// ([`Self::data`]) the data.
-    GetDataPacket, GET_DATA_HEADER_LEN {
+    GetDataPacket, GET_DATA_HEADER_LEN =>
+    /// A validated get data chunk's header. Whether the chunk lies inside
+    /// the get is the requester's to check.
+    GetDataRepr {
         /// The get's request id.
-        req, set_req: u64 = field::GD_REQ;
+        req (req, set_req): u64 = field::GD_REQ;
         /// This chunk's offset in the get's range.
-        offset, set_offset: u64 = field::GD_OFFSET;
+        offset (offset, set_offset): u64 = field::GD_OFFSET;
     }
     reserved field::GD_RESERVED;
-}
-
-/// A validated get data chunk's header. Whether the chunk lies inside the
-/// get is the requester's to check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct GetDataRepr {
-    /// The get's request id.
-    pub req: u64,
-    /// This chunk's offset in the get's range.
-    pub offset: u64,
 }
 
 impl GetDataRepr {
@@ -1009,17 +956,7 @@ impl GetDataRepr {
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &GetDataPacket<&T>) -> Result<Self, WireError> {
         packet.check_len()?;
         no_reserved(packet.nonzero_reserved())?;
-        Ok(Self {
-            req: packet.req(),
-            offset: packet.offset(),
-        })
-    }
-
-    /// Writes the header (reserved zero).
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut GetDataPacket<&mut T>) {
-        packet.set_req(self.req);
-        packet.set_offset(self.offset);
-        packet.clear_reserved();
+        Ok(Self::raw(packet))
     }
 }
 
