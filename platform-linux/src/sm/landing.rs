@@ -2,8 +2,8 @@
 //! once, the receiver reading its first part from the sender's memory
 //! (`process_vm_readv`) while the sender writes the rest into the
 //! receiver's **landing buffer** for it (`process_vm_writev`). One core
-//! reading alone is what limits a single copy (see the README: a 4 MiB
-//! copy split between the two cores of this machine ran at twice the rate).
+//! reading alone is what limits a single copy (a 4 MiB copy split between
+//! two cores runs at twice the rate; README).
 //!
 //! The protocol, per sender → receiver pair:
 //!
@@ -59,12 +59,11 @@ const DATA_OFF: usize = LANDING_DATA_OFF;
 /// Where in the data area a message from the sender's address `addr`
 /// starts: at the same offset modulo 64 as the sender's bytes, so the
 /// kernel's copies in and out (`process_vm_readv` / `writev`) have source
-/// and destination equally aligned. Measured on this machine (Zen 4, Linux
-/// 6.18), a 1 MiB `process_vm_readv` whose destination lies 1–15 bytes
-/// after its source modulo a page ran at 2.9 GB/s against 12.3–13.7 for
-/// every other gap from -70 to 70 (`rep movsb` in the kernel's
-/// `copy_to_user`); with the data always page-aligned, a message from a
-/// buffer 4081–4095 bytes into a page met exactly that. A message of
+/// and destination equally aligned: a `process_vm_readv` whose
+/// destination lies 1–15 bytes after its source modulo a page runs at a
+/// quarter of the rate (`rep movsb` in the kernel's `copy_to_user`: 2.9
+/// GB/s against 12.3–13.7 for 1 MiB), which page-aligned data would meet
+/// for every message from a buffer 4081–4095 bytes into a page. A message of
 /// `len` bytes then needs `len + ALIGN_SLACK` bytes of capacity.
 pub(super) fn skew(addr: u64) -> usize {
     // The data area starts at a page, so as aligned as address 0.
@@ -91,11 +90,9 @@ impl Landing {
         // (`/sys/kernel/mm/transparent_hugepage/enabled` = madvise, as on
         // Debian; `never` still wins): the sender's `process_vm_writev`
         // pins the pages it writes and our reads fault them in, 512 times
-        // fewer with 2 MiB pages. Measured (`btl bench --transport sm
-        // --sizes 4194304`, six alternations, 2026-12-05): 4 MiB
-        // bandwidth 23.6-23.9 GB/s against 22.3-23.6, latency 246-288 us
-        // against 260-315. Refused advice (a kernel without THP) only
-        // leaves 4 KiB pages.
+        // fewer with 2 MiB pages (4 MiB messages: about 5 % more
+        // bandwidth). Refused advice (a kernel without THP) only leaves
+        // 4 KiB pages.
         // SAFETY: our own fresh mapping of exactly this range; advice
         // changes no contents and no protection.
         if let Err(e) = unsafe {

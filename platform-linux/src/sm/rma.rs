@@ -208,9 +208,8 @@ impl Sm {
         // rates). How a get is timed: `recv_reply`. Unlike a message, a
         // split get is measured too: its destination is the caller's, at
         // whatever alignment the caller chose, and the kernel's copy is
-        // 4.5× slower at some (see `cma`); tried without measuring
-        // (2026-12-05), rsm under ob1 moved 4 MiB into a receive buffer 8
-        // bytes into a page at 5.4 GB/s against 20–22 measured.
+        // 4.5× slower at some (see `cma`; unmeasured, a 4 MiB get into a
+        // buffer 8 bytes into a page ran at 5.4 GB/s against 20–22).
         let single_ok = self.single_copy_pays(peer, dst.len());
         let large = single_ok && dst.len() as u64 >= u64::from(self.params.min_rdma_pipeline_size);
         let (single, timed) = if large {
@@ -223,11 +222,8 @@ impl Sm {
         };
         // A single copy from `cma_split_min` on is split with the target:
         // it writes the second half into `dst` while we read the first, so
-        // two cores copy at once. Measured with two processes pinned to
-        // the two cores of this machine, 4 MiB moved at 24 GB/s split
-        // against 12 GB/s read by one side (1 MiB: 55 against 20; 128
-        // KiB: 42 against 30; 64 KiB: 32 against 28, where the second
-        // answer's hand-off would eat the gain).
+        // two cores copy at once (4 MiB: 24 GB/s against 12 read by one
+        // side; below 128 KiB the second answer's hand-off eats the gain).
         let split_min = self.state.split_min;
         let kind = if single && split_min != 0 && dst.len() >= split_min {
             WaitKind::GetSplit {

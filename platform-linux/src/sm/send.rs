@@ -55,9 +55,9 @@ pub(super) const BULK_REFRESH: Duration = Duration::from_secs(1);
 /// Each mechanism is rated by its best sample of the last refresh period
 /// (its newest sample if it has none that recent), not by an average:
 /// noise only ever makes a transfer slower (a preempted vCPU, a page
-/// fault, the receiver busy with something else), and an average of such
-/// samples once chose the pipelined copy at 2.5 GB/s over single copy at
-/// 24 with the vCPUs on two CCXs.
+/// fault, the receiver busy with something else), and an average of noisy
+/// samples picks the wrong mechanism (the pipelined copy at 2.5 GB/s over
+/// single copy at 24).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct BulkRates {
     pub(super) single: Samples,
@@ -76,11 +76,10 @@ pub(super) struct Samples {
     n: u32,
 }
 
-/// Pipelined samples dropped after the first, as a warm-up: with the
-/// vCPUs on two CCXs the first pipelined messages to a peer moved 4 MiB in
-/// 0.5–0.7 ms, the following ones in 0.9–1.4 ms (single copy: 0.35), and
-/// two early samples once chose the pipelined copy at 2.7 GB/s over single
-/// copy at 24.
+/// Pipelined samples dropped after the first, as a warm-up: the first
+/// pipelined messages to a peer run faster than the steady state (4 MiB
+/// in 0.5–0.7 ms, then 0.9–1.4) and would choose the pipelined copy where
+/// single copy is faster.
 const PIPELINED_WARM_UP: u32 = 4;
 
 /// Samples kept per mechanism.
@@ -128,9 +127,8 @@ impl BulkRates {
                 .is_none_or(|t| now.saturating_duration_since(t) > BULK_REFRESH)
         };
         // A warm-up and two counted samples of each before choosing: one
-        // sample decides nothing (the first transfers of a size class fault
-        // in fresh pages: a split message's second sample of a class once
-        // read 1.6 GB/s where the next ones read 20).
+        // sample decides nothing (a size class's first transfers fault in
+        // fresh pages: 1.6 GB/s where the next ones reach 20).
         if self.single.n < 3 {
             Bulk::SingleCopy
         } else if self.pipelined.n < PIPELINED_WARM_UP + 3 {
@@ -479,11 +477,10 @@ impl Sm {
         // of two cores at once, where the pipelined copy copies it twice
         // on the same two cores. Where the two processes share a cache the
         // pipelined copy can be faster (4 MiB: 29 against 25 GB/s), but
-        // measuring that while running chose wrongly too often under this
-        // machine's hypervisor (README, "Messages and the two bulk
-        // protocols"), and a wrong choice costs 3–8× where the processes
-        // do not share a cache (pipelined 2.7 GB/s against 24 split) and
-        // 15 % where they do.
+        // choosing by measurement while running goes wrong too often under
+        // a hypervisor (README, "Messages and the two bulk protocols"), and
+        // a wrong choice costs 3–8× where the processes do not share a
+        // cache and 15 % where they do.
         let cma = self.state.cma_ok[peer as usize] && parts.contiguous().is_some();
         let how = if !large || !cma {
             Bulk::Pipelined
