@@ -379,7 +379,7 @@ impl Sm {
     /// copying large messages: a message up to a fragment that can leave at
     /// once is copied into its fragment ([`Posted::Done`]); one behind
     /// others, or larger, is read from `parts` when (while) it travels, and
-    /// completes with [`TEvent::Done`](crate::ops::TEvent::Done) for `op`.
+    /// completes with [`TEvent::Done`] for `op`.
     ///
     /// # Safety
     ///
