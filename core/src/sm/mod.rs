@@ -23,7 +23,10 @@
 //! - [`regtab`]: the table where a rank publishes its registered regions,
 //!   so peers read them by single copy without asking first;
 //! - [`engine`]: the progress state machine (SEND → handler → ACK →
-//!   completion and recycling, pending queues, flow control).
+//!   completion and recycling, pending queues, flow control);
+//! - [`wire`]: the byte formats of the transport's own messages
+//!   (rendezvous, landing buffers, chunk headers, one-sided requests and
+//!   answers), as checked views and `Repr`s.
 
 pub mod control;
 pub mod engine;
@@ -33,3 +36,4 @@ pub mod frag;
 pub mod layout;
 pub mod params;
 pub mod regtab;
+pub mod wire;

@@ -2,25 +2,26 @@
 //! once, the receiver reading its first part from the sender's memory
 //! (`process_vm_readv`) while the sender writes the rest into the
 //! receiver's **landing buffer** for it (`process_vm_writev`). One core
-//! reading alone is what limits a single copy (see the README: a 4 MiB
-//! copy split between the two cores of this machine ran at twice the rate).
+//! reading alone is what limits a single copy (a 4 MiB copy split between
+//! two cores runs at twice the rate; README).
 //!
 //! The protocol, per sender → receiver pair:
 //!
 //! 1. The receiver maps a landing buffer for the sender ([`Landing`]: a
 //!    private anonymous mapping, a flag word then up to [`LANDING_CAP`]
 //!    bytes of data, pages touched only as used, transparent huge pages
-//!    advised) the first time that
-//!    sender sends it a large single-copy message, and tells it the
-//!    address ([`SM_LANDING`](btl_core::tags::SM_LANDING): address and
-//!    capacity). The sender checks once that the kernel lets it write
-//!    there (it writes the flag's current value, 0); if not, it never
-//!    splits to that receiver.
+//!    advised) the first time that sender sends it a large single-copy
+//!    message, and tells it the address
+//!    ([`SM_LANDING`](btl_core::tags::SM_LANDING): a [`LandingAdRepr`],
+//!    address and capacity). The sender checks once that the kernel lets
+//!    it write there (it writes the flag's current value, 0); if not, it
+//!    never splits to that receiver.
 //! 2. A large single-copy message (at least `cma_split_min` bytes, at most
-//!    the capacity) then travels as [`RndvSplit`]: the sender posts it and,
-//!    right away in the same call, writes the message's bytes from `at` on
-//!    into the landing buffer, then (after a fence) the message's sequence
-//!    number into the flag word. The receiver reads the bytes before `at`
+//!    the capacity) then travels as a split rendezvous
+//!    ([`RndvSplitRepr`](btl_core::sm::wire::RndvSplitRepr)): the sender
+//!    posts it and, right away in the same call, writes the message's
+//!    bytes from `at` on into the landing buffer, then (after a fence) the
+//!    message's sequence number into the flag word. The receiver reads the bytes before `at`
 //!    into the landing buffer itself, waits for the flag to show the
 //!    sequence number, and delivers the message from the landing buffer.
 //!    A rendezvous stays at the head of the sender's queue until the
@@ -35,8 +36,8 @@
 //!    can meet a stale write.
 //!
 //! The sender writes only into the range the receiver advertised, by the
-//! pid start-up established; the receiver validates every [`RndvSplit`]
-//! against its own landing buffer (length within the capacity, `at`
+//! pid start-up established; the receiver validates every split
+//! rendezvous against its own landing buffer (length within the capacity, `at`
 //! within the length) and reads only its own memory or the sender's.
 //! Dropping a landing buffer never unmaps it: it becomes inaccessible
 //! (`PROT_NONE`) and its pages are returned (`MADV_DONTNEED`), so a write
@@ -45,27 +46,24 @@
 
 use std::time::Duration;
 
+use btl_core::sm::wire::{LandingAdRepr, LANDING_DATA_OFF};
 use btl_core::sync::AtomicU64;
-
-use super::rma::u64_at;
-use super::send::Rndv;
 
 /// Most bytes of a message that travels split (the landing buffer's data
 /// capacity): address space, touched only as far as messages reach.
 pub(super) const LANDING_CAP: usize = 64 << 20;
 /// Where the data area starts in the mapping (the flag word is at 0): a
-/// page.
-const DATA_OFF: usize = 4096;
+/// page, as the protocol fixes it.
+const DATA_OFF: usize = LANDING_DATA_OFF;
 
 /// Where in the data area a message from the sender's address `addr`
 /// starts: at the same offset modulo 64 as the sender's bytes, so the
 /// kernel's copies in and out (`process_vm_readv` / `writev`) have source
-/// and destination equally aligned. Measured on this machine (Zen 4, Linux
-/// 6.18), a 1 MiB `process_vm_readv` whose destination lies 1–15 bytes
-/// after its source modulo a page ran at 2.9 GB/s against 12.3–13.7 for
-/// every other gap from -70 to 70 (`rep movsb` in the kernel's
-/// `copy_to_user`); with the data always page-aligned, a message from a
-/// buffer 4081–4095 bytes into a page met exactly that. A message of
+/// and destination equally aligned: a `process_vm_readv` whose
+/// destination lies 1–15 bytes after its source modulo a page runs at a
+/// quarter of the rate (`rep movsb` in the kernel's `copy_to_user`: 2.9
+/// GB/s against 12.3–13.7 for 1 MiB), which page-aligned data would meet
+/// for every message from a buffer 4081–4095 bytes into a page. A message of
 /// `len` bytes then needs `len + ALIGN_SLACK` bytes of capacity.
 pub(super) fn skew(addr: u64) -> usize {
     // The data area starts at a page, so as aligned as address 0.
@@ -77,65 +75,6 @@ pub(super) const ALIGN_SLACK: usize = crate::cma::ALIGN;
 /// How long the receiver waits for the sender's part before reading it
 /// itself.
 pub(super) const SPLIT_WAIT: Duration = Duration::from_millis(50);
-
-/// Header of a split rendezvous fragment: the rendezvous's own header
-/// (tag, the sender's address and length), then where the sender's part
-/// starts and the sequence number its flag write carries. 33 bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct RndvSplit {
-    pub(super) rndv: Rndv,
-    pub(super) at: u64,
-    pub(super) seq: u64,
-}
-
-impl RndvSplit {
-    pub(super) const LEN: usize = Rndv::LEN + 16;
-    pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0; Self::LEN];
-        b[..Rndv::LEN].copy_from_slice(&self.rndv.encode());
-        b[Rndv::LEN..Rndv::LEN + 8].copy_from_slice(&self.at.to_le_bytes());
-        b[Rndv::LEN + 8..].copy_from_slice(&self.seq.to_le_bytes());
-        b
-    }
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        (b.len() == Self::LEN).then_some(())?;
-        Some(Self {
-            rndv: Rndv::decode(&b[..Rndv::LEN])?,
-            at: u64_at(b, Rndv::LEN)?,
-            seq: u64_at(b, Rndv::LEN + 8)?,
-        })
-    }
-}
-
-/// A landing buffer as its sender knows it: the mapping's address (flag
-/// word there, data at [`DATA_OFF`]) and the data capacity. 16 bytes on
-/// the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct LandingAd {
-    pub(super) addr: u64,
-    pub(super) cap: u64,
-}
-
-impl LandingAd {
-    pub(super) const LEN: usize = 16;
-    pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0; Self::LEN];
-        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
-        b[8..16].copy_from_slice(&self.cap.to_le_bytes());
-        b
-    }
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        (b.len() == Self::LEN).then_some(())?;
-        Some(Self {
-            addr: u64_at(b, 0)?,
-            cap: u64_at(b, 8)?,
-        })
-    }
-    /// The address of data byte `off`.
-    pub(super) fn data_addr(&self, off: u64) -> Option<u64> {
-        self.addr.checked_add(DATA_OFF as u64)?.checked_add(off)
-    }
-}
 
 /// Our landing buffer for one sender.
 #[derive(Debug)]
@@ -151,11 +90,9 @@ impl Landing {
         // (`/sys/kernel/mm/transparent_hugepage/enabled` = madvise, as on
         // Debian; `never` still wins): the sender's `process_vm_writev`
         // pins the pages it writes and our reads fault them in, 512 times
-        // fewer with 2 MiB pages. Measured (`btl bench --transport sm
-        // --sizes 4194304`, six alternations, 2026-12-05): 4 MiB
-        // bandwidth 23.6-23.9 GB/s against 22.3-23.6, latency 246-288 us
-        // against 260-315. Refused advice (a kernel without THP) only
-        // leaves 4 KiB pages.
+        // fewer with 2 MiB pages (4 MiB messages: about 5 % more
+        // bandwidth). Refused advice (a kernel without THP) only leaves
+        // 4 KiB pages.
         // SAFETY: our own fresh mapping of exactly this range; advice
         // changes no contents and no protection.
         if let Err(e) = unsafe {
@@ -171,8 +108,8 @@ impl Landing {
     }
 
     /// How the sender learns of it.
-    pub(super) fn ad(&self) -> LandingAd {
-        LandingAd {
+    pub(super) fn ad(&self) -> LandingAdRepr {
+        LandingAdRepr {
             addr: self.map.as_ref().map_or(0, |m| m.as_ptr() as u64),
             cap: LANDING_CAP as u64,
         }
@@ -227,36 +164,6 @@ impl Drop for Landing {
 mod tests {
     use super::*;
     use btl_core::sync::Ordering;
-
-    #[test]
-    fn headers_roundtrip_and_reject_bad_lengths() {
-        let r = RndvSplit {
-            rndv: Rndv {
-                tag: 7,
-                addr: 0x7fff_1234_5000,
-                len: (4 << 20) + 13,
-            },
-            at: 2 << 20,
-            seq: u64::MAX,
-        };
-        assert_eq!(RndvSplit::decode(&r.encode()), Some(r));
-        assert_eq!(RndvSplit::decode(&r.encode()[..32]), None);
-        let a = LandingAd {
-            addr: 0x7f00_0000_0000,
-            cap: LANDING_CAP as u64,
-        };
-        assert_eq!(LandingAd::decode(&a.encode()), Some(a));
-        assert_eq!(LandingAd::decode(&[0; 17]), None);
-        assert_eq!(a.data_addr(5), Some(0x7f00_0000_0000 + 4096 + 5));
-        assert_eq!(
-            LandingAd {
-                addr: u64::MAX - 10,
-                cap: 1
-            }
-            .data_addr(0),
-            None
-        );
-    }
 
     #[test]
     fn a_landing_buffer_is_written_through_the_kernel_and_retired() {

@@ -18,10 +18,16 @@ use btl_core::shm::Region;
 use btl_core::sm::engine::{deliver_boxed, Dispatch, PeerError};
 use btl_core::sm::fbox::{self, Corruption};
 use btl_core::sm::frag::FragView;
+use btl_core::sm::wire::{
+    ChunkPacket, ChunkRepr, GetDataPacket, GetDataRepr, GetMode, GetReqRepr, LandingAdPacket,
+    LandingAdRepr, PutCmaRepr, PutDataRepr, RangeReqPacket, ReplyPacket, ReplyRepr, RndvPacket,
+    RndvRepr, RndvSplitPacket, RndvSplitRepr, WireError, CHUNK_HEADER_LEN, GET_DATA_HEADER_LEN,
+    GET_REQ_SPLIT_LEN, LANDING_AD_LEN, RANGE_REQ_LEN, REPLY_LEN, RNDV_LEN, RNDV_SPLIT_LEN,
+};
 
-use super::landing::{skew, Landing, LandingAd, RndvSplit, ALIGN_SLACK, LANDING_CAP, SPLIT_WAIT};
-use super::rma::{self, PutChunk, RangeReq, RmaWait, SplitTail, Work};
-use super::send::{Bulk, Chunk, Rndv};
+use super::landing::{skew, Landing, ALIGN_SLACK, LANDING_CAP, SPLIT_WAIT};
+use super::rma::{self, RmaWait, Work};
+use super::send::Bulk;
 use super::{
     MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_LANDING, TAG_RNDV, TAG_RNDV_SPLIT,
 };
@@ -153,7 +159,7 @@ pub(super) struct State {
     pub(super) landing_tried: Vec<bool>,
     /// Per receiver: its landing buffer for our split rendezvous, once it
     /// told us and our test write there succeeded.
-    pub(super) landing_to: Vec<Option<LandingAd>>,
+    pub(super) landing_to: Vec<Option<LandingAdRepr>>,
     /// Messages received by split rendezvous: (the sender's part came in
     /// time, we read it ourselves).
     pub(super) split_in: (u64, u64),
@@ -286,21 +292,12 @@ impl Ctx<'_, '_> {
     }
 
     fn recv_rndv(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let r = frag.exact::<{ Rndv::LEN }>().and_then(|b| Rndv::decode(&b));
-        let Some(r) = r else {
-            violation!(self.st, peer, "malformed single-copy header");
+        let mut b = [0u8; RNDV_LEN];
+        let r = message(frag, &mut b)
+            .and_then(|b| RndvRepr::parse(&RndvPacket::new_checked(b)?, MAX_MESSAGE));
+        let Some(r) = self.parsed(peer, "single-copy header", r) else {
             return false;
         };
-        if r.tag > MAX_USER_TAG || r.len > MAX_MESSAGE {
-            violation!(
-                self.st,
-                peer,
-                "single-copy request with tag {} and length {}",
-                r.tag,
-                r.len
-            );
-            return false;
-        }
         let mut buf = std::mem::take(&mut self.st.bufs[peer as usize]);
         let len = r.len as usize;
         if buf.len() < len + ALIGN_SLACK {
@@ -360,11 +357,10 @@ impl Ctx<'_, '_> {
     /// A receiver's landing buffer for our split rendezvous: usable once a
     /// write of the flag's value (0) there succeeds.
     fn recv_landing(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let ad = frag
-            .exact::<{ LandingAd::LEN }>()
-            .and_then(|b| LandingAd::decode(&b));
-        let Some(ad) = ad else {
-            violation!(self.st, peer, "malformed landing buffer");
+        let mut b = [0u8; LANDING_AD_LEN];
+        let ad = message(frag, &mut b)
+            .and_then(|b| LandingAdRepr::parse(&LandingAdPacket::new_checked(b)?));
+        let Some(ad) = self.parsed(peer, "landing buffer", ad) else {
             return false;
         };
         let pid = self.st.peers[peer as usize].pid;
@@ -388,25 +384,24 @@ impl Ctx<'_, '_> {
     /// buffer for `peer` while it writes the rest there, then deliver the
     /// message from it (see [`super::landing`]).
     fn recv_rndv_split(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let r = frag
-            .exact::<{ RndvSplit::LEN }>()
-            .and_then(|b| RndvSplit::decode(&b));
+        let mut b = [0u8; RNDV_SPLIT_LEN];
+        let cap = LANDING_CAP as u64;
+        let r = message(frag, &mut b)
+            .and_then(|b| RndvSplitRepr::parse(&RndvSplitPacket::new_checked(b)?, cap));
+        let Some(r) = self.parsed(peer, "split rendezvous", r) else {
+            return false;
+        };
         let p = peer as usize;
-        let valid = r.filter(|r| {
-            r.rndv.tag <= MAX_USER_TAG
-                && r.rndv.len.saturating_add(skew(r.rndv.addr) as u64) <= LANDING_CAP as u64
-                && r.at <= r.rndv.len
-                && self.st.landings[p].is_some()
-        });
-        let Some(r) = valid else {
+        let fits = r.rndv.len.saturating_add(skew(r.rndv.addr) as u64) <= cap;
+        if !fits || self.st.landings[p].is_none() {
             violation!(
                 self.st,
                 peer,
-                "malformed split rendezvous {r:?} (landing buffer mapped: {})",
+                "split rendezvous {r:?} beyond our landing buffer (mapped: {})",
                 self.st.landings[p].is_some()
             );
             return false;
-        };
+        }
         let Some(mut land) = self.st.landings[p].take() else {
             return false;
         };
@@ -467,17 +462,14 @@ impl Ctx<'_, '_> {
     }
 
     fn recv_chunk(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut hdr = [0u8; Chunk::LEN];
-        let len = frag.info.len as usize;
-        let c = (len >= Chunk::LEN && frag.payload.read_bytes(0, &mut hdr).is_ok())
-            .then(|| Chunk::decode(&hdr))
-            .flatten();
-        let Some(c) = c else {
-            violation!(self.st, peer, "malformed chunk header");
+        let p = peer as usize;
+        let c = header::<CHUNK_HEADER_LEN>(frag)
+            .and_then(|h| ChunkRepr::parse(&ChunkPacket::new_unchecked(&h[..]), MAX_MESSAGE));
+        let Some(c) = self.parsed(peer, "chunk header", c) else {
+            self.st.partial[p] = None;
             return false;
         };
-        let p = peer as usize;
-        let data_len = (len - Chunk::LEN) as u64;
+        let data_len = u64::from(frag.info.len) - CHUNK_HEADER_LEN as u64;
         if c.offset == 0 {
             if self.st.partial[p].is_some() {
                 // Not a violation: a sender that cancels a message it was
@@ -487,17 +479,6 @@ impl Ctx<'_, '_> {
                     "local rank {peer} started a new chunked message before the last one ended \
                      (cancelled?); the partial one is dropped"
                 );
-            }
-            if c.tag > MAX_USER_TAG || c.total > MAX_MESSAGE {
-                violation!(
-                    self.st,
-                    peer,
-                    "chunked message with tag {} and length {}",
-                    c.tag,
-                    c.total
-                );
-                self.st.partial[p] = None;
-                return false;
             }
             self.st.partial[p] = Some((c.tag, c.total, 0));
         }
@@ -523,7 +504,11 @@ impl Ctx<'_, '_> {
             self.st.bufs[p].resize(end as usize, 0);
         }
         let dst = &mut self.st.bufs[p][got as usize..end as usize];
-        if frag.payload.read_bytes(Chunk::LEN as u64, dst).is_err() {
+        if frag
+            .payload
+            .read_bytes(CHUNK_HEADER_LEN as u64, dst)
+            .is_err()
+        {
             violation!(self.st, peer, "chunk shorter than its header says");
             self.st.partial[p] = None;
             return false;
@@ -542,11 +527,14 @@ impl Ctx<'_, '_> {
     /// A put by single copy: validate, then read the requester's memory
     /// straight into the region.
     fn recv_put_cma(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let Some(put) = self.range_req(peer, frag, "single-copy put") else {
+        let mut b = [0u8; RANGE_REQ_LEN];
+        let put =
+            message(frag, &mut b).and_then(|b| PutCmaRepr::parse(&RangeReqPacket::new_checked(b)?));
+        let Some(put) = self.parsed(peer, "single-copy put", put) else {
             return false;
         };
         let status = match self.regions.range_mut(put.id, put.offset, put.len) {
-            Ok(dst) => match self.st.cma_read(peer, put.addr, dst) {
+            Ok(dst) => match self.st.cma_read(peer, put.src, dst) {
                 Ok(()) => {
                     self.st.rma_single_copies += 1;
                     RmaStatus::Ok
@@ -574,43 +562,22 @@ impl Ctx<'_, '_> {
     /// address (single copy: the requester reads it) or served in
     /// fragments.
     fn recv_get_req(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let (get, tail) = if frag.info.len as usize == RangeReq::LEN + SplitTail::LEN {
-            // A split get: the range, then its tail.
-            let req = frag
-                .exact::<{ RangeReq::LEN + SplitTail::LEN }>()
-                .and_then(|b| {
-                    RangeReq::decode(&b[..RangeReq::LEN])
-                        .filter(|r| r.addr == rma::GET_SPLIT)
-                        .zip(SplitTail::decode(&b[RangeReq::LEN..]))
-                })
-                .filter(|(r, t)| t.at <= r.len);
-            let Some((get, tail)) = req else {
-                violation!(self.st, peer, "malformed split get request");
-                return false;
-            };
-            (get, Some(tail))
-        } else {
-            let Some(get) = self.range_req(peer, frag, "get request") else {
-                return false;
-            };
-            (get, None)
+        let mut b = [0u8; GET_REQ_SPLIT_LEN];
+        let get =
+            message(frag, &mut b).and_then(|b| GetReqRepr::parse(&RangeReqPacket::new_checked(b)?));
+        let Some(get) = self.parsed(peer, "get request", get) else {
+            return false;
         };
-        match self.regions.range(get.id, get.offset, get.len) {
-            Ok(_) if get.addr == rma::GET_SPLIT => match tail {
-                Some(tail) => self.st.work.push(Work::Split { peer, get, tail }),
-                None => {
-                    violation!(self.st, peer, "split get request without its tail");
-                    return false;
-                }
-            },
-            Ok(src) if get.addr == rma::GET_BY_SINGLE_COPY => self.st.work.push(Work::Reply {
+        match (self.regions.range(get.id, get.offset, get.len), get.mode) {
+            (Ok(_), GetMode::Split(tail)) => self.st.work.push(Work::Split { peer, get, tail }),
+            (Ok(src), GetMode::SingleCopy) => self.st.work.push(Work::Reply {
                 peer,
                 req: get.req,
                 status: RmaStatus::Ok,
                 addr: src.addr(),
             }),
-            Ok(_) => self.st.work.push(Work::Serve { peer, get }),
-            Err(status) => {
+            (Ok(_), GetMode::Fragments) => self.st.work.push(Work::Serve { peer, get }),
+            (Err(status), _) => {
                 log::warn!(
                     "local rank {peer} asked to get {}+{} of region {}: {status}",
                     get.offset,
@@ -630,16 +597,12 @@ impl Ctx<'_, '_> {
 
     /// A PUT_DATA chunk (header + data) arrived from `peer`.
     fn recv_put_data(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut h = [0u8; PutChunk::LEN];
-        let len = u64::from(frag.info.len);
-        let c = (len >= h.len() as u64 && frag.payload.read_bytes(0, &mut h).is_ok())
-            .then(|| PutChunk::decode(&h))
-            .flatten();
-        let Some(c) = c else {
-            violation!(self.st, peer, "malformed put data");
+        let c = header::<RANGE_REQ_LEN>(frag)
+            .and_then(|h| PutDataRepr::parse(&RangeReqPacket::new_unchecked(&h[..])));
+        let Some(c) = self.parsed(peer, "put data", c) else {
             return false;
         };
-        let data_len = len - h.len() as u64;
+        let data_len = u64::from(frag.info.len) - RANGE_REQ_LEN as u64;
         let key = (peer, c.req);
         let entry = self.st.puts_in.entry(key).or_insert(PutIn {
             received: 0,
@@ -659,7 +622,7 @@ impl Ctx<'_, '_> {
                 .regions
                 .range_mut(c.id, c.offset + c.chunk_off, data_len)?;
             frag.payload
-                .read_bytes(PutChunk::LEN as u64, dst)
+                .read_bytes(RANGE_REQ_LEN as u64, dst)
                 .map_err(|_| RmaStatus::CopyFailed)
         });
         let received = self.st.puts_in.get_mut(&key).map(|e| {
@@ -695,11 +658,11 @@ impl Ctx<'_, '_> {
 
     /// A status reply to one of our gets or puts arrived.
     fn recv_reply(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let reply = frag
-            .exact::<{ rma::REPLY_LEN }>()
-            .and_then(|b| rma::decode_reply(&b));
-        let Some((req, status, addr)) = reply else {
-            violation!(self.st, peer, "malformed one-sided reply");
+        let mut b = [0u8; REPLY_LEN];
+        let reply =
+            message(frag, &mut b).and_then(|b| ReplyRepr::parse(&ReplyPacket::new_checked(b)?));
+        let Some(ReplyRepr { req, status, addr }) = self.parsed(peer, "one-sided reply", reply)
+        else {
             return false;
         };
         match self.st.waiting.get(&req) {
@@ -883,17 +846,13 @@ impl Ctx<'_, '_> {
 
     /// Data of one of our gets arrived.
     fn recv_get_data(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut h = [0u8; 16];
-        let len = u64::from(frag.info.len);
-        let hlen = rma::GET_DATA_LEN as u64;
-        let head = (len >= hlen && frag.payload.read_bytes(0, &mut h).is_ok())
-            .then(|| rma::u64_at(&h, 0).zip(rma::u64_at(&h, 8)))
-            .flatten();
-        let Some((req, off)) = head else {
-            violation!(self.st, peer, "malformed get data");
+        let head = header::<GET_DATA_HEADER_LEN>(frag)
+            .and_then(|h| GetDataRepr::parse(&GetDataPacket::new_unchecked(&h[..])));
+        let Some(GetDataRepr { req, offset: off }) = self.parsed(peer, "get data", head) else {
             return false;
         };
-        let data_len = len - hlen;
+        let hlen = GET_DATA_HEADER_LEN as u64;
+        let data_len = u64::from(frag.info.len) - hlen;
         let Some(w) = self.st.waiting.get_mut(&req).filter(|w| w.peer == peer) else {
             log::warn!("get data from local rank {peer} for unknown request {req}");
             return false;
@@ -1050,14 +1009,39 @@ impl Dispatch for Ctx<'_, '_> {
 }
 
 impl Ctx<'_, '_> {
-    /// The 36-byte request of a single-copy put or a get, or a violation.
-    fn range_req(&mut self, peer: u32, frag: &FragView<'_>, what: &str) -> Option<RangeReq> {
-        let req = frag
-            .exact::<{ RangeReq::LEN }>()
-            .and_then(|b| RangeReq::decode(&b));
-        if req.is_none() {
-            violation!(self.st, peer, "malformed {what}");
-        }
-        req
+    /// The message `what` parsed from `peer`'s bytes, or a violation
+    /// naming what is wrong with them.
+    fn parsed<R>(&mut self, peer: u32, what: &str, r: Result<R, WireError>) -> Option<R> {
+        r.map_err(|e| violation!(self.st, peer, "malformed {what}: {e}"))
+            .ok()
     }
+}
+
+/// The payload of `frag`, a whole message of at most `N` bytes, copied out
+/// of shared memory into `buf` (its format's parser judges the length).
+fn message<'b, const N: usize>(
+    frag: &FragView<'_>,
+    buf: &'b mut [u8; N],
+) -> Result<&'b [u8], WireError> {
+    let len = frag.info.len as usize;
+    let b = buf
+        .get_mut(..len)
+        .ok_or(WireError::BadLength { len, expected: N })?;
+    frag.payload
+        .read_bytes(0, b)
+        .map_err(|_| WireError::Truncated {
+            needed: len,
+            got: frag.payload.len(),
+        })?;
+    Ok(b)
+}
+
+/// The first `N` bytes of `frag`'s payload: a header, with data after it.
+fn header<const N: usize>(frag: &FragView<'_>) -> Result<[u8; N], WireError> {
+    let mut h = [0u8; N];
+    let got = frag.info.len as usize;
+    if got < N || frag.payload.read_bytes(0, &mut h).is_err() {
+        return Err(WireError::Truncated { needed: N, got });
+    }
+    Ok(h)
 }

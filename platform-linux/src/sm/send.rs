@@ -15,73 +15,17 @@ use std::time::{Duration, Instant};
 
 use btl_core::barrier::BarrierRepr;
 use btl_core::sm::engine::{PeerState, SendError};
+use btl_core::sm::wire::{
+    ChunkRepr, GetDataRepr, LandingAdRepr, PutDataRepr, RndvRepr, RndvSplitRepr, RANGE_REQ_LEN,
+};
 
-use super::landing::{LandingAd, RndvSplit, ALIGN_SLACK};
+use super::landing::ALIGN_SLACK;
 use super::recv::Ctx;
-use super::rma::{encode_get_data, PutChunk, GET_DATA_LEN};
 use super::*;
 use crate::cma;
 use crate::ops::{OpError, OpId, PostError, Posted, RawBuf, RawParts, Sink};
 use crate::regions::Regions;
 use btl_core::sync::Ordering;
-
-/// Header of a single-copy rendezvous fragment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Rndv {
-    pub(super) tag: u8,
-    pub(super) addr: u64,
-    pub(super) len: u64,
-}
-
-impl Rndv {
-    pub(super) const LEN: usize = 17;
-    pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0; Self::LEN];
-        b[0] = self.tag;
-        b[1..9].copy_from_slice(&self.addr.to_le_bytes());
-        b[9..17].copy_from_slice(&self.len.to_le_bytes());
-        b
-    }
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        let b: &[u8; Self::LEN] = b.try_into().ok()?;
-        Some(Self {
-            tag: b[0],
-            addr: u64::from_le_bytes(b[1..9].try_into().ok()?),
-            len: u64::from_le_bytes(b[9..17].try_into().ok()?),
-        })
-    }
-}
-
-/// Header of a pipelined chunk: the message's total length, the user tag,
-/// and this chunk's offset. Chunks of one message arrive in order (per-peer
-/// order), so the offset is a check, not a reordering key. Padded to 32
-/// bytes so that, after the 32-byte fragment header, the data starts on a
-/// cache line of the (cache-line aligned) fragment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Chunk {
-    pub(super) tag: u8,
-    pub(super) total: u64,
-    pub(super) offset: u64,
-}
-
-impl Chunk {
-    pub(super) const LEN: usize = 32;
-    pub(super) fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0; Self::LEN];
-        b[0] = self.tag;
-        b[1..9].copy_from_slice(&self.total.to_le_bytes());
-        b[9..17].copy_from_slice(&self.offset.to_le_bytes());
-        b
-    }
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        let h = b.get(..Self::LEN)?;
-        Some(Self {
-            tag: h[0],
-            total: u64::from_le_bytes(h[1..9].try_into().ok()?),
-            offset: u64::from_le_bytes(h[9..17].try_into().ok()?),
-        })
-    }
-}
 
 /// How a large message travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,9 +56,9 @@ pub(super) const BULK_REFRESH: Duration = Duration::from_secs(1);
 /// Each mechanism is rated by its best sample of the last refresh period
 /// (its newest sample if it has none that recent), not by an average:
 /// noise only ever makes a transfer slower (a preempted vCPU, a page
-/// fault, the receiver busy with something else), and an average of such
-/// samples once chose the pipelined copy at 2.5 GB/s over single copy at
-/// 24 with the vCPUs on two CCXs.
+/// fault, the receiver busy with something else), and an average of noisy
+/// samples picks the wrong mechanism (the pipelined copy at 2.5 GB/s over
+/// single copy at 24).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct BulkRates {
     pub(super) single: Samples,
@@ -133,11 +77,10 @@ pub(super) struct Samples {
     n: u32,
 }
 
-/// Pipelined samples dropped after the first, as a warm-up: with the
-/// vCPUs on two CCXs the first pipelined messages to a peer moved 4 MiB in
-/// 0.5–0.7 ms, the following ones in 0.9–1.4 ms (single copy: 0.35), and
-/// two early samples once chose the pipelined copy at 2.7 GB/s over single
-/// copy at 24.
+/// Pipelined samples dropped after the first, as a warm-up: the first
+/// pipelined messages to a peer run faster than the steady state (4 MiB
+/// in 0.5–0.7 ms, then 0.9–1.4) and would choose the pipelined copy where
+/// single copy is faster.
 const PIPELINED_WARM_UP: u32 = 4;
 
 /// Samples kept per mechanism.
@@ -185,9 +128,8 @@ impl BulkRates {
                 .is_none_or(|t| now.saturating_duration_since(t) > BULK_REFRESH)
         };
         // A warm-up and two counted samples of each before choosing: one
-        // sample decides nothing (the first transfers of a size class fault
-        // in fresh pages: a split message's second sample of a class once
-        // read 1.6 GB/s where the next ones read 20).
+        // sample decides nothing (a size class's first transfers fault in
+        // fresh pages: 1.6 GB/s where the next ones reach 20).
         if self.single.n < 3 {
             Bulk::SingleCopy
         } else if self.pipelined.n < PIPELINED_WARM_UP + 3 {
@@ -438,7 +380,7 @@ impl Sm {
     /// copying large messages: a message up to a fragment that can leave at
     /// once is copied into its fragment ([`Posted::Done`]); one behind
     /// others, or larger, is read from `parts` when (while) it travels, and
-    /// completes with [`TEvent::Done`](crate::ops::TEvent::Done) for `op`.
+    /// completes with [`TEvent::Done`] for `op`.
     ///
     /// # Safety
     ///
@@ -536,11 +478,10 @@ impl Sm {
         // of two cores at once, where the pipelined copy copies it twice
         // on the same two cores. Where the two processes share a cache the
         // pipelined copy can be faster (4 MiB: 29 against 25 GB/s), but
-        // measuring that while running chose wrongly too often under this
-        // machine's hypervisor (README, "Messages and the two bulk
-        // protocols"), and a wrong choice costs 3–8× where the processes
-        // do not share a cache (pipelined 2.7 GB/s against 24 split) and
-        // 15 % where they do.
+        // choosing by measurement while running goes wrong too often under
+        // a hypervisor (README, "Messages and the two bulk protocols"), and
+        // a wrong choice costs 3–8× where the processes do not share a
+        // cache and 15 % where they do.
         let cma = self.state.cma_ok[peer as usize] && parts.contiguous().is_some();
         let how = if !large || !cma {
             Bulk::Pipelined
@@ -664,7 +605,7 @@ impl Sm {
                     // a split message included (see `BulkRates`).
                     let t0 = Instant::now();
                     let split = self.split_to(peer, len);
-                    let rndv = Rndv {
+                    let rndv = RndvRepr {
                         tag,
                         addr: buf.addr(),
                         len: len as u64,
@@ -672,7 +613,7 @@ impl Sm {
                     let sent = match split {
                         Some(ad) => {
                             self.split_seq[peer as usize] += 1;
-                            let hdr = RndvSplit {
+                            let hdr = RndvSplitRepr {
                                 rndv,
                                 // Page-aligned, so each side copies whole
                                 // pages.
@@ -680,14 +621,14 @@ impl Sm {
                                 seq: self.split_seq[peer as usize],
                             };
                             let e = &mut self.shm.get().engine;
-                            let sent = e.send(peer, TAG_RNDV_SPLIT, &[&hdr.encode()], cookie);
+                            let sent = e.send(peer, TAG_RNDV_SPLIT, &[&hdr.to_bytes()], cookie);
                             // Our part right away, before anything else
                             // (the receiver waits for it).
                             sent.map(|()| self.write_split_part(peer, buf, ad, hdr))
                         }
                         None => {
                             let e = &mut self.shm.get().engine;
-                            e.send(peer, TAG_RNDV, &[&rndv.encode()], cookie)
+                            e.send(peer, TAG_RNDV, &[&rndv.to_bytes()], cookie)
                         }
                     };
                     if sent.is_err() {
@@ -712,36 +653,29 @@ impl Sm {
                     }
                     let total = s.parts.len();
                     while s.sent < total {
-                        let mut hdr = [0u8; 40];
+                        let (sent, total64) = (s.sent as u64, total as u64);
+                        let mut hdr = [0u8; RANGE_REQ_LEN];
+                        let mut put = |b: &[u8]| {
+                            hdr[..b.len()].copy_from_slice(b);
+                            b.len()
+                        };
                         let hlen = match s.kind {
-                            StreamKind::Message { tag } => {
-                                hdr[..Chunk::LEN].copy_from_slice(
-                                    &Chunk {
-                                        tag,
-                                        total: total as u64,
-                                        offset: s.sent as u64,
-                                    }
-                                    .encode(),
-                                );
-                                Chunk::LEN
+                            StreamKind::Message { tag } => put(&ChunkRepr {
+                                tag,
+                                total: total64,
+                                offset: sent,
                             }
-                            StreamKind::PutData { req, id, offset } => {
-                                hdr[..PutChunk::LEN].copy_from_slice(
-                                    &PutChunk {
-                                        req,
-                                        id,
-                                        offset,
-                                        total: total as u64,
-                                        chunk_off: s.sent as u64,
-                                    }
-                                    .encode(),
-                                );
-                                PutChunk::LEN
+                            .to_bytes()),
+                            StreamKind::PutData { req, id, offset } => put(&PutDataRepr {
+                                req,
+                                id,
+                                offset,
+                                total: total64,
+                                chunk_off: sent,
                             }
+                            .to_bytes()),
                             StreamKind::GetData { req } => {
-                                hdr[..GET_DATA_LEN]
-                                    .copy_from_slice(&encode_get_data(req, s.sent as u64));
-                                GET_DATA_LEN
+                                put(&GetDataRepr { req, offset: sent }.to_bytes())
                             }
                         };
                         // A multiple of 64 bytes, so every chunk of the
@@ -752,8 +686,8 @@ impl Sm {
                         s.parts.range(s.sent, len, slices);
                         let tag = match s.kind {
                             StreamKind::Message { .. } => TAG_CHUNK,
-                            StreamKind::PutData { .. } => rma::TAG_PUT_DATA,
-                            StreamKind::GetData { .. } => rma::TAG_GET_DATA,
+                            StreamKind::PutData { .. } => btl_core::tags::SM_PUT_DATA,
+                            StreamKind::GetData { .. } => btl_core::tags::SM_GET_DATA,
                         };
                         // The header and the pieces, gathered on the stack
                         // when few (one fragment of a contiguous stream:
@@ -870,7 +804,7 @@ impl Sm {
 
     /// `peer`'s landing buffer, if a message of `len` bytes to it goes by
     /// split rendezvous (see [`super::landing`]).
-    fn split_to(&self, peer: u32, len: usize) -> Option<LandingAd> {
+    fn split_to(&self, peer: u32, len: usize) -> Option<LandingAdRepr> {
         let st = &self.state;
         st.landing_to[peer as usize].filter(|ad| {
             st.split_min != 0
@@ -884,7 +818,7 @@ impl Sm {
     /// flag word (see [`super::landing`]). A write the kernel refuses stops
     /// splitting to that peer (the receiver then reads the rest itself
     /// after its wait).
-    fn write_split_part(&mut self, peer: u32, buf: RawBuf, ad: LandingAd, hdr: RndvSplit) {
+    fn write_split_part(&mut self, peer: u32, buf: RawBuf, ad: LandingAdRepr, hdr: RndvSplitRepr) {
         let pid = self.state.peers[peer as usize].pid;
         let at = hdr.at as usize;
         let skew = super::landing::skew(buf.addr()) as u64;
@@ -1125,25 +1059,5 @@ mod tests {
         assert_eq!(probe_burst(4 << 20), 4);
         assert_eq!(probe_burst(128 << 10), 8);
         assert_eq!(probe_burst(64 << 20), 1);
-    }
-
-    #[test]
-    fn protocol_headers_roundtrip() {
-        let r = Rndv {
-            tag: 3,
-            addr: 0xdead_beef,
-            len: 1 << 33,
-        };
-        assert_eq!(Rndv::decode(&r.encode()), Some(r));
-        assert_eq!(Rndv::decode(&[0; 5]), None);
-        let c = Chunk {
-            tag: 9,
-            total: 100,
-            offset: 40,
-        };
-        let mut b = c.encode().to_vec();
-        b.extend_from_slice(b"data");
-        assert_eq!(Chunk::decode(&b), Some(c));
-        assert_eq!(Chunk::decode(&b[..10]), None);
     }
 }
