@@ -22,6 +22,7 @@ enum Step<'a> {
     Fence,
     Get(u32, &'a str),
     Who,
+    GetAll(u32, &'a str),
     /// A response body from the service.
     Answer(&'a [u8]),
 }
@@ -43,6 +44,7 @@ fn answers(p: Pending, r: &Response<'_>) -> bool {
             | (Pending::Fence, Response::FenceDone)
             | (Pending::Get, Response::Value(_))
             | (Pending::Who, Response::Waiting(_))
+            | (Pending::GetAll(_), Response::Values(_))
             | (Pending::WhoInFence, Response::Waiting(_) | Response::FenceDone)
     )
 }
@@ -81,9 +83,18 @@ fuzz_target!(|input: Input<'_>| {
             Step::Fence => c.fence(&mut buf).map(drop),
             Step::Get(rank, k) => c.get(*rank, k, &mut buf).map(drop),
             Step::Who => c.who(&mut buf).map(drop),
+            Step::GetAll(first, k) => c.get_all(*first, k, &mut buf).map(drop),
             Step::Answer(body) => match c.on_response(body) {
                 Ok(resp) => {
                     assert!(answers(before, &resp), "{before:?} accepted {resp:?}");
+                    if let (Pending::GetAll(first), Response::Values(v)) = (before, &resp) {
+                        // From where it asked, at least one, within the job;
+                        // every entry readable.
+                        assert_eq!(v.first(), first);
+                        assert!(v.count() >= 1);
+                        assert!(u64::from(first) + u64::from(v.count()) <= u64::from(input.size));
+                        assert_eq!(v.iter().count(), v.count() as usize);
+                    }
                     Ok(())
                 }
                 Err(e) => {

@@ -10,16 +10,24 @@
 //!   FENCE 3
 //!   GET   4  [ rank u32 ][ key_len u8 ][ key ]
 //!   WHO   5  (which ranks the service still waits for in the fence)
+//!   GET_ALL 6 [ first u32 ][ key_len u8 ][ key ]   (every rank's value from `first` on)
 //! responses
 //!   WELCOME 0x81 [ version u16 ]   STORED 0x82   FENCE_DONE 0x83
 //!   VALUE   0x84 [ found u8 ][ value: the rest ]
 //!   WAITING 0x85 [ count u32 ][ count × rank u32 ]   (count ≤ MAX_LIST)
+//!   VALUES  0x86 [ first u32 ][ count u32 ][ count × ( len u32 (ABSENT: none) [ value ] ) ]
 //!   REFUSED 0xFF [ code u8 ][ message: UTF-8, the rest ]
 //! ```
 //!
 //! The service answers WHO at any time, even while the asking rank
 //! waits in a fence (the WAITING answer comes before FENCE_DONE), so a
 //! rank that gives up can name the ranks it waited for.
+//!
+//! GET_ALL answers with the values of ranks `first, first + 1, ...`, as
+//! many as fit in one frame (at least one, as any value fits); the client
+//! asks again from where the answer stopped. A job's every rank reading
+//! every rank's record so costs n/⌊frame/record⌋ requests per rank instead
+//! of n (docs/many-hosts.md: 256 ranks reading each other's node name).
 //!
 //! [`parse_request`] and [`parse_response`] validate every field and
 //! never panic; [`split_frame`] cuts frames out of a read buffer;
@@ -44,11 +52,15 @@ const OP_PUT: u8 = 2;
 const OP_FENCE: u8 = 3;
 const OP_GET: u8 = 4;
 const OP_WHO: u8 = 5;
+const OP_GET_ALL: u8 = 6;
 const OP_WELCOME: u8 = 0x81;
 const OP_STORED: u8 = 0x82;
 const OP_FENCE_DONE: u8 = 0x83;
 const OP_VALUE: u8 = 0x84;
 const OP_WAITING: u8 = 0x85;
+const OP_VALUES: u8 = 0x86;
+/// The length of an absent value in VALUES.
+const ABSENT: u32 = u32::MAX;
 const OP_REFUSED: u8 = 0xFF;
 
 /// A protocol violation or a misuse of the client.
@@ -197,6 +209,13 @@ pub enum Request<'a> {
     },
     /// Which ranks has the fence not seen yet?
     Who,
+    /// Read every rank's value of `key`, from rank `first` on.
+    GetAll {
+        /// The first rank to answer for.
+        first: u32,
+        /// Key.
+        key: &'a str,
+    },
 }
 
 /// A response, as parsed by a client.
@@ -212,6 +231,8 @@ pub enum Response<'a> {
     Value(Option<&'a [u8]>),
     /// WHO's answer.
     Waiting(Waiting<'a>),
+    /// GET_ALL's answer.
+    Values(Values<'a>),
     /// The request was refused.
     Refused {
         /// Why.
@@ -248,6 +269,110 @@ impl fmt::Debug for Waiting<'_> {
             .field("count", &self.count)
             .finish_non_exhaustive()
     }
+}
+
+/// Consecutive ranks' values (VALUES), checked when parsed: every entry
+/// is complete, no value is longer than [`MAX_VALUE`], nothing follows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Values<'a> {
+    first: u32,
+    count: u32,
+    entries: &'a [u8],
+}
+
+impl<'a> Values<'a> {
+    /// Checks `count` entries in `entries`.
+    fn parse(first: u32, count: u32, entries: &'a [u8]) -> Result<Self, KvError> {
+        let mut r = Reader(entries);
+        for _ in 0..count {
+            entry(&mut r)?;
+        }
+        r.end()?;
+        Ok(Self {
+            first,
+            count,
+            entries,
+        })
+    }
+
+    /// The rank of the first entry.
+    pub fn first(&self) -> u32 {
+        self.first
+    }
+
+    /// How many ranks' entries the answer holds.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// `(rank, value)` of each entry, `None` for a rank that did not
+    /// publish the key.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, Option<&'a [u8]>)> + 'a {
+        let mut r = Reader(self.entries);
+        let first = self.first;
+        (0..self.count).map_while(move |i| Some((first.wrapping_add(i), entry(&mut r).ok()?)))
+    }
+}
+
+impl fmt::Debug for Values<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Values")
+            .field("first", &self.first)
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One VALUES entry.
+fn entry<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, KvError> {
+    match r.u32()? {
+        ABSENT => Ok(None),
+        n if n as usize > MAX_VALUE => Err(KvError::ValueTooLarge),
+        n => r.take(n as usize).map(Some),
+    }
+}
+
+/// Writes a VALUES frame into `out` (at least [`MAX_FRAME`] bytes): the
+/// values of ranks `first, first + 1, ...` that `value_of` gives, until
+/// rank `size` or the frame is full (at least one entry when
+/// `first < size`). Returns the frame's length and the number of
+/// entries. The service's side of GET_ALL.
+pub fn encode_values<'v>(
+    first: u32,
+    size: u32,
+    mut value_of: impl FnMut(u32) -> Option<&'v [u8]>,
+    out: &mut [u8],
+) -> Result<(usize, u32), KvError> {
+    let mut count = 0u32;
+    let n = frame(out, |w| {
+        w.u8(OP_VALUES)?;
+        w.u32(first)?;
+        let count_at = w.at;
+        w.u32(0)?;
+        let mut rank = first;
+        while rank < size {
+            let v = value_of(rank);
+            let need = 4 + v.map_or(0, <[u8]>::len);
+            if v.is_some_and(|v| v.len() > MAX_VALUE) {
+                return Err(KvError::ValueTooLarge);
+            }
+            if w.at + need > MAX_BODY {
+                break;
+            }
+            match v {
+                None => w.u32(ABSENT)?,
+                Some(v) => {
+                    w.u32(v.len() as u32)?;
+                    w.bytes(v)?;
+                }
+            }
+            count += 1;
+            rank += 1;
+        }
+        w.buf[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
+        Ok(())
+    })?;
+    Ok((n, count))
 }
 
 /// Cuts the first frame out of `buf`: `Ok(Some((body, consumed)))` when
@@ -353,6 +478,13 @@ pub fn parse_request(body: &[u8]) -> Result<Request<'_>, KvError> {
             }
         }
         OP_WHO => Request::Who,
+        OP_GET_ALL => {
+            let first = r.u32()?;
+            Request::GetAll {
+                first,
+                key: key_from(&mut r)?,
+            }
+        }
         op => return Err(KvError::UnknownOp(op)),
     };
     r.end()?;
@@ -390,6 +522,11 @@ pub fn parse_response(body: &[u8]) -> Result<Response<'_>, KvError> {
                 return Err(KvError::BadList);
             }
             Response::Waiting(Waiting { count, list })
+        }
+        OP_VALUES => {
+            let first = r.u32()?;
+            let count = r.u32()?;
+            Response::Values(Values::parse(first, count, r.rest())?)
         }
         OP_REFUSED => {
             let code = RefuseCode::from_code(r.u8()?);
@@ -488,6 +625,14 @@ pub fn encode_request(req: &Request<'_>, out: &mut [u8]) -> Result<usize, KvErro
             w.short_str(key)
         }
         Request::Who => w.u8(OP_WHO),
+        Request::GetAll { first, key } => {
+            if !valid_key(key) {
+                return Err(KvError::BadKey);
+            }
+            w.u8(OP_GET_ALL)?;
+            w.u32(first)?;
+            w.short_str(key)
+        }
     })
 }
 
@@ -518,6 +663,12 @@ pub fn encode_response(resp: &Response<'_>, out: &mut [u8]) -> Result<usize, KvE
             w.u32(list.count)?;
             let n = (list.list.len() / 4).min(MAX_LIST) * 4;
             w.bytes(&list.list[..n])
+        }
+        Response::Values(v) => {
+            w.u8(OP_VALUES)?;
+            w.u32(v.first)?;
+            w.u32(v.count)?;
+            w.bytes(v.entries)
         }
         Response::Refused { code, message } => {
             w.u8(OP_REFUSED)?;
@@ -552,6 +703,8 @@ pub enum Pending {
     Fence,
     /// VALUE.
     Get,
+    /// VALUES starting at this rank.
+    GetAll(u32),
     /// WAITING, then FENCE_DONE.
     WhoInFence,
     /// WAITING.
@@ -642,6 +795,14 @@ impl Client {
         self.encode(Request::Get { rank, key }, Pending::Get, out)
     }
 
+    /// GET_ALL of `key` from rank `first` on.
+    pub fn get_all(&mut self, first: u32, key: &str, out: &mut [u8]) -> Result<usize, KvError> {
+        if first >= self.size {
+            return Err(KvError::BadRank);
+        }
+        self.encode(Request::GetAll { first, key }, Pending::GetAll(first), out)
+    }
+
     /// WHO: allowed when idle and while waiting in a fence.
     pub fn who(&mut self, out: &mut [u8]) -> Result<usize, KvError> {
         if self.pending == Pending::Fence {
@@ -674,6 +835,14 @@ impl Client {
             | (Pending::Fence, Response::FenceDone)
             | (Pending::Get, Response::Value(_))
             | (Pending::Who, Response::Waiting(_)) => Pending::Idle,
+            // At least one entry, none past the job, from where we asked.
+            (Pending::GetAll(first), Response::Values(v))
+                if v.first == first
+                    && v.count >= 1
+                    && u64::from(first) + u64::from(v.count) <= u64::from(self.size) =>
+            {
+                Pending::Idle
+            }
             (Pending::WhoInFence, Response::Waiting(_)) => Pending::Fence,
             // The fence may complete before the service read WHO; its
             // WAITING answer then follows.
@@ -721,6 +890,10 @@ mod tests {
                 key: "node",
             },
             Request::Who,
+            Request::GetAll {
+                first: 7,
+                key: "node",
+            },
         ];
         for req in reqs {
             let n = encode_request(&req, &mut buf).unwrap();
@@ -855,6 +1028,50 @@ mod tests {
         );
         assert_eq!(c.pending(), Pending::Failed);
         assert_eq!(c.put("k", b"v", &mut buf), Err(KvError::Busy));
+    }
+
+    #[test]
+    fn values_fill_frames_and_the_client_checks_them() {
+        // Three ranks, rank 1 absent: one frame holds all.
+        let mut frame = [0u8; MAX_FRAME];
+        let vals: [Option<&[u8]>; 3] = [Some(b"n0"), None, Some(b"")];
+        let (n, count) = encode_values(0, 3, |r| vals[r as usize], &mut frame).unwrap();
+        assert_eq!(count, 3);
+        let (body, _) = split_frame(&frame[..n]).unwrap().unwrap();
+        let Response::Values(v) = parse_response(body).unwrap() else {
+            panic!("not VALUES")
+        };
+        let got: [(u32, Option<&[u8]>); 3] = [(0, Some(b"n0")), (1, None), (2, Some(b""))];
+        assert!(v.iter().eq(got));
+        // Big values: as many as fit, then the client asks from there.
+        let big = [7u8; MAX_VALUE];
+        let (_, count) = encode_values(5, 9, |_| Some(&big[..]), &mut frame).unwrap();
+        assert_eq!(count, 1);
+        let (_, count) = encode_values(0, 4000, |_| Some(&big[..60]), &mut frame).unwrap();
+        assert_eq!(count as usize, (MAX_BODY - 9) / 64);
+        // The client takes only an answer from where it asked, within the job.
+        let mut buf = [0u8; 256];
+        let mut c = Client::new(0, 3).unwrap();
+        c.hello("job", &mut buf).unwrap();
+        let n = encode_response(&Response::Welcome, &mut buf).unwrap();
+        c.on_response(&buf[4..n]).unwrap();
+        assert_eq!(c.get_all(3, "k", &mut buf), Err(KvError::BadRank));
+        c.get_all(1, "k", &mut buf).unwrap();
+        assert_eq!(c.pending(), Pending::GetAll(1));
+        let (n, _) = encode_values(1, 3, |r| vals[r as usize], &mut frame).unwrap();
+        assert!(matches!(c.on_response(&frame[4..n]), Ok(Response::Values(v)) if v.count() == 2));
+        c.get_all(1, "k", &mut buf).unwrap();
+        let (n, _) = encode_values(0, 3, |r| vals[r as usize], &mut frame).unwrap();
+        assert_eq!(
+            c.on_response(&frame[4..n]),
+            Err(KvError::Unexpected(OP_VALUES))
+        );
+        // An entry cut short, or too long, does not parse.
+        let (n, _) = encode_values(0, 1, |_| Some(b"abc"), &mut frame).unwrap();
+        assert_eq!(parse_response(&frame[4..n - 1]), Err(KvError::Truncated));
+        let mut long = frame[4..n].to_vec();
+        long[9..13].copy_from_slice(&(MAX_VALUE as u32 + 1).to_le_bytes());
+        assert_eq!(parse_response(&long), Err(KvError::ValueTooLarge));
     }
 
     #[test]

@@ -60,6 +60,24 @@ pub trait Wireup {
     /// `Ok(None)` when that rank did not publish the key. A value longer
     /// than `out` is an error.
     fn get(&mut self, rank: u32, key: &str, out: &mut [u8]) -> Result<Option<usize>, Self::Error>;
+    /// Hands every rank's value of `key` to `each`, in rank order
+    /// (`None`: that rank did not publish it); `buf` holds one value. The
+    /// default asks [`get`](Self::get) once per rank; a source that can
+    /// answer for many ranks at once (the key/value service's GET_ALL)
+    /// does so, as a job's every rank reading every rank's record is n²
+    /// requests one by one.
+    fn get_each(
+        &mut self,
+        key: &str,
+        buf: &mut [u8],
+        each: &mut dyn FnMut(u32, Option<&[u8]>),
+    ) -> Result<(), Self::Error> {
+        for r in 0..self.size() {
+            let n = self.get(r, key, buf)?;
+            each(r, n.map(|n| &buf[..n]));
+        }
+        Ok(())
+    }
 }
 
 pub mod kv;

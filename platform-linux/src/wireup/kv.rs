@@ -69,6 +69,8 @@ struct Store {
     entered: Vec<u64>,
     /// Fences answered, per rank.
     answered: Vec<u64>,
+    /// Where answers are encoded ([`MAX_FRAME`] bytes, made once).
+    out: Vec<u8>,
 }
 
 impl Store {
@@ -84,12 +86,31 @@ impl Store {
     }
 
     fn answer(&mut self, rank: u32, resp: &Response<'_>) -> io::Result<()> {
-        let mut buf = vec![0u8; MAX_FRAME];
-        let n = proto::encode_response(resp, &mut buf).map_err(io::Error::other)?;
+        let n = proto::encode_response(resp, &mut self.out).map_err(io::Error::other)?;
+        self.send(rank, n)
+    }
+
+    /// Sends the first `n` bytes of `out` to `rank`.
+    fn send(&mut self, rank: u32, n: usize) -> io::Result<()> {
         match self.writers.get_mut(rank as usize).and_then(Option::as_mut) {
-            Some(w) => w.write_all(&buf[..n]),
+            Some(w) => w.write_all(&self.out[..n]),
             None => Err(io::ErrorKind::NotConnected.into()),
         }
+    }
+
+    /// GET_ALL: the values of `key` from rank `first` on, as many as one
+    /// frame holds.
+    fn answer_values(&mut self, rank: u32, first: u32, key: &str) -> io::Result<()> {
+        let key = key.to_owned();
+        let (values, out) = (&self.values, &mut self.out);
+        let (n, _) = proto::encode_values(
+            first,
+            self.size,
+            |r| values.get(&(r, key.clone())).map(Vec::as_slice),
+            out,
+        )
+        .map_err(io::Error::other)?;
+        self.send(rank, n)
     }
 
     /// Sends FENCE_DONE to every rank whose fences are now complete.
@@ -136,6 +157,7 @@ impl KvServer {
             bytes: vec![0; size as usize],
             entered: vec![0; size as usize],
             answered: vec![0; size as usize],
+            out: vec![0; MAX_FRAME],
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -415,6 +437,15 @@ fn handle(
             let v = st.values.get(&(r, key.to_owned())).cloned();
             st.answer(me, &Response::Value(v.as_deref()))
                 .map_err(answer_err)
+        }
+        Request::GetAll { first, key } => {
+            if first >= st.size {
+                return Err((
+                    RefuseCode::Protocol,
+                    format!("GET_ALL from rank {first} in a job of {}", st.size),
+                ));
+            }
+            st.answer_values(me, first, key).map_err(answer_err)
         }
     }
 }
@@ -696,6 +727,40 @@ impl Wireup for KvWireup {
         self.consume(len);
         result
     }
+
+    fn get_each(
+        &mut self,
+        key: &str,
+        _buf: &mut [u8],
+        each: &mut dyn FnMut(u32, Option<&[u8]>),
+    ) -> Result<(), WireupError> {
+        check_key(key)?;
+        let mut first = 0;
+        while first < self.size() {
+            let n = self
+                .client
+                .get_all(first, key, &mut self.out)
+                .map_err(self.proto())?;
+            self.send(n)?;
+            let len = self.expect("values from the service", Instant::now() + self.timeout)?;
+            let result = match proto::parse_response(&self.buf[..len]).map_err(self.proto())? {
+                Response::Values(v) => {
+                    for (r, value) in v.iter() {
+                        each(r, value);
+                    }
+                    Ok(v.count())
+                }
+                _ => Err(WireupError::Protocol {
+                    addr: self.addr,
+                    error: KvError::Unexpected(self.buf[0]),
+                }),
+            };
+            self.consume(len);
+            // The client checked: at least one entry, none past the job.
+            first += result?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -739,6 +804,37 @@ mod tests {
                     w.put("round2", b"x").unwrap();
                     w.fence().unwrap();
                     assert_eq!(w.get((r + 1) % 4, "round2", &mut buf).unwrap(), Some(1));
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn every_rank_reads_every_value_in_few_requests() {
+        // 6 ranks of 20 KiB values: three to a frame, so GET_ALL takes
+        // two answers; rank 4 publishes nothing.
+        let server = KvServer::start(loopback(), "kvtest", 6).unwrap();
+        let addr = server.addr();
+        let value = |r: u32| vec![r as u8; 20 << 10];
+        let threads: Vec<_> = (0..6)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let mut w =
+                        KvWireup::connect(addr, &id(r, 6), Duration::from_secs(10)).unwrap();
+                    if r != 4 {
+                        w.put("big", &value(r)).unwrap();
+                    }
+                    w.fence().unwrap();
+                    let mut seen = Vec::new();
+                    w.get_each("big", &mut [], &mut |p, v| {
+                        seen.push((p, v.map(<[u8]>::to_vec)));
+                    })
+                    .unwrap();
+                    let want: Vec<_> = (0..6).map(|p| (p, (p != 4).then(|| value(p)))).collect();
+                    assert!(seen == want, "rank {r} read {} values", seen.len());
                 })
             })
             .collect();

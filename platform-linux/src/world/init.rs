@@ -378,16 +378,6 @@ fn publish_identity(id: &Identity, w: &mut DynWireup) -> Result<(), WorldError> 
     Ok(())
 }
 
-fn node_of(w: &mut DynWireup, rank: u32) -> Result<String, WorldError> {
-    wireup::get_vec(w.as_mut(), rank, NODE_KEY)?
-        .and_then(|v| String::from_utf8(v).ok())
-        .filter(|n| crate::job::is_valid_name(n))
-        .ok_or(WorldError::BadRecord {
-            rank,
-            key: NODE_KEY,
-        })
-}
-
 /// The pids the ranks of our node published, by local rank (ours from the
 /// kernel).
 fn local_pids(id: &Identity, w: &mut DynWireup, local: &[u32]) -> Result<Vec<u32>, WorldError> {
@@ -409,16 +399,30 @@ fn local_pids(id: &Identity, w: &mut DynWireup, local: &[u32]) -> Result<Vec<u32
         .collect()
 }
 
+/// Every rank's node name, read at once ([`Wireup::get_each`]: one
+/// request per frame of names from the key/value service, not one per
+/// rank).
 fn node_names(id: &Identity, w: &mut DynWireup) -> Result<Vec<String>, WorldError> {
-    let mut names = Vec::with_capacity(id.size as usize);
-    for r in 0..id.size {
-        names.push(if r == id.rank {
-            id.node.clone()
-        } else {
-            node_of(w, r)?
-        });
-    }
-    Ok(names)
+    let mut names: Vec<Option<String>> = vec![None; id.size as usize];
+    let mut buf = vec![0u8; wireup::MAX_VALUE];
+    w.get_each(NODE_KEY, &mut buf, &mut |r, v| {
+        if let Some(slot) = names.get_mut(r as usize) {
+            *slot = v
+                .and_then(|v| String::from_utf8(v.to_vec()).ok())
+                .filter(|n| crate::job::is_valid_name(n));
+        }
+    })?;
+    names[id.rank as usize] = Some(id.node.clone());
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(r, n)| {
+            n.ok_or(WorldError::BadRecord {
+                rank: r as u32,
+                key: NODE_KEY,
+            })
+        })
+        .collect()
 }
 
 /// Listens for the job's TCP peers. A peer the wire-up names is given the
