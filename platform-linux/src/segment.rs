@@ -837,8 +837,8 @@ impl Offer {
                     return served;
                 }
             };
-            match rustix::net::sockopt::socket_peercred(&conn) {
-                Ok(cred) if cred.uid.as_raw() == self.uid => {}
+            let cred_pid = match rustix::net::sockopt::socket_peercred(&conn) {
+                Ok(cred) if cred.uid.as_raw() == self.uid => cred.pid.as_raw_nonzero(),
                 Ok(cred) => {
                     warn!(
                         "shared segment {}: refused to hand it to pid {} of uid {}",
@@ -849,10 +849,10 @@ impl Offer {
                     continue;
                 }
                 Err(e) => {
-                    debug!("rendezvous of {}: SO_PEERCRED: {e}", self.name);
+                    warn!("shared segment {}: SO_PEERCRED of a peer: {e}", self.name);
                     continue;
                 }
-            }
+            };
             let mut msg = [0u8; OFFER_LEN];
             msg[..8].copy_from_slice(&OFFER_MAGIC);
             msg[8..].copy_from_slice(&(segment.len() as u64).to_le_bytes());
@@ -867,7 +867,11 @@ impl Offer {
                 SendFlags::NOSIGNAL,
             ) {
                 Ok(_) => served += 1,
-                Err(e) => debug!("rendezvous of {}: sendmsg: {e}", self.name),
+                // The peer asks again when it sees the connection closed.
+                Err(e) => warn!(
+                    "shared segment {}: could not hand it to pid {}: sendmsg: {e}",
+                    self.name, cred_pid
+                ),
             }
         }
     }
@@ -916,7 +920,10 @@ pub fn fetch(name: &str, creator: Option<u32>, timeout: Duration) -> Result<Owne
 /// connection still in its backlog, never accepted (the offer was
 /// withdrawn, or the listening descriptor lived on for a moment in a
 /// child the offerer forked, until that child's `exec` closed it) — nobody
-/// served us, as when nobody listens, so [`fetch`] tries again.
+/// served us, as when nobody listens, so [`fetch`] tries again. Also
+/// `None` when an accepted connection closes unanswered while its holder
+/// is still alive (the creator dropped that one connection and logged
+/// why); an error only when the holder is gone.
 fn receive(
     sock: &OwnedFd,
     name: &str,
@@ -945,6 +952,8 @@ fn receive(
             ),
         });
     }
+    // Who holds the socket now, to tell later whether it is still there.
+    let holder_start = process_start_time(pid).unwrap_or(0);
     let left = timeout
         .saturating_sub(start.elapsed())
         .max(Duration::from_millis(10));
@@ -987,6 +996,15 @@ fn receive(
         }
     }
     if got.bytes == 0 && fd.is_none() {
+        // Closed without an answer. While the creator lives on, it dropped
+        // this one connection (its `serve` logs why): ask again. Only a
+        // creator that is gone ends the wait here.
+        if process_alive(pid, holder_start) {
+            debug!(
+                "rendezvous of {name}: pid {pid} closed our connection unanswered; asking again"
+            );
+            return Ok(None);
+        }
         return Err(SegmentError::io(
             "receive the segment from local rank 0",
             name,
