@@ -74,7 +74,7 @@ for shape in $SHAPES; do
   hosts=${shape%x*} per=${shape#*x}
   up "$hosts"
   list=$(for i in $(seq 1 "$hosts"); do printf 'bj%s:%s,' "$i" "$per"; done)
-  times=() ok=0 spreads=()
+  times=() ok=0 spreads=() joins=() barriers=()
   # How long after the launch each rank's program starts (a program that
   # prints the clock): the spread, and the last host's first rank.
   for r in $(seq 1 "$RUNS"); do
@@ -89,23 +89,31 @@ for shape in $SHAPES; do
   done
   for r in $(seq 1 "$RUNS"); do
     t0=$(date +%s.%N)
-    if BTL_TCP_IF_INCLUDE=10.98.0.0/16 BTL_NETNS_HOSTS=$work/hosts \
+    # BTL_LOG=info: each rank says when it joined (wire-up and transports
+    # up) and when its first barrier ended (its message phase began).
+    if BTL_LOG=info BTL_TCP_IF_INCLUDE=10.98.0.0/16 BTL_NETNS_HOSTS=$work/hosts \
         "$btl" run --timeout 600 -n $((hosts * per)) --host "${list%,}" \
         --agent "$root/scripts/netns-agent.sh" --wireup-addr 10.98.255.254 -- \
         "$btl" stress --messages "$MESSAGES" --max-size "$MAX_SIZE" >"$work/out" 2>&1 &&
         [ "$(grep -c 'all intact' "$work/out")" = $((hosts * per)) ]; then
       ok=$((ok + 1))
     else
-      tail -n 5 "$work/out" >&2
+      # Every rank's complaint, not just the last lines: the first failure
+      # is often not the last one printed.
+      grep -v 'all intact' "$work/out" | head -n 40 >&2
     fi
     times+=("$(echo "$(date +%s.%N) - $t0" | bc)")
+    joins+=("$(sed -n 's/.*joined the job after \([0-9.]*\) s.*/\1/p' "$work/out" | sort -n | tail -n 1)")
+    barriers+=("$(sed -n 's/.*message phase after \([0-9.]*\) s.*/\1/p' "$work/out" | sort -n | tail -n 1)")
   done
+  median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+  join=$(median "${joins[@]}") barrier=$(median "${barriers[@]}")
   med=$(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
   # The run with the median latest start.
   read -r smin smax slast <<<"$(printf '%s\n' "${spreads[@]}" | sort -n -k2 | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}')"
-  printf '[job-start] %s: %d of %d intact, median %.2f s; programs started %s-%s s after launch (last host %s s)\n' \
-    "$shape" "$ok" "$RUNS" "$med" "$smin" "$smax" "$slast"
-  rows+=("$(printf '%s × %s\t%s\t%.2f\t%s\t%s\t%s\t%d of %d' "$hosts" "$per" $((hosts * per)) "$med" "$smin" "$smax" "$slast" "$ok" "$RUNS")")
+  printf '[job-start] %s: %d of %d intact, median %.2f s; programs started %s-%s s after launch (last host %s s); last rank joined %.2f s, left the first barrier %.2f s after its start\n' \
+    "$shape" "$ok" "$RUNS" "$med" "$smin" "$smax" "$slast" "$join" "$barrier"
+  rows+=("$(printf '%s × %s\t%s\t%.2f\t%s\t%s\t%s\t%.2f\t%.2f\t%d of %d' "$hosts" "$per" $((hosts * per)) "$med" "$smin" "$smax" "$slast" "$join" "$barrier" "$ok" "$RUNS")")
   down
 done
 
@@ -113,8 +121,8 @@ done
   echo "# title: Job start across network-namespace hosts (btl run, default settings)"
   echo "# command: SHAPES=\"$SHAPES\" RUNS=$RUNS MESSAGES=$MESSAGES MAX_SIZE=$MAX_SIZE bash scripts/job-start.sh"
   echo "# machine: $(nproc) vCPU $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), $(. /etc/os-release && echo "$PRETTY_NAME")"
-  echo "# note: wall time of the whole job: launch, wire-up, barrier, $MESSAGES checked message(s) of up to $MAX_SIZE B to every peer and a get/put with each; median of $RUNS runs; all ranks share the machine's cores. Starts: when each rank's program began (a program printing the clock, same launch), after the launch; the run with the median latest start; last host: the first rank of the last host in the list"
-  printf 'hosts × ranks\tranks\tjob s\tfirst start s\tlast start s\tlast host s\tintact\n'
+  echo "# note: wall time of the whole job: launch, wire-up, barrier, $MESSAGES checked message(s) of up to $MAX_SIZE B to every peer and a get/put with each; median of $RUNS runs; all ranks share the machine's cores. Starts: when each rank's program began (a program printing the clock, same launch), after the launch; the run with the median latest start; last host: the first rank of the last host in the list. Joined: when the slowest rank had the wire-up done and its transports up; barrier: when the slowest rank left the first barrier (both after that rank's own start, medians)"
+  printf 'hosts × ranks\tranks\tjob s\tfirst start s\tlast start s\tlast host s\tjoined s\tbarrier s\tintact\n'
   printf '%s\n' "${rows[@]}"
 } >"$OUT"
 python3 scripts/benchmarks.py

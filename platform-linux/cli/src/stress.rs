@@ -268,6 +268,13 @@ pub fn run(opts: &StressOpts, out: &mut impl Write) -> Result<StressReport, BoxE
     let started = Instant::now();
     let choice = Choice::parse(&opts.transport).ok_or("--transport: accepts auto, sm or tcp")?;
     let mut world = World::init(choice)?;
+    // With BTL_LOG=info: how long the wire-up and the transports' start took
+    // (docs/many-hosts.md splits a job's start with it).
+    log::info!(
+        "rank {}: joined the job after {:.3} s",
+        world.rank(),
+        started.elapsed().as_secs_f64()
+    );
     run_on(&mut world, opts, started, out)
 }
 
@@ -332,7 +339,8 @@ pub fn run_on(
     // With BTL_LOG=info: the moment the message phase starts (a test kills
     // a rank only once every rank is past start-up).
     log::info!(
-        "rank {me}: message phase: {} messages to each of {} peer(s)",
+        "rank {me}: message phase after {:.3} s: {} messages to each of {} peer(s)",
+        started.elapsed().as_secs_f64(),
         opts.messages,
         peers.len() - failed.len()
     );

@@ -139,7 +139,7 @@ fn survivors_keep_going(transport: &str, messages: &str) {
                 let mut all = String::new();
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if line.contains(": message phase: ") {
+                    if line.contains(": message phase after ") {
                         let _ = tx.send(r as u32);
                     }
                     all.push_str(&line);
