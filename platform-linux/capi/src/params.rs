@@ -2,21 +2,30 @@
 //! tables (`btl_core::sm::params::SM`, `btl_core::tcp::params::TCP`) as
 //! NUL-terminated strings made once per process and never freed, so
 //! Open MPI's component can register each as an MCA variable from btl's
-//! definitions rather than a second table.
+//! definitions rather than a second table; btl_param_count and
+//! btl_param_info hand them out.
 
-use std::ffi::CString;
+use std::ffi::{c_char, CString};
+use std::os::raw::c_int;
 use std::sync::OnceLock;
 
 use btl_core::params::{Allowed, Component, ParamDef, ParamKind};
 
+use crate::codes::{
+    BTL_ERR_ARG, BTL_ERR_PARAM, BTL_OK, BTL_PARAM_BOOL, BTL_PARAM_INT, BTL_PARAM_SIZE,
+    BTL_PARAM_STRING, BTL_PARAM_UINT,
+};
+use crate::error::{entry, fail, need, text};
+use crate::types::btl_param_info_t;
+
 /// A `BTL_PARAM_*` type code.
 pub fn kind_code(k: ParamKind) -> i32 {
     match k {
-        ParamKind::Int => crate::BTL_PARAM_INT,
-        ParamKind::UInt => crate::BTL_PARAM_UINT,
-        ParamKind::Size => crate::BTL_PARAM_SIZE,
-        ParamKind::Bool => crate::BTL_PARAM_BOOL,
-        ParamKind::Text => crate::BTL_PARAM_STRING,
+        ParamKind::Int => BTL_PARAM_INT,
+        ParamKind::UInt => BTL_PARAM_UINT,
+        ParamKind::Size => BTL_PARAM_SIZE,
+        ParamKind::Bool => BTL_PARAM_BOOL,
+        ParamKind::Text => BTL_PARAM_STRING,
     }
 }
 
@@ -65,14 +74,14 @@ pub fn component(name: &str) -> Option<&'static [Strings]> {
 }
 
 /// Fills `out` from `s`.
-pub fn fill(s: &'static Strings, out: &mut crate::btl_param_info_t) {
+pub fn fill(s: &'static Strings, out: &mut btl_param_info_t) {
     let d = s.def;
     let (values, nvalues, has_except, except) = match d.allowed {
         Allowed::Range => (std::ptr::null(), 0, 0, 0),
         Allowed::Except(v) => (std::ptr::null(), 0, 1, v),
         Allowed::OneOf(vs) => (vs.as_ptr(), vs.len(), 0, 0),
     };
-    *out = crate::btl_param_info_t {
+    *out = btl_param_info_t {
         component: s.component.as_ptr(),
         name: s.name.as_ptr(),
         kind: kind_code(d.kind),
@@ -89,4 +98,68 @@ pub fn fill(s: &'static Strings, out: &mut crate::btl_param_info_t) {
         env_name: s.env.as_ptr(),
         ompi_env_name: s.ompi_env.as_ptr(),
     };
+}
+
+/// The number of parameters of `component` (`sm` or `tcp`) in `*count`.
+///
+/// # Safety
+///
+/// `component` NUL-terminated; `count` writable.
+#[no_mangle]
+pub unsafe extern "C" fn btl_param_count(component: *const c_char, count: *mut usize) -> c_int {
+    entry("btl_param_count", || {
+        // SAFETY: the caller's string.
+        let c = unsafe { text(component, "component") }?;
+        need(count, "count")?;
+        let defs = self::component(c).ok_or_else(|| {
+            fail(
+                BTL_ERR_PARAM,
+                format!("unknown component {c:?} (sm or tcp)"),
+            )
+        })?;
+        // SAFETY: checked.
+        unsafe { count.write(defs.len()) };
+        Ok(BTL_OK)
+    })
+}
+
+/// The definition of parameter `index` (0 .. count-1, registration
+/// order) of `component` in `*out`: name, type, default, accepted values,
+/// help, Open MPI info level, environment names — btl's own registry, for
+/// an Open MPI component to register each as an MCA variable.
+///
+/// # Safety
+///
+/// `component` NUL-terminated; `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn btl_param_info(
+    component: *const c_char,
+    index: usize,
+    out: *mut btl_param_info_t,
+) -> c_int {
+    entry("btl_param_info", || {
+        // SAFETY: the caller's string.
+        let c = unsafe { text(component, "component") }?;
+        need(out, "out")?;
+        let defs = self::component(c).ok_or_else(|| {
+            fail(
+                BTL_ERR_PARAM,
+                format!("unknown component {c:?} (sm or tcp)"),
+            )
+        })?;
+        let s = defs.get(index).ok_or_else(|| {
+            fail(
+                BTL_ERR_ARG,
+                format!(
+                    "component {c} has {} parameters, not {}",
+                    defs.len(),
+                    index + 1
+                ),
+            )
+        })?;
+        // SAFETY: checked, writable.
+        let o = unsafe { &mut *out };
+        fill(s, o);
+        Ok(BTL_OK)
+    })
 }
