@@ -8,8 +8,10 @@
 //! - [`shm`]: regions of shared memory, the [`shm::ShmOffset`] newtype that
 //!   shared memory holds instead of pointers, and checked resolution of
 //!   offsets into references;
-//! - [`check`]: the checked message content of `btl stress`, shared by
-//!   the Linux tool and bare-metal nodes;
+//! - [`workload`]: the tags and checked message content of `btl stress`
+//!   and `btl bench`, shared by the Linux command and bare-metal nodes;
+//! - [`barrier`]: the barrier's schedule and message, run by every
+//!   adapter;
 //! - [`tags`]: every tag value in one table (the user range and each
 //!   transport's internal tags); [`rma`]: the one-sided types every adapter
 //!   uses ([`rma::RegionKey`], [`rma::RmaStatus`]);

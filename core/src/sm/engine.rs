@@ -1328,7 +1328,7 @@ where
     /// in [`Dispatch::complete`] when the peer has handled it.
     ///
     /// The path of most small messages (a box handed out already, the peer
-    /// connected) is inline; everything else is [`Self::send_general`].
+    /// connected) is inline; everything else is `send_general`.
     #[inline]
     pub fn send(
         &mut self,

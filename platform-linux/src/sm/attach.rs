@@ -168,7 +168,7 @@ impl Sm {
             accusations: Vec::new(),
             last_liveness: Instant::now(),
             timeout,
-            rates: vec![[BulkRates::default(); super::send::RATE_CLASSES]; nprocs as usize],
+            rates: vec![[BulkRates::default(); super::bulk::RATE_CLASSES]; nprocs as usize],
             out: (0..nprocs).map(|_| PeerOut::default()).collect(),
             busy_peers: 0,
             limits: DEFAULT_QUEUE_LIMITS,

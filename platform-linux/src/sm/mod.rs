@@ -230,6 +230,7 @@ from_err!(
 );
 
 mod attach;
+mod bulk;
 mod landing;
 mod liveness;
 mod recv;
@@ -237,8 +238,9 @@ mod rma;
 mod send;
 
 pub use btl_core::rma::{RegionKey, RmaStatus};
+use bulk::BulkRates;
 use recv::State;
-use send::{BulkRates, PeerOut};
+use send::PeerOut;
 
 /// Bound of what waits copied in user space for one local peer when its
 /// ring is full or no fragment is free: 8 MiB or 16384 messages (as TCP's
@@ -269,7 +271,7 @@ pub struct Sm {
     /// Timeout of the flush when dropped (`BTL_TIMEOUT`, at most 5 s).
     timeout: Duration,
     /// Measured bulk rates per peer, per size class ([`Sm::rate_class`]).
-    rates: Vec<[BulkRates; send::RATE_CLASSES]>,
+    rates: Vec<[BulkRates; bulk::RATE_CLASSES]>,
     /// Outgoing work per peer that could not leave at once.
     out: Vec<PeerOut>,
     /// Peers with a non-empty queue.

@@ -25,9 +25,9 @@ use btl_core::sm::wire::{
     GET_REQ_SPLIT_LEN, LANDING_AD_LEN, RANGE_REQ_LEN, REPLY_LEN, RNDV_LEN, RNDV_SPLIT_LEN,
 };
 
+use super::bulk::Bulk;
 use super::landing::{skew, Landing, ALIGN_SLACK, LANDING_CAP, SPLIT_WAIT};
 use super::rma::{self, RmaWait, Work};
-use super::send::Bulk;
 use super::{
     MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_LANDING, TAG_RNDV, TAG_RNDV_SPLIT,
 };

@@ -49,7 +49,8 @@ use btl_core::sm::wire::{
     SplitTailRepr, GET_REQ_SPLIT_LEN,
 };
 
-use super::send::{Bulk, Probe, Stream, StreamKind};
+use super::bulk::{Bulk, Probe};
+use super::send::{Stream, StreamKind};
 use super::{Sm, MAX_MESSAGE};
 use crate::cma;
 use crate::ops::{OpId, PostError, Posted, RawBuf, RawParts};
@@ -146,7 +147,7 @@ pub(super) struct RmaWait {
     /// The target's region and offset.
     pub(super) remote: (u32, u64),
     /// A large get whose transfer is timed for the bulk rates (see
-    /// [`super::send::BulkRates`]), with when it was posted.
+    /// [`super::bulk::BulkRates`]), with when it was posted.
     pub(super) timed: Option<Instant>,
 }
 
