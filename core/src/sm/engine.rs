@@ -138,6 +138,7 @@ mod errors;
 mod geometry;
 mod peer;
 mod reserve;
+mod stats;
 
 use desc::DescState;
 pub use desc::FragDesc;
@@ -145,6 +146,7 @@ pub use errors::{Blame, PeerError, SendError, SetupError};
 use geometry::PartGeometry;
 pub use peer::{PeerSlot, PeerState};
 pub use reserve::{Backed, Reserve};
+use stats::Stats;
 
 /// Most local ranks one engine can address (size of its segment table).
 pub const MAX_LOCAL_RANKS: usize = 1024;
@@ -285,12 +287,8 @@ where
     free_max: u32,
     outstanding: u32,
     pending_total: u32,
-    queued_total: u64,
-    /// Messages sent and received through fast boxes.
-    fbox_sent: u64,
-    fbox_received: u64,
-    /// Ring slots stepped over: left reserved by a failed writer.
-    slots_skipped: u64,
+    /// Counters for the adapter's statistics.
+    stats: Stats,
     /// Peers whose box a send found corrupt (failed at the next
     /// progress, which has the dispatcher).
     fbox_faults: u32,
@@ -539,10 +537,7 @@ where
             free_max: NONE,
             outstanding: 0,
             pending_total: 0,
-            queued_total: 0,
-            fbox_sent: 0,
-            fbox_received: 0,
-            slots_skipped: 0,
+            stats: Stats::new(),
             fbox_faults: 0,
             layout: *layout,
             part_at,
@@ -729,23 +724,23 @@ where
     /// Slot values that ever had to wait in a pending queue (a full ring or
     /// an earlier pending value to the same peer).
     pub fn queued_total(&self) -> u64 {
-        self.queued_total
+        self.stats.queued_total()
     }
 
     /// Ring slots stepped over so far because a writer that failed left
     /// them reserved and unwritten ([`Self::audit_rings`]).
     pub fn slots_skipped(&self) -> u64 {
-        self.slots_skipped
+        self.stats.slots_skipped()
     }
 
     /// Messages sent through fast boxes (no fragment, no ACK).
     pub fn fbox_sent(&self) -> u64 {
-        self.fbox_sent
+        self.stats.fbox_sent()
     }
 
     /// Messages received through fast boxes.
     pub fn fbox_received(&self) -> u64 {
-        self.fbox_received
+        self.stats.fbox_received()
     }
 
     /// True when every fast box we write to a connected peer has been read
@@ -821,7 +816,7 @@ where
             return false;
         };
         if w.send_inline(tag, parts, p.in_flight).is_ok() {
-            self.fbox_sent += 1;
+            self.stats.box_sent();
             true
         } else {
             false
@@ -870,7 +865,7 @@ where
             .try_send_vectored(tag, parts, p.in_flight);
         match sent {
             Ok(()) => {
-                self.fbox_sent += 1;
+                self.stats.box_sent();
                 Some(Ok(()))
             }
             Err(fbox::SendError::Corrupt(_)) => {
@@ -1062,7 +1057,7 @@ where
         p.pending_len += 1;
         self.pending.as_mut()[at] = value;
         self.pending_total += 1;
-        self.queued_total += 1;
+        self.stats.queued();
         Ok(())
     }
 
@@ -1151,7 +1146,7 @@ where
                     }
                 }
             }
-            self.fbox_received += n as u64;
+            self.stats.boxes_received(n as u64);
             sweep.delivered += n;
         }
         if !sweep.rest {
@@ -1302,7 +1297,7 @@ where
                 Err(e) => break Some(e),
             }
         };
-        self.fbox_received += n as u64;
+        self.stats.boxes_received(n as u64);
         if let Some(error) = error {
             self.corrupted(PeerError::FastBox { peer, error }, d);
         }
@@ -1325,7 +1320,7 @@ where
         });
         let error = match (drained, bad) {
             (Ok(n), None) => {
-                self.fbox_received += u64::from(n);
+                self.stats.boxes_received(u64::from(n));
                 return true;
             }
             (_, Some(e)) | (Err(e), None) => e,
@@ -1522,7 +1517,7 @@ where
                     let skipped = self.consumers.as_mut()[ring as usize]
                         .as_mut()
                         .is_some_and(Consumer::skip_stalled);
-                    self.slots_skipped += u64::from(skipped);
+                    self.stats.skipped(u64::from(skipped));
                     continue;
                 }
                 // A ring nobody may write to any more is nobody's concern.
