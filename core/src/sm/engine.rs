@@ -123,16 +123,30 @@
 
 use core::fmt;
 
-use crate::shm::{Region, ResolveError, SegmentTable, ShmOffset};
-use crate::sm::control::Structure;
-use crate::sm::fbox::{self, Corruption, Fbox, FboxError, FboxReader, FboxWriter};
-use crate::sm::fifo::{fifo_map, Consumer, Fifo, FifoError, Producer, RingFault};
+use crate::shm::{Region, SegmentTable, ShmOffset};
+use crate::sm::fbox::{self, Corruption, Fbox, FboxWriter};
+use crate::sm::fifo::{fifo_map, Consumer, Fifo, RingFault};
 use crate::sm::frag::{
-    read_frag, FragError, FragHeader, FragInfo, FragType, FragView, Slot, SlotError, STATUS_BIT,
+    read_frag, FragHeader, FragInfo, FragType, FragView, Slot, SlotError, STATUS_BIT,
 };
-use crate::sm::layout::{SegmentLayout, SizeError};
+use crate::sm::layout::SegmentLayout;
 use crate::sm::params::{SmParams, MAX_FBOX_MAX};
 use crate::sync::{AtomicU64, Ordering};
+
+mod desc;
+mod errors;
+mod geometry;
+mod peer;
+mod reserve;
+mod stats;
+
+use desc::DescState;
+pub use desc::FragDesc;
+pub use errors::{Blame, PeerError, SendError, SetupError};
+use geometry::PartGeometry;
+pub use peer::{PeerSlot, PeerState};
+pub use reserve::{Backed, Reserve};
+use stats::Stats;
 
 /// Most local ranks one engine can address (size of its segment table).
 pub const MAX_LOCAL_RANKS: usize = 1024;
@@ -141,151 +155,6 @@ pub const MAX_LOCAL_RANKS: usize = 1024;
 pub const POLL_BATCH: usize = 64;
 
 const NONE: u32 = u32::MAX;
-
-/// What the engine knows of a peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum PeerState {
-    /// This rank itself (no ring to write).
-    Me,
-    /// Connected: its ring is attached.
-    Connected,
-    /// Declared failed: nothing is sent to it or accepted from it.
-    Failed,
-}
-
-/// Per-peer state, in caller-provided storage (one per local rank).
-#[derive(Debug)]
-pub struct PeerSlot<'a> {
-    producer: Option<Producer<'a>>,
-    pending_head: u32,
-    pending_len: u32,
-    in_flight: u32,
-    /// Our fragments in flight to this peer, oldest first (linked through
-    /// `FragDesc::next`): the order its ACKs must come back in.
-    oldest: u32,
-    newest: u32,
-    /// Sequence number of our next SEND to this peer.
-    send_seq: u32,
-    /// Sequence number expected on this peer's next SEND.
-    recv_seq: u32,
-    state: PeerState,
-    /// Our fast box in this peer's part (we write it), once it offered one.
-    fbox_out: Option<FboxWriter<'a>>,
-    /// This peer's fast box in our part (we read it), once we handed it one.
-    fbox_in: Option<FboxReader<'a>>,
-    /// Our word in this peer's box directory (where it offers us a box),
-    /// read until we have attached a box.
-    fbox_offer: Option<&'a AtomicU64>,
-    /// Small messages (ones a box would take) received from this peer by
-    /// ring while it has no box of ours.
-    small_in: u32,
-    /// A box offer of this peer's that we found bad (failed at the next
-    /// progress pass, which has the dispatcher).
-    offer_fault: Option<Corruption>,
-}
-
-impl PeerSlot<'_> {
-    /// An empty slot, filled by [`SmEngine::attach`].
-    pub const fn new() -> Self {
-        Self {
-            producer: None,
-            pending_head: 0,
-            pending_len: 0,
-            in_flight: 0,
-            oldest: NONE,
-            newest: NONE,
-            send_seq: 0,
-            recv_seq: 0,
-            state: PeerState::Failed,
-            fbox_out: None,
-            fbox_in: None,
-            fbox_offer: None,
-            small_in: 0,
-            offer_fault: None,
-        }
-    }
-}
-
-impl Default for PeerSlot<'_> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// State of one of our fragments.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum DescState {
-    Free,
-    /// Pushed or pending to `peer`, waiting for its ACK.
-    InFlight,
-}
-
-/// Process-local descriptor of one of our fragments (caller-provided
-/// storage, one per fragment of the part).
-#[derive(Clone, Copy, Debug)]
-pub struct FragDesc {
-    offset: u64,
-    capacity: u32,
-    /// The next fragment in the free list (free) or in the peer's in-flight
-    /// list (in flight).
-    next: u32,
-    state: DescState,
-    /// The peer it is (or was last) in flight to.
-    peer: u32,
-    cookie: u64,
-}
-
-impl FragDesc {
-    /// An unused descriptor, filled by [`SmEngine::attach`].
-    pub const fn new() -> Self {
-        Self {
-            offset: 0,
-            capacity: 0,
-            next: NONE,
-            state: DescState::Free,
-            peer: 0,
-            cookie: 0,
-        }
-    }
-}
-
-impl Default for FragDesc {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// The platform's seam for memory: the engine asks for each piece of its
-/// part just before it first uses it (a pool's next fragments, a box it
-/// hands out), so that a part costs what it uses (see
-/// [`crate::sm::layout`]).
-pub trait Reserve {
-    /// Makes the bytes `[offset, offset + len)` of the segment (offsets
-    /// from the segment's start) backed by memory, or returns false if the
-    /// memory is not there. The engine then does without: a pool stays as
-    /// large as it is (senders wait for fragments to come back), a sender
-    /// keeps the rings. Only [`SmEngine::attach`] fails when the first
-    /// fragments cannot be reserved.
-    fn reserve(&mut self, offset: u64, len: u64) -> bool;
-}
-
-/// Memory that is backed already (a buffer, a segment reserved whole): every
-/// reservation succeeds.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Backed;
-
-impl Reserve for Backed {
-    fn reserve(&mut self, _offset: u64, _len: u64) -> bool {
-        true
-    }
-}
-
-impl<R: Reserve + ?Sized> Reserve for &mut R {
-    fn reserve(&mut self, offset: u64, len: u64) -> bool {
-        (**self).reserve(offset, len)
-    }
-}
 
 /// What the engine calls back from [`SmEngine::progress`].
 pub trait Dispatch {
@@ -342,368 +211,6 @@ pub struct Sweep {
     /// Whether a full [`SmEngine::progress`] pass has anything to do (in
     /// the boxes, the rings, the queues).
     pub rest: bool,
-}
-
-/// Something a peer wrote into our rings or its fragments was invalid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum PeerError {
-    /// A slot value read from our ring could not be decoded.
-    BadSlot {
-        /// Our ring it was read from.
-        ring: u32,
-        /// Why.
-        error: SlotError,
-    },
-    /// A SEND (its owner) or an ACK (its sender) named a rank that cannot
-    /// write into the ring it was read from.
-    BadSender {
-        /// Our ring.
-        ring: u32,
-        /// The rank the slot named.
-        owner: u32,
-    },
-    /// A SEND's fragment failed validation.
-    BadFragment {
-        /// The sender.
-        peer: u32,
-        /// Why.
-        error: FragError,
-    },
-    /// A SEND's sequence number was not the next one from its sender: a
-    /// replayed, duplicated or lost SEND.
-    BadSequence {
-        /// The sender.
-        peer: u32,
-        /// The number expected.
-        expected: u32,
-        /// The number found.
-        found: u32,
-    },
-    /// An ACK named a fragment that is not ours or not a fragment start.
-    UnknownAck {
-        /// The rank that sent it.
-        peer: u32,
-        /// The offset (in our part) it named.
-        offset: u64,
-    },
-    /// An ACK for a fragment that was not in flight (duplicate or forged).
-    UnexpectedAck {
-        /// The rank that sent it.
-        peer: u32,
-        /// The offset (in our part) it named.
-        offset: u64,
-    },
-    /// An ACK from one rank for a fragment in flight to another (forged).
-    ForgedAck {
-        /// The rank the ACK names as its sender.
-        peer: u32,
-        /// The offset (in our part) it named.
-        offset: u64,
-        /// The rank the fragment was sent to.
-        sent_to: u32,
-    },
-    /// An ACK out of turn: an older fragment in flight to the same rank was
-    /// not acknowledged yet (an ACK was lost, or this one forged).
-    AckOutOfOrder {
-        /// The rank that sent it.
-        peer: u32,
-        /// The offset (in our part) it named.
-        offset: u64,
-    },
-    /// A peer's pending queue overflowed: it sent a fragment twice.
-    PendingOverflow {
-        /// The peer.
-        peer: u32,
-    },
-    /// One of our rings' shared state is inconsistent
-    /// ([`SmEngine::audit_rings`]).
-    Ring {
-        /// Our ring.
-        ring: u32,
-        /// What is wrong with it.
-        fault: RingFault,
-    },
-    /// A fast box shared with this peer is corrupt: a record header in its
-    /// box in our part (it writes them), or the tail of our box in its
-    /// part (it writes that).
-    FastBox {
-        /// The peer.
-        peer: u32,
-        /// What is wrong.
-        error: Corruption,
-    },
-}
-
-impl PeerError {
-    /// The structure of the segment the problem was found in.
-    pub fn structure(&self) -> Structure {
-        match self {
-            Self::BadSlot { .. } | Self::BadSender { .. } => Structure::RingSlot,
-            Self::BadFragment { .. } => Structure::FragmentHeader,
-            Self::BadSequence { .. } | Self::PendingOverflow { .. } => Structure::FragmentSequence,
-            Self::UnknownAck { .. }
-            | Self::UnexpectedAck { .. }
-            | Self::ForgedAck { .. }
-            | Self::AckOutOfOrder { .. } => Structure::Acknowledgement,
-            Self::Ring { .. } => Structure::RingHeader,
-            Self::FastBox { .. } => Structure::FastBox,
-        }
-    }
-
-    /// Whom the problem is blamed on (see the module docs): one peer, or
-    /// every writer of one of our rings.
-    pub fn blamed(&self) -> Blame {
-        match *self {
-            Self::BadSlot { ring, .. } | Self::BadSender { ring, .. } | Self::Ring { ring, .. } => {
-                Blame::Writers { ring }
-            }
-            Self::BadFragment { peer, .. }
-            | Self::BadSequence { peer, .. }
-            | Self::UnknownAck { peer, .. }
-            | Self::UnexpectedAck { peer, .. }
-            | Self::ForgedAck { peer, .. }
-            | Self::AckOutOfOrder { peer, .. }
-            | Self::PendingOverflow { peer }
-            | Self::FastBox { peer, .. } => Blame::Peer { peer },
-        }
-    }
-}
-
-/// Whom a [`PeerError`] is blamed on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum Blame {
-    /// This peer.
-    Peer {
-        /// The peer.
-        peer: u32,
-    },
-    /// Every peer that writes into this ring of ours.
-    Writers {
-        /// Our ring.
-        ring: u32,
-    },
-}
-
-impl fmt::Display for PeerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::BadSlot { ring, error } => write!(f, "ring {ring}: {error}"),
-            Self::BadSender { ring, owner } => {
-                write!(
-                    f,
-                    "ring {ring}: a slot names rank {owner}, who cannot write here"
-                )
-            }
-            Self::BadFragment { peer, error } => write!(f, "fragment from rank {peer}: {error}"),
-            Self::BadSequence {
-                peer,
-                expected,
-                found,
-            } => write!(
-                f,
-                "fragment from rank {peer} has sequence number {found}, expected {expected} \
-                 (a SEND replayed, duplicated or lost)"
-            ),
-            Self::UnknownAck { peer, offset } => write!(
-                f,
-                "ACK from rank {peer} for offset {offset:#x}, which is not one of our fragments"
-            ),
-            Self::UnexpectedAck { peer, offset } => {
-                write!(
-                    f,
-                    "ACK from rank {peer} for our fragment at {offset:#x}, which was not in flight"
-                )
-            }
-            Self::ForgedAck {
-                peer,
-                offset,
-                sent_to,
-            } => write!(
-                f,
-                "ACK from rank {peer} for our fragment at {offset:#x}, which was sent to rank \
-                 {sent_to}"
-            ),
-            Self::AckOutOfOrder { peer, offset } => write!(
-                f,
-                "ACK from rank {peer} for our fragment at {offset:#x} out of turn (an older \
-                 one was not acknowledged)"
-            ),
-            Self::PendingOverflow { peer } => {
-                write!(
-                    f,
-                    "pending queue to rank {peer} overflowed (duplicate fragments)"
-                )
-            }
-            Self::Ring { ring, fault } => write!(f, "ring {ring}: {fault}"),
-            Self::FastBox { peer, error } => {
-                write!(f, "fast box shared with rank {peer}: {error}")
-            }
-        }
-    }
-}
-
-impl core::error::Error for PeerError {}
-
-/// Setting up the engine failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum SetupError {
-    /// The layout could not be computed or indexed.
-    Size(SizeError),
-    /// A ring could not be initialised or attached.
-    Fifo {
-        /// Whose ring.
-        rank: u32,
-        /// Which of its rings.
-        ring: u32,
-        /// Why.
-        error: FifoError,
-    },
-    /// A fast box could not be initialised or attached.
-    Fbox {
-        /// Whose part the box is in (the receiver).
-        receiver: u32,
-        /// The box's sender.
-        sender: u32,
-        /// Why.
-        error: FboxError,
-    },
-    /// A part or fragment is outside the segment.
-    Resolve(ResolveError),
-    /// The memory for the first fragments could not be reserved
-    /// ([`Reserve`]).
-    OutOfMemory {
-        /// Bytes asked for.
-        bytes: u64,
-    },
-    /// `me`, `nprocs` or the storage sizes do not fit the layout.
-    Mismatch {
-        /// What does not fit.
-        what: &'static str,
-    },
-}
-
-impl From<SizeError> for SetupError {
-    fn from(e: SizeError) -> Self {
-        Self::Size(e)
-    }
-}
-
-impl From<ResolveError> for SetupError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
-
-impl fmt::Display for SetupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Size(e) => write!(f, "segment layout: {e}"),
-            Self::Fifo { rank, ring, error } => write!(f, "ring {ring} of rank {rank}: {error}"),
-            Self::Fbox {
-                receiver,
-                sender,
-                error,
-            } => write!(
-                f,
-                "fast box from rank {sender} in the part of rank {receiver}: {error}"
-            ),
-            Self::Resolve(e) => write!(f, "segment: {e}"),
-            Self::OutOfMemory { bytes } => write!(
-                f,
-                "no memory for the first {bytes} bytes of fragments of our part of the segment"
-            ),
-            Self::Mismatch { what } => write!(f, "engine set-up: {what}"),
-        }
-    }
-}
-
-impl core::error::Error for SetupError {}
-
-/// A send could not be started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum SendError {
-    /// No such peer (or it is this rank).
-    InvalidPeer {
-        /// The peer asked for.
-        peer: u32,
-    },
-    /// The peer was declared failed.
-    PeerFailed {
-        /// The peer.
-        peer: u32,
-    },
-    /// The payload is larger than a max-size fragment.
-    TooLarge {
-        /// Payload length.
-        len: usize,
-        /// Largest payload of one fragment.
-        max: u32,
-    },
-    /// Every fragment is in flight: call `progress` and retry.
-    NoFragment,
-    /// The peer's pending queue is full (it stopped reading): progress,
-    /// check its liveness, retry.
-    Backlog {
-        /// The peer.
-        peer: u32,
-    },
-}
-
-impl fmt::Display for SendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::InvalidPeer { peer } => write!(f, "no local peer {peer}"),
-            Self::PeerFailed { peer } => write!(f, "local peer {peer} has failed"),
-            Self::TooLarge { len, max } => {
-                write!(
-                    f,
-                    "payload of {len} bytes exceeds the fragment limit of {max}"
-                )
-            }
-            Self::NoFragment => write!(f, "no free fragment (all in flight)"),
-            Self::Backlog { peer } => write!(f, "pending queue to local peer {peer} is full"),
-        }
-    }
-}
-
-impl core::error::Error for SendError {}
-
-/// Geometry of our own part, for the offset → descriptor lookup.
-#[derive(Clone, Copy, Debug)]
-struct PartGeometry {
-    eager_start: u64,
-    eager_bytes: u64,
-    eager_count: u32,
-    max_start: u64,
-    max_bytes: u64,
-    max_count: u32,
-}
-
-impl PartGeometry {
-    /// The descriptor index of the fragment at `offset`, if `offset` is the
-    /// start of one of our fragments. On the path of every ACK, so one
-    /// 32-bit division (parts are far below 4 GiB) and a multiply to check,
-    /// rather than two 64-bit divisions.
-    fn index_of(&self, offset: u64) -> Option<u32> {
-        let lookup = |start: u64, bytes: u64, count: u32| -> Option<u32> {
-            let rel = offset.checked_sub(start)?;
-            if bytes == 0 || rel >= bytes.saturating_mul(u64::from(count)) {
-                return None;
-            }
-            let i = match (u32::try_from(rel), u32::try_from(bytes)) {
-                (Ok(rel), Ok(bytes)) => rel / bytes,
-                _ => u32::try_from(rel / bytes).ok()?,
-            };
-            (u64::from(i) * bytes == rel).then_some(i)
-        };
-        lookup(self.eager_start, self.eager_bytes, self.eager_count).or_else(|| {
-            lookup(self.max_start, self.max_bytes, self.max_count).map(|i| i + self.eager_count)
-        })
-    }
 }
 
 /// Initialises rank `me`'s part of the segment: its receive rings, all
@@ -780,12 +287,8 @@ where
     free_max: u32,
     outstanding: u32,
     pending_total: u32,
-    queued_total: u64,
-    /// Messages sent and received through fast boxes.
-    fbox_sent: u64,
-    fbox_received: u64,
-    /// Ring slots stepped over: left reserved by a failed writer.
-    slots_skipped: u64,
+    /// Counters for the adapter's statistics.
+    stats: Stats,
     /// Peers whose box a send found corrupt (failed at the next
     /// progress, which has the dispatcher).
     fbox_faults: u32,
@@ -1034,10 +537,7 @@ where
             free_max: NONE,
             outstanding: 0,
             pending_total: 0,
-            queued_total: 0,
-            fbox_sent: 0,
-            fbox_received: 0,
-            slots_skipped: 0,
+            stats: Stats::new(),
             fbox_faults: 0,
             layout: *layout,
             part_at,
@@ -1224,23 +724,23 @@ where
     /// Slot values that ever had to wait in a pending queue (a full ring or
     /// an earlier pending value to the same peer).
     pub fn queued_total(&self) -> u64 {
-        self.queued_total
+        self.stats.queued_total()
     }
 
     /// Ring slots stepped over so far because a writer that failed left
     /// them reserved and unwritten ([`Self::audit_rings`]).
     pub fn slots_skipped(&self) -> u64 {
-        self.slots_skipped
+        self.stats.slots_skipped()
     }
 
     /// Messages sent through fast boxes (no fragment, no ACK).
     pub fn fbox_sent(&self) -> u64 {
-        self.fbox_sent
+        self.stats.fbox_sent()
     }
 
     /// Messages received through fast boxes.
     pub fn fbox_received(&self) -> u64 {
-        self.fbox_received
+        self.stats.fbox_received()
     }
 
     /// True when every fast box we write to a connected peer has been read
@@ -1316,7 +816,7 @@ where
             return false;
         };
         if w.send_inline(tag, parts, p.in_flight).is_ok() {
-            self.fbox_sent += 1;
+            self.stats.box_sent();
             true
         } else {
             false
@@ -1365,7 +865,7 @@ where
             .try_send_vectored(tag, parts, p.in_flight);
         match sent {
             Ok(()) => {
-                self.fbox_sent += 1;
+                self.stats.box_sent();
                 Some(Ok(()))
             }
             Err(fbox::SendError::Corrupt(_)) => {
@@ -1557,7 +1057,7 @@ where
         p.pending_len += 1;
         self.pending.as_mut()[at] = value;
         self.pending_total += 1;
-        self.queued_total += 1;
+        self.stats.queued();
         Ok(())
     }
 
@@ -1646,7 +1146,7 @@ where
                     }
                 }
             }
-            self.fbox_received += n as u64;
+            self.stats.boxes_received(n as u64);
             sweep.delivered += n;
         }
         if !sweep.rest {
@@ -1797,7 +1297,7 @@ where
                 Err(e) => break Some(e),
             }
         };
-        self.fbox_received += n as u64;
+        self.stats.boxes_received(n as u64);
         if let Some(error) = error {
             self.corrupted(PeerError::FastBox { peer, error }, d);
         }
@@ -1820,7 +1320,7 @@ where
         });
         let error = match (drained, bad) {
             (Ok(n), None) => {
-                self.fbox_received += u64::from(n);
+                self.stats.boxes_received(u64::from(n));
                 return true;
             }
             (_, Some(e)) | (Err(e), None) => e,
@@ -2017,7 +1517,7 @@ where
                     let skipped = self.consumers.as_mut()[ring as usize]
                         .as_mut()
                         .is_some_and(Consumer::skip_stalled);
-                    self.slots_skipped += u64::from(skipped);
+                    self.stats.skipped(u64::from(skipped));
                     continue;
                 }
                 // A ring nobody may write to any more is nobody's concern.

@@ -3,7 +3,9 @@
 
 use super::*;
 use crate::sm::control::Structure;
+use crate::sm::fifo::Producer;
 use crate::sm::frag::field as frag_field;
+use crate::sm::frag::FragError;
 use crate::sm::layout::segment_layout;
 use crate::sm::params::SmParams;
 use crate::sync::{CachePadded, CACHE_LINE};
@@ -1091,25 +1093,6 @@ fn scribbled_header_of_a_free_fragment_heals_on_the_next_send() {
             r0.done.clear();
         }
     });
-}
-
-#[test]
-fn fragment_index_lookup_accepts_only_fragment_starts() {
-    let g = PartGeometry {
-        eager_start: 1024,
-        eager_bytes: 256,
-        eager_count: 4,
-        max_start: 2048,
-        max_bytes: 1024,
-        max_count: 2,
-    };
-    assert_eq!(g.index_of(1024), Some(0));
-    assert_eq!(g.index_of(1024 + 3 * 256), Some(3));
-    assert_eq!(g.index_of(2048), Some(4));
-    assert_eq!(g.index_of(3072), Some(5));
-    for bad in [0, 1023, 1025, 1024 + 255, 4096, 2048 + 8, u64::MAX, 1 << 40] {
-        assert_eq!(g.index_of(bad), None, "{bad}");
-    }
 }
 
 /// The memory of a job, as a pointer a test may hand to other threads.
