@@ -568,7 +568,10 @@ impl LandingAdRepr {
         packet.check_len()?;
         whole(packet.data(), LANDING_AD_LEN)?;
         let r = Self::raw(packet);
-        no_wrap(r.addr, r.cap.saturating_add(LANDING_DATA_OFF as u64))?;
+        // The data area starts LANDING_DATA_OFF after the flag; neither
+        // that start nor the area's end may wrap.
+        let data = no_wrap(r.addr, LANDING_DATA_OFF as u64)? + LANDING_DATA_OFF as u64;
+        no_wrap(data, r.cap)?;
         Ok(r)
     }
 
@@ -1147,6 +1150,15 @@ mod tests {
         truncations(&b, LANDING_AD_LEN, parse_ad);
         longer(&b, parse_ad);
         // The whole buffer must not wrap: flag page, then `cap` bytes.
+        // A capacity near 2^64 with the address 0 wraps only once the data
+        // offset is added.
+        let mut b = [0u8; LANDING_AD_LEN];
+        LandingAdRepr {
+            addr: 0,
+            cap: u64::MAX,
+        }
+        .emit(&mut LandingAdPacket::new_unchecked(&mut b[..]));
+        assert!(LandingAdRepr::parse(&LandingAdPacket::new_unchecked(&b[..])).is_err());
         let top = LandingAdRepr {
             addr: u64::MAX - 4096 - 10,
             cap: 10,
