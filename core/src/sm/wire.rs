@@ -1149,7 +1149,6 @@ mod tests {
         assert_eq!(a.data_addr(5), Some(0x7f00_0000_0000 + 4096 + 5));
         truncations(&b, LANDING_AD_LEN, parse_ad);
         longer(&b, parse_ad);
-        // The whole buffer must not wrap: flag page, then `cap` bytes.
         // A capacity near 2^64 with the address 0 wraps only once the data
         // offset is added.
         let mut b = [0u8; LANDING_AD_LEN];
@@ -1159,6 +1158,7 @@ mod tests {
         }
         .emit(&mut LandingAdPacket::new_unchecked(&mut b[..]));
         assert!(LandingAdRepr::parse(&LandingAdPacket::new_unchecked(&b[..])).is_err());
+        // The whole buffer must not wrap: flag page, then `cap` bytes.
         let top = LandingAdRepr {
             addr: u64::MAX - 4096 - 10,
             cap: 10,
