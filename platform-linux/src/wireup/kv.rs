@@ -101,12 +101,16 @@ impl Store {
     /// GET_ALL: the values of `key` from rank `first` on, as many as one
     /// frame holds.
     fn answer_values(&mut self, rank: u32, first: u32, key: &str) -> io::Result<()> {
-        let key = key.to_owned();
+        // One owned key for every lookup: only its rank changes.
+        let mut k = (first, key.to_owned());
         let (values, out) = (&self.values, &mut self.out);
         let (n, _) = proto::encode_values(
             first,
             self.size,
-            |r| values.get(&(r, key.clone())).map(Vec::as_slice),
+            |r| {
+                k.0 = r;
+                values.get(&k).map(Vec::as_slice)
+            },
             out,
         )
         .map_err(io::Error::other)?;
@@ -598,6 +602,26 @@ impl KvWireup {
         self.filled -= len;
     }
 
+    /// Sends the request of `n` bytes in `out`, waits for its answer and
+    /// hands it to `take`; an answer `take` does not take (`None`) is a
+    /// protocol error.
+    fn ask<T>(
+        &mut self,
+        n: usize,
+        what: &str,
+        take: impl FnOnce(Response<'_>) -> Option<T>,
+    ) -> Result<T, WireupError> {
+        self.send(n)?;
+        let len = self.expect(what, Instant::now() + self.timeout)?;
+        let resp = proto::parse_response(&self.buf[..len]).map_err(self.proto())?;
+        let result = take(resp).ok_or(WireupError::Protocol {
+            addr: self.addr,
+            error: KvError::Unexpected(self.buf[0]),
+        });
+        self.consume(len);
+        result
+    }
+
     /// Waits for the answer to the outstanding request; returns its body
     /// length (the body stays at the start of `buf` until consumed).
     fn expect(&mut self, what: &str, deadline: Instant) -> Result<usize, WireupError> {
@@ -715,17 +739,10 @@ impl Wireup for KvWireup {
             .client
             .get(rank, key, &mut self.out)
             .map_err(self.proto())?;
-        self.send(n)?;
-        let len = self.expect("a value from the service", Instant::now() + self.timeout)?;
-        let result = match proto::parse_response(&self.buf[..len]).map_err(self.proto())? {
-            Response::Value(v) => copy_value(rank, key, v, out),
-            _ => Err(WireupError::Protocol {
-                addr: self.addr,
-                error: KvError::Unexpected(self.buf[0]),
-            }),
-        };
-        self.consume(len);
-        result
+        self.ask(n, "a value from the service", |resp| match resp {
+            Response::Value(v) => Some(copy_value(rank, key, v, out)),
+            _ => None,
+        })?
     }
 
     fn get_each(
@@ -741,23 +758,16 @@ impl Wireup for KvWireup {
                 .client
                 .get_all(first, key, &mut self.out)
                 .map_err(self.proto())?;
-            self.send(n)?;
-            let len = self.expect("values from the service", Instant::now() + self.timeout)?;
-            let result = match proto::parse_response(&self.buf[..len]).map_err(self.proto())? {
+            // The client checked: at least one entry, none past the job.
+            first += self.ask(n, "values from the service", |resp| match resp {
                 Response::Values(v) => {
                     for (r, value) in v.iter() {
                         each(r, value);
                     }
-                    Ok(v.count())
+                    Some(v.count())
                 }
-                _ => Err(WireupError::Protocol {
-                    addr: self.addr,
-                    error: KvError::Unexpected(self.buf[0]),
-                }),
-            };
-            self.consume(len);
-            // The client checked: at least one entry, none past the job.
-            first += result?;
+                _ => None,
+            })?;
         }
         Ok(())
     }

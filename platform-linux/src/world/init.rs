@@ -399,9 +399,9 @@ fn local_pids(id: &Identity, w: &mut DynWireup, local: &[u32]) -> Result<Vec<u32
         .collect()
 }
 
-/// Every rank's node name, read at once ([`get_each`](btl_core::wireup::Wireup::get_each): one
-/// request per frame of names from the key/value service, not one per
-/// rank).
+/// Every rank's node name, read at once
+/// ([`get_each`](btl_core::wireup::Wireup::get_each): one request per frame
+/// of names from the key/value service, not one per rank).
 fn node_names(id: &Identity, w: &mut DynWireup) -> Result<Vec<String>, WorldError> {
     let mut names: Vec<Option<String>> = vec![None; id.size as usize];
     let mut buf = vec![0u8; wireup::MAX_VALUE];
