@@ -30,7 +30,6 @@ fn e(x: impl std::fmt::Display) -> String {
     x.to_string()
 }
 
-/// Bytes of message `i` from `src`, `len` long.
 /// Posts with `post` until it is taken, progressing while the world says
 /// [`WorldError::WouldBlock`]; fails after 60 s.
 fn post_retrying<T>(
@@ -52,6 +51,22 @@ fn post_retrying<T>(
     }
 }
 
+/// Drives the world until `on`, handed the sender and bytes of every
+/// message on `tag` (and nothing else), says it has all it waits for.
+fn drive_messages(
+    w: &mut World<'_>,
+    what: &'static str,
+    peer: Option<u32>,
+    tag: u8,
+    mut on: impl FnMut(u32, &[u8]) -> bool,
+) -> R<()> {
+    w.drive(what, peer, |_, ev| match ev {
+        Event::Message { from, tag: t, data } if t == tag && on(from, data) => Flow::Done,
+        _ => Flow::Continue,
+    })
+    .map_err(e)
+}
+
 /// Receives `n` messages on `TAG_DATA` from rank 0, message `i` expected
 /// to be `expect(i)`, then joins the barrier.
 fn receive_in_order(
@@ -61,25 +76,13 @@ fn receive_in_order(
     expect: impl Fn(u64) -> Vec<u8>,
 ) -> R<String> {
     let (mut got, mut bad) = (0u64, Vec::new());
-    w.drive(what, Some(0), |_, ev| {
-        if let Event::Message {
-            tag: TAG_DATA,
-            data,
-            ..
-        } = ev
-        {
-            if data != expect(got).as_slice() {
-                bad.push(got);
-            }
-            got += 1;
+    drive_messages(w, what, Some(0), TAG_DATA, |_, data| {
+        if data != expect(got).as_slice() {
+            bad.push(got);
         }
-        if got == n {
-            Flow::Done
-        } else {
-            Flow::Continue
-        }
-    })
-    .map_err(e)?;
+        got += 1;
+        got == n
+    })?;
     if !bad.is_empty() {
         return Err(format!("messages {bad:?} differ or are out of order"));
     }
@@ -87,6 +90,7 @@ fn receive_in_order(
     Ok(format!("{n} messages intact, in order"))
 }
 
+/// Bytes of message `i` from `src`, `len` long.
 fn pattern(src: u32, i: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|k| (k as u64 ^ i.wrapping_mul(0x9e37) ^ u64::from(src) << 5) as u8)
@@ -113,28 +117,16 @@ fn reqreply(w: &mut World<'_>) -> R<String> {
         }
         let mut answers = 0;
         let mut bad = Vec::new();
-        w.drive("the replies", None, |_, ev| {
-            if let Event::Message {
-                from,
-                tag: TAG_REP,
-                data,
-            } = ev
-            {
-                let mut want = pattern(0, u64::from(from), 100 + from as usize);
-                want.reverse();
-                want.extend_from_slice(&from.to_le_bytes());
-                if data != want.as_slice() {
-                    bad.push(from);
-                }
-                answers += 1;
+        drive_messages(w, "the replies", None, TAG_REP, |from, data| {
+            let mut want = pattern(0, u64::from(from), 100 + from as usize);
+            want.reverse();
+            want.extend_from_slice(&from.to_le_bytes());
+            if data != want.as_slice() {
+                bad.push(from);
             }
-            if answers == n - 1 {
-                Flow::Done
-            } else {
-                Flow::Continue
-            }
-        })
-        .map_err(e)?;
+            answers += 1;
+            answers == n - 1
+        })?;
         if !bad.is_empty() {
             return Err(format!("wrong replies from {bad:?}"));
         }
@@ -416,22 +408,10 @@ fn exchange_keys(w: &mut World<'_>, key: RegionKey) -> R<Vec<Option<RegionKey>>>
         w.isend(p, TAG_KEY, &key.to_bytes()).map_err(e)?;
     }
     if keys.iter().any(Option::is_none) {
-        w.drive("the keys", None, |_, ev| {
-            if let Event::Message {
-                from,
-                tag: TAG_KEY,
-                data,
-            } = ev
-            {
-                keys[from as usize] = RegionKey::from_bytes(data);
-            }
-            if keys.iter().all(Option::is_some) {
-                Flow::Done
-            } else {
-                Flow::Continue
-            }
-        })
-        .map_err(e)?;
+        drive_messages(w, "the keys", None, TAG_KEY, |from, data| {
+            keys[from as usize] = RegionKey::from_bytes(data);
+            keys.iter().all(Option::is_some)
+        })?;
     }
     Ok(keys)
 }
@@ -608,17 +588,10 @@ fn findone(w: &mut World<'_>) -> R<String> {
                 }
             } else {
                 let mut key = None;
-                w.drive("the region's key", None, |_, ev| {
-                    if let Event::Message {
-                        tag: TAG_KEY, data, ..
-                    } = ev
-                    {
-                        key = RegionKey::from_bytes(data);
-                        return Flow::Done;
-                    }
-                    Flow::Continue
-                })
-                .map_err(e)?;
+                drive_messages(w, "the region's key", None, TAG_KEY, |_, data| {
+                    key = RegionKey::from_bytes(data);
+                    true
+                })?;
                 let k = key.ok_or("a malformed key")?;
                 let local = w.register_owned(vec![0u8; len].into_boxed_slice());
                 let q = w.iget(&local, 0, &k, 0, len as u64).map_err(e)?;
@@ -854,22 +827,10 @@ fn splitsend(w: &mut World<'_>, on: bool, measured: bool) -> R<String> {
             }
         }
         let want = (r as usize + 1) * sizes.len();
-        w.drive("large messages", None, |_, ev| {
-            if let Event::Message {
-                from,
-                tag: TAG_DATA,
-                data,
-            } = ev
-            {
-                check(from, data, &mut got);
-            }
-            if got >= want {
-                Flow::Done
-            } else {
-                Flow::Continue
-            }
-        })
-        .map_err(e)?;
+        drive_messages(w, "large messages", None, TAG_DATA, |from, data| {
+            check(from, data, &mut got);
+            got >= want
+        })?;
     }
     if !bad.is_empty() {
         return Err(format!("wrong messages: {bad:?}"));
@@ -963,23 +924,11 @@ fn barriers(w: &mut World<'_>, tcp: bool) -> R<String> {
     let mut all = vec![report];
     all.resize(n as usize, Vec::new());
     let mut got = 1;
-    w.drive("the reports", None, |_, ev| {
-        if let Event::Message {
-            from,
-            tag: TAG_TIMES,
-            data,
-        } = ev
-        {
-            all[from as usize] = data.to_vec();
-            got += 1;
-        }
-        if got == n {
-            Flow::Done
-        } else {
-            Flow::Continue
-        }
-    })
-    .map_err(e)?;
+    drive_messages(w, "the reports", None, TAG_TIMES, |from, data| {
+        all[from as usize] = data.to_vec();
+        got += 1;
+        got == n
+    })?;
     w.barrier().map_err(e)?;
     let at = |r: &[u8], i: usize| u64::from_le_bytes(r[i * 8..i * 8 + 8].try_into().unwrap());
     let mut most = 0;
