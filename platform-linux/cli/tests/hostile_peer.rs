@@ -551,39 +551,21 @@ fn stacks(pid: u32) -> String {
         .unwrap_or_default()
 }
 
-#[test]
-fn random_ring_slots_end_the_conversation() {
-    hostile(Attack::RingSlots);
+/// One `#[test]` per entry: [`hostile`] with its attack.
+macro_rules! attack_tests {
+    ($($name:ident: $attack:ident;)+) => {
+        $(#[test] fn $name() { hostile(Attack::$attack); })+
+    };
 }
 
-#[test]
-fn random_ring_headers_end_the_conversation() {
-    hostile(Attack::RingHeaders);
-}
-
-#[test]
-fn random_fragment_headers_end_the_conversation() {
-    hostile(Attack::FragHeaders);
-}
-
-#[test]
-fn random_control_records_end_the_conversation() {
-    hostile(Attack::ControlRecords);
-}
-
-#[test]
-fn random_fast_box_words_end_the_conversation() {
-    hostile(Attack::FastBoxes);
-}
-
-#[test]
-fn random_region_table_words_change_nothing() {
-    hostile(Attack::RegionTables);
-}
-
-#[test]
-fn the_segment_cannot_be_truncated_under_the_ranks() {
-    hostile(Attack::Truncate);
+attack_tests! {
+    random_ring_slots_end_the_conversation: RingSlots;
+    random_ring_headers_end_the_conversation: RingHeaders;
+    random_fragment_headers_end_the_conversation: FragHeaders;
+    random_control_records_end_the_conversation: ControlRecords;
+    random_fast_box_words_end_the_conversation: FastBoxes;
+    random_region_table_words_change_nothing: RegionTables;
+    the_segment_cannot_be_truncated_under_the_ranks: Truncate;
 }
 
 /// The same attack on a job under `btl run`: the rank that catches the

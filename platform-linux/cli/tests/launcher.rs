@@ -32,6 +32,11 @@ fn stops_with(args: &[&str], code: i32, what: &str) -> String {
     stderr
 }
 
+/// The arguments of `btl run -n N -- sh -c SCRIPT`.
+fn sh<'a>(n: &'a str, script: &'a str) -> [&'a str; 7] {
+    ["run", "-n", n, "--", "sh", "-c", script]
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -49,16 +54,11 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn three_ranks_print_prefixed_lines_and_clean_up() {
-    let (out, _) = btl(&[
-        "run",
-        "-n",
+    let (out, _) = btl(&sh(
         "3",
-        "--",
-        "sh",
-        "-c",
         "echo hi $BTL_RANK; echo dir $BTL_SESSION_DIR; test -d \"$BTL_SESSION_DIR\" && echo \
          exists; echo err $BTL_RANK >&2; printf partial",
-    ]);
+    ));
     let stdout = text(&out.stdout);
     let stderr = text(&out.stderr);
     assert_eq!(
@@ -132,17 +132,12 @@ fn ranks_get_the_job_environment() {
 
 #[test]
 fn a_failing_rank_stops_the_job_with_its_status() {
-    let (out, elapsed) = btl(&[
-        "run",
-        "-n",
+    let (out, elapsed) = btl(&sh(
         "3",
-        "--",
-        "sh",
-        "-c",
         &format!(
             "if [ $BTL_RANK = 1 ]; then sleep 0.3; exit 3; fi; sleep {SLEEP} & echo sleeper $!; wait"
         ),
-    ]);
+    ));
     let stdout = text(&out.stdout);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
@@ -171,15 +166,10 @@ fn a_failing_rank_stops_the_job_with_its_status() {
 #[test]
 fn a_failing_rank_of_sleepers() {
     let stderr = stops_with(
-        &[
-            "run",
-            "-n",
+        &sh(
             "4",
-            "--",
-            "sh",
-            "-c",
             &format!("if [ $BTL_RANK = 1 ]; then exit 3; fi; sleep {SLEEP}"),
-        ],
+        ),
         3,
         "the launcher waited for the sleepers",
     );
@@ -190,15 +180,10 @@ fn a_failing_rank_of_sleepers() {
 #[test]
 fn a_rank_killed_by_a_signal_gives_128_plus_the_signal() {
     let stderr = stops_with(
-        &[
-            "run",
-            "-n",
+        &sh(
             "2",
-            "--",
-            "sh",
-            "-c",
             &format!("if [ $BTL_RANK = 0 ]; then kill -9 $$; fi; sleep {SLEEP}"),
-        ],
+        ),
         137,
         "the launcher waited for the sleeper",
     );

@@ -19,24 +19,13 @@ const BTL: &str = env!("CARGO_BIN_EXE_btl");
 
 fn spawn_rank(job: &str, dir: &str, rank: u32, transport: &str) -> Child {
     let args = ["--messages", "100000000", "--max-size", "4000"];
-    spawn(job, dir, (rank, 2), transport, &args, Stdio::null())
-}
-
-/// Rank `r.0` of `r.1` running `btl stress --transport T ARGS`.
-fn spawn(
-    job: &str,
-    dir: &str,
-    r: (u32, u32),
-    transport: &str,
-    args: &[&str],
-    stdout: Stdio,
-) -> Child {
-    command(job, dir, r, transport, args, stdout)
+    command(job, dir, (rank, 2), transport, &args, Stdio::null())
         .spawn()
         .unwrap()
 }
 
-/// [`spawn`]'s command, not started.
+/// Rank `r.0` of `r.1` running `btl stress --transport T ARGS`, not
+/// started.
 fn command(
     job: &str,
     dir: &str,
