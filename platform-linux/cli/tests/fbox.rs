@@ -6,19 +6,12 @@
 //! `BTL_TEST_ROLE`, as in `world_api.rs`); and the shared memory they
 //! hold, bounded per rank.
 
-use std::process::{Command, Output};
-
 use btl_linux::world::{Builder, Choice, Event, Flow, World};
 
-const BTL: &str = env!("CARGO_BIN_EXE_btl");
-const TAG_SEQ: u8 = 5;
+mod common;
+use common::{btl_run, in_role, text, BTL};
 
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
+const TAG_SEQ: u8 = 5;
 
 /// The count in `... N messages sent by fast box)` of a stress summary.
 fn boxed(line: &str) -> Option<u64> {
@@ -28,16 +21,15 @@ fn boxed(line: &str) -> Option<u64> {
 
 #[test]
 fn stress_2_4_8_and_16_ranks_through_fast_boxes() {
-    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+    if in_role() {
         return;
     }
     for n in [2u32, 4, 8, 16] {
         // `--timeout 240` is the hang bound (16 ranks on a loaded 2-core
         // machine take seconds).
-        let o = Command::new(BTL)
-            .args(["run", "--timeout", "240", "-n", &n.to_string(), "--", BTL])
+        let o = btl_run(240, n)
+            .arg(BTL)
             .args(["stress", "--messages", "150", "--max-size", "65536"])
-            .env_remove("BTL_RANK")
             .env_remove("BTL_SM_FBOX_SIZE")
             .output()
             .expect("run btl");
@@ -58,14 +50,13 @@ fn stress_2_4_8_and_16_ranks_through_fast_boxes() {
 /// variable.
 #[test]
 fn stress_with_poll_pause_at_both_ends_and_beyond() {
-    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+    if in_role() {
         return;
     }
     for pause in ["0", "1024"] {
-        let o = Command::new(BTL)
-            .args(["run", "--timeout", "240", "-n", "4", "--", BTL])
+        let o = btl_run(240, 4)
+            .arg(BTL)
             .args(["stress", "--messages", "150", "--max-size", "65536"])
-            .env_remove("BTL_RANK")
             .env_remove("BTL_SM_FBOX_SIZE")
             .env("BTL_SM_POLL_PAUSE", pause)
             .output()
@@ -79,10 +70,9 @@ fn stress_with_poll_pause_at_both_ends_and_beyond() {
         let intact = out.lines().filter(|l| l.ends_with("all intact")).count();
         assert_eq!(intact, 4, "pause={pause}:\n{out}\n{err}");
     }
-    let o = Command::new(BTL)
-        .args(["run", "--timeout", "60", "-n", "2", "--", BTL])
+    let o = btl_run(60, 2)
+        .arg(BTL)
         .args(["stress", "--messages", "10"])
-        .env_remove("BTL_RANK")
         .env("BTL_SM_POLL_PAUSE", "1025")
         .output()
         .expect("run btl");
@@ -107,7 +97,7 @@ fn count_before(line: &str, what: &str) -> Option<u64> {
 /// hands out more than `fbox_max` boxes.
 #[test]
 fn shared_memory_grows_linearly_with_the_ranks() {
-    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+    if in_role() {
         return;
     }
     // Rings (32 KiB), directory, 32 eager fragments of 4 KiB (shared by
@@ -121,10 +111,9 @@ fn shared_memory_grows_linearly_with_the_ranks() {
         (8, "1", "2", 36, 2, 640 * KIB),
         (4, "0", "32", 85, 72, 5430 * KIB),
     ] {
-        let o = Command::new(BTL)
-            .args(["run", "--timeout", "240", "-n", &n.to_string(), "--", BTL])
+        let o = btl_run(240, n)
+            .arg(BTL)
             .args(["stress", "--messages", "40", "--max-size", "65536"])
-            .env_remove("BTL_RANK")
             .env_remove("BTL_SM_FBOX_SIZE")
             .env("BTL_SM_USE_CMA", cma)
             .env("BTL_SM_FBOX_MAX", fbox_max)
@@ -155,13 +144,12 @@ fn shared_memory_grows_linearly_with_the_ranks() {
 
 #[test]
 fn stress_without_fast_boxes_sends_none_by_box() {
-    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+    if in_role() {
         return;
     }
-    let o = Command::new(BTL)
-        .args(["run", "--timeout", "240", "-n", "3", "--", BTL])
+    let o = btl_run(240, 3)
+        .arg(BTL)
         .args(["stress", "--messages", "100", "--max-size", "65536"])
-        .env_remove("BTL_RANK")
         .env("BTL_SM_FBOX_SIZE", "0")
         .output()
         .expect("run btl");
@@ -256,35 +244,24 @@ fn alternate(w: &mut World<'_>) -> Result<String, String> {
 
 #[test]
 fn role() {
-    let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
-        return;
-    };
-    let r = Builder::new()
-        .transports(Choice::parse("sm").unwrap())
-        .init()
-        .map_err(|e| e.to_string())
-        .and_then(|mut w| match role.as_str() {
-            "alternate" => alternate(&mut w),
-            other => Err(format!("unknown role {other}")),
-        });
-    match r {
-        Ok(line) => println!("OK {role}: {line}"),
-        Err(err) => panic!("rank failed in {role}: {err}"),
-    }
+    common::play_role(|role| {
+        Builder::new()
+            .transports(Choice::parse("sm").unwrap())
+            .init()
+            .map_err(|e| e.to_string())
+            .and_then(|mut w| match role {
+                "alternate" => alternate(&mut w),
+                other => Err(format!("unknown role {other}")),
+            })
+    });
 }
 
 #[test]
 fn order_holds_across_box_and_ring() {
-    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+    if in_role() {
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let o = Command::new(BTL)
-        .args(["run", "-n", "2", "--timeout", "120", "--"])
-        .arg(&exe)
-        .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
-        .env("BTL_TEST_ROLE", "alternate")
-        .env("BTL_TIMEOUT", "60")
+    let o = common::role_job(2, "alternate")
         .env_remove("BTL_RANK")
         .env_remove("BTL_SM_FBOX_SIZE")
         .output()

@@ -133,15 +133,7 @@ fn run(choice: &str) {
         },
         Duration::from_secs(120),
     );
-    for (r, o) in outs.iter().enumerate().take(2) {
-        let out = String::from_utf8_lossy(&o.stdout);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "rank {r}:\n{out}\n{err}");
-        assert!(
-            out.contains(&format!("SURVIVOR rank {r}:")),
-            "rank {r}:\n{out}\n{err}"
-        );
-    }
+    common::assert_ranks_say(&outs[..2], |r| [format!("SURVIVOR rank {r}:")]);
 }
 
 #[test]
@@ -179,14 +171,8 @@ fn a_barrier_without_a_rank_ends_at_every_rank() {
         },
         Duration::from_secs(120),
     );
-    for (r, o) in outs.iter().enumerate().take(ABANDON_N as usize - 1) {
-        let out = String::from_utf8_lossy(&o.stdout);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "rank {r}:\n{out}\n{err}");
-        assert!(
-            out.contains(&format!("ABANDONED rank {r}:")),
-            "rank {r}:\n{out}\n{err}"
-        );
-    }
+    common::assert_ranks_say(&outs[..ABANDON_N as usize - 1], |r| {
+        [format!("ABANDONED rank {r}:")]
+    });
     assert!(t.elapsed() < Duration::from_secs(40), "{:?}", t.elapsed());
 }

@@ -33,6 +33,17 @@ fn rank(env: &[(&str, String)], args: &[&str]) -> Child {
     c.spawn().unwrap()
 }
 
+/// The stderr of one rank of `btl stress --messages 1` with `env`, which
+/// must fail.
+fn fails(env: &[(&str, String)]) -> String {
+    let o = rank(env, &["stress", "--messages", "1"])
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{err}");
+    err
+}
+
 /// Waits for every child, killing them all after `limit`.
 fn wait_all(children: Vec<Child>, limit: Duration) -> Vec<Output> {
     let deadline = Instant::now() + limit;
@@ -75,16 +86,13 @@ fn rendezvous_with_slurm_ranks() {
             )
         })
         .collect();
-    for o in wait_all(children, Duration::from_secs(120)) {
-        let out = String::from_utf8_lossy(&o.stdout);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "{out}\n{err}");
-        assert!(out.contains("all intact"), "{out}\n{err}");
-        assert!(
-            out.contains("on 1 node(s): shared memory to 2 rank(s), TCP to 0 rank(s)"),
-            "{out}"
-        );
-    }
+    let outs = wait_all(children, Duration::from_secs(120));
+    common::assert_ranks_say(&outs, |_| {
+        [
+            "all intact",
+            "on 1 node(s): shared memory to 2 rank(s), TCP to 0 rank(s)",
+        ]
+    });
 }
 
 #[test]
@@ -115,17 +123,10 @@ fn rendezvous_names_the_rank_that_never_came() {
 #[test]
 fn pmix_unavailable_is_explained() {
     // A library that does not exist: the error names it and the way out.
-    let o = rank(
-        &[
-            ("BTL_WIREUP", "pmix".into()),
-            ("BTL_PMIX_LIBRARY", "/nonexistent/libpmix.so.2".into()),
-        ],
-        &["stress", "--messages", "1"],
-    )
-    .wait_with_output()
-    .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
+    let err = fails(&[
+        ("BTL_WIREUP", "pmix".into()),
+        ("BTL_PMIX_LIBRARY", "/nonexistent/libpmix.so.2".into()),
+    ]);
     assert!(
         err.contains("cannot be loaded") && err.contains("BTL_PMIX_LIBRARY"),
         "{err}"
@@ -136,14 +137,7 @@ fn pmix_unavailable_is_explained() {
             "libpmix.so.2 (scripts/setup.sh installs Debian's openmpi-bin, which brings it)",
         );
     } else {
-        let o = rank(
-            &[("BTL_WIREUP", "pmix".into())],
-            &["stress", "--messages", "1"],
-        )
-        .wait_with_output()
-        .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success());
+        let err = fails(&[("BTL_WIREUP", "pmix".into())]);
         assert!(err.contains("PMIx_Init failed"), "{err}");
     }
 }
@@ -162,18 +156,11 @@ fn bad_wireup_settings_are_named() {
             "resolvable host",
         ),
     ] {
-        let o = rank(
-            &[
-                (var, val.into()),
-                ("BTL_RANK", "0".into()),
-                ("BTL_SIZE", "1".into()),
-            ],
-            &["stress", "--messages", "1"],
-        )
-        .wait_with_output()
-        .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success());
+        let err = fails(&[
+            (var, val.into()),
+            ("BTL_RANK", "0".into()),
+            ("BTL_SIZE", "1".into()),
+        ]);
         assert!(err.contains(want), "{err}");
     }
 }

@@ -9,16 +9,16 @@
 //! The ranks are this test binary itself, re-run with `BTL_TEST_ROLE`
 //! (`scenario:transport`); the `role` test then does the rank's work.
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::in_role;
 
 use btl_linux::world::{
     Builder, Choice, Event, Flow, Outbox, PayloadLocation, RegionKey, Request, World, WorldError,
 };
 
-const BTL: &str = env!("CARGO_BIN_EXE_btl");
 const TAG_REQ: u8 = 1;
 const TAG_REP: u8 = 2;
 const TAG_DATA: u8 = 3;
@@ -967,16 +967,15 @@ fn barriers(w: &mut World<'_>, tcp: bool) -> R<String> {
     ))
 }
 
+/// A rank: `BTL_TEST_ROLE` is `scenario:transport` (reported as such, so
+/// the job's check finds `OK scenario:`).
 #[test]
 fn role() {
-    let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
-        return;
-    };
-    let (scenario, transport) = role.split_once(':').expect("scenario:transport");
-    let choice = Choice::parse(transport).expect("a transport choice");
-    // Declared before the world, so it outlives it.
-    let mut mem = vec![0u8; 4 * 8192];
-    let r = (|| -> R<String> {
+    common::play_role(|role| {
+        let (scenario, transport) = role.split_once(':').expect("scenario:transport");
+        let choice = Choice::parse(transport).expect("a transport choice");
+        // Declared before the world, so it outlives it.
+        let mut mem = vec![0u8; 4 * 8192];
         let mut b = Builder::new().transports(choice);
         if scenario == "split" || scenario == "nosplit" {
             // Every get above one eager fragment by single copy (none of
@@ -1013,21 +1012,11 @@ fn role() {
             "measuredsend" => splitsend(&mut w, true, true),
             other => Err(format!("unknown scenario {other}")),
         }
-    })();
-    match r {
-        Ok(line) => println!("OK {scenario}: {line}"),
-        Err(err) => panic!("rank failed in {scenario}: {err}"),
-    }
+    });
 }
 
 fn run_job(n: u32, scenario: &str, transport: &str) -> Output {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(BTL)
-        .args(["run", "-n", &n.to_string(), "--timeout", "120", "--"])
-        .arg(&exe)
-        .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
-        .env("BTL_TEST_ROLE", format!("{scenario}:{transport}"))
-        .env("BTL_TIMEOUT", "60")
+    let out = common::role_job(n, &format!("{scenario}:{transport}"))
         .output()
         .unwrap();
     check(&out, n, scenario);
@@ -1037,7 +1026,7 @@ fn run_job(n: u32, scenario: &str, transport: &str) -> Output {
 /// Runs each `(ranks, scenario, transport)` job in turn (from the test
 /// process only: a rank re-running the test binary in a role does nothing).
 fn run_jobs(jobs: &[(u32, &str, &str)]) {
-    if std::env::var_os("BTL_TEST_ROLE").is_none() {
+    if !in_role() {
         for &(n, scenario, transport) in jobs {
             run_job(n, scenario, transport);
         }
@@ -1088,7 +1077,7 @@ job_tests! {
 /// rendezvous with chosen node names.
 #[test]
 fn get_put_cycle_across_transports_completes() {
-    if std::env::var_os("BTL_TEST_ROLE").is_some() {
+    if in_role() {
         return;
     }
     let job = format!("cyc{}", std::process::id());
@@ -1105,16 +1094,10 @@ fn get_put_cycle_across_transports_completes() {
         },
         Duration::from_secs(150),
     );
-    for (r, o) in outs.iter().enumerate() {
-        let out = String::from_utf8_lossy(&o.stdout);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "rank {r}:\n{out}\n{err}");
-        assert!(out.contains("OK cycle:"), "rank {r}:\n{out}\n{err}");
-        assert!(
-            out.contains("shared memory to 1 rank(s), TCP to 2 rank(s)"),
-            "rank {r} did not use both transports:\n{out}"
-        );
-    }
+    // Both transports used.
+    common::assert_ranks_say(&outs, |_| {
+        ["OK cycle:", "shared memory to 1 rank(s), TCP to 2 rank(s)"]
+    });
 }
 
 #[test]

@@ -13,6 +13,94 @@ use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The `btl` binary under test.
+pub const BTL: &str = env!("CARGO_BIN_EXE_btl");
+
+/// `btl run --timeout SECS -n N --`, the program and its arguments to be
+/// added, with the test runner's `BTL_RANK` removed (outside any job).
+pub fn btl_run(timeout: u32, n: u32) -> Command {
+    let mut c = Command::new(BTL);
+    c.args(["run", "--timeout", &timeout.to_string()])
+        .args(["-n", &n.to_string(), "--"])
+        .env_remove("BTL_RANK");
+    c
+}
+
+/// Whether this process is a rank: this test binary re-run with
+/// `BTL_TEST_ROLE`, where the tests that start jobs do nothing.
+pub fn in_role() -> bool {
+    std::env::var_os("BTL_TEST_ROLE").is_some()
+}
+
+/// The body of the `role` test: nothing outside a role ([`in_role`]); in
+/// one, `play`s it and prints `OK ROLE: LINE` for the job's check, or
+/// panics with the rank's error.
+pub fn play_role(play: impl FnOnce(&str) -> Result<String, String>) {
+    let Ok(role) = std::env::var("BTL_TEST_ROLE") else {
+        return;
+    };
+    match play(&role) {
+        Ok(line) => println!("OK {role}: {line}"),
+        Err(err) => panic!("rank failed in {role}: {err}"),
+    }
+}
+
+/// `btl run -n N --timeout 120` of this test binary's `role` test, each
+/// rank in `role` (`BTL_TEST_ROLE`) with `BTL_TIMEOUT=60`; not started.
+pub fn role_job(n: u32, role: &str) -> Command {
+    let mut c = Command::new(BTL);
+    c.args(["run", "-n", &n.to_string(), "--timeout", "120", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
+        .env("BTL_TEST_ROLE", role)
+        .env("BTL_TIMEOUT", "60");
+    c
+}
+
+/// The stdout and stderr of `o`, as text.
+pub fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Asserts that `o` (of `what`) exited 0, showing its status and output
+/// if not; returns its stdout and stderr.
+pub fn assert_success(o: &Output, what: &str) -> (String, String) {
+    let (out, err) = text(o);
+    assert!(
+        o.status.success(),
+        "{what}: status {:?}\nstdout:\n{out}\nstderr:\n{err}",
+        o.status
+    );
+    (out, err)
+}
+
+/// Asserts that stress run `o` of `n` ranks passed: status 0 and one line
+/// ending `all intact` per rank; returns its stdout.
+pub fn assert_intact(o: &Output, n: u32) -> String {
+    let (out, err) = assert_success(o, "btl stress");
+    let intact = out.lines().filter(|l| l.ends_with("all intact")).count();
+    assert_eq!(intact, n as usize, "stdout:\n{out}\nstderr:\n{err}");
+    out
+}
+
+/// Asserts that every rank's output (`outs[r]` of rank `r`) ended with
+/// status 0 and that its stdout holds each of `says(r)`.
+pub fn assert_ranks_say<S: AsRef<str>, I: IntoIterator<Item = S>>(
+    outs: &[Output],
+    says: impl Fn(usize) -> I,
+) {
+    for (r, o) in outs.iter().enumerate() {
+        let (out, err) = assert_success(o, &format!("rank {r}"));
+        for s in says(r) {
+            let s = s.as_ref();
+            assert!(out.contains(s), "rank {r}: no {s:?} in\n{out}\n{err}");
+        }
+    }
+}
+
 /// Children of `pid` (from /proc).
 pub fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
