@@ -8,9 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{children, environ_var};
-
-const BTL: &str = env!("CARGO_BIN_EXE_btl");
+use common::{assert_intact, btl_run, children, environ_var, text, BTL};
 
 fn uid() -> u32 {
     rustix::process::getuid().as_raw()
@@ -29,36 +27,20 @@ fn shm_files() -> HashSet<String> {
         .unwrap_or_default()
 }
 
-/// `btl run --timeout 240 -n N -- btl ARGS...` with extra environment.
-fn run(n: u32, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut c = Command::new(BTL);
-    c.args(["run", "--timeout", "240", "-n", &n.to_string(), "--", BTL]);
-    c.args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.env_remove("BTL_RANK");
-    c.output().expect("run btl")
+/// `btl run --timeout 240 -n N -- btl stress OPTS` (OPTS split at white
+/// space) with extra environment.
+fn stress(n: u32, env: &[(&str, &str)], opts: &str) -> Output {
+    btl_run(240, n)
+        .args([BTL, "stress"])
+        .args(opts.split_whitespace())
+        .envs(env.iter().copied())
+        .output()
+        .expect("run btl")
 }
 
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-/// Asserts a stress run passed: status 0 and one "all intact" line per rank.
-fn assert_intact(o: &Output, n: u32) -> String {
-    let (out, err) = text(o);
-    assert!(
-        o.status.success(),
-        "status {:?}\nstdout:\n{out}\nstderr:\n{err}",
-        o.status
-    );
-    let intact = out.lines().filter(|l| l.ends_with("all intact")).count();
-    assert_eq!(intact, n as usize, "stdout:\n{out}\nstderr:\n{err}");
-    out
+/// [`stress`] that must pass ([`assert_intact`]); its stdout.
+fn intact(n: u32, env: &[(&str, &str)], opts: &str) -> String {
+    assert_intact(&stress(n, env, opts), n)
 }
 
 #[test]
@@ -66,18 +48,8 @@ fn stress_2_4_and_8_ranks_up_to_1_mib() {
     let before = shm_files();
     for (n, messages) in [(2, 300), (4, 150), (8, 60)] {
         let start = Instant::now();
-        let o = run(
-            n,
-            &[],
-            &[
-                "stress",
-                "--messages",
-                &messages.to_string(),
-                "--max-size",
-                "1048576",
-            ],
-        );
-        // `--timeout 240` of `run` is the hang bound; how long 8 ranks take
+        let o = stress(n, &[], &format!("--messages {messages} --max-size 1048576"));
+        // `--timeout 240` of `stress` is the hang bound; how long 8 ranks take
         // on 2 cores is the benchmark's business, printed for information.
         assert_intact(&o, n);
         println!("{n} ranks: {:.1} s", start.elapsed().as_secs_f64());
@@ -109,12 +81,11 @@ fn stress_through_the_launcher_itself() {
 
 #[test]
 fn flood_through_a_ring_of_16_slots_keeps_order() {
-    let o = run(
+    let out = intact(
         4,
         &[("BTL_SM_FIFO_SIZE", "16")],
-        &["stress", "--messages", "3000", "--max-size", "512"],
+        "--messages 3000 --max-size 512",
     );
-    let out = assert_intact(&o, 4);
     // The pending-send path was really taken.
     let queued: u64 = out
         .lines()
@@ -132,27 +103,20 @@ fn flood_through_a_ring_of_16_slots_keeps_order() {
 
 #[test]
 fn pipelined_copy_when_single_copy_is_off() {
-    let o = run(
+    let out = intact(
         3,
         &[("BTL_SM_USE_CMA", "0")],
-        &["stress", "--messages", "100", "--max-size", "2000000"],
+        "--messages 100 --max-size 2000000",
     );
-    let out = assert_intact(&o, 3);
     assert_eq!(out.matches("single copy to 0,").count(), 3, "{out}");
 }
 
 #[test]
 fn single_copy_is_used_when_allowed() {
     // use_cma defaults to 1.
-    let o = run(
-        2,
-        &[],
-        &["stress", "--messages", "100", "--max-size", "2000000"],
-    );
-    if cma_refused(&o, 2) {
+    let Some(out) = intact_with_cma(2, "--messages 100 --max-size 2000000") else {
         return;
-    }
-    let out = assert_intact(&o, 2);
+    };
     assert!(out.contains("single copy to 1,"), "{out}");
 }
 
@@ -173,21 +137,21 @@ fn cma_refused(o: &Output, n: u32) -> bool {
     true
 }
 
+/// [`intact`] of a run whose check needs single copy: `None` where the
+/// kernel refused it ([`cma_refused`]).
+fn intact_with_cma(n: u32, opts: &str) -> Option<String> {
+    let o = stress(n, &[], opts);
+    (!cma_refused(&o, n)).then(|| assert_intact(&o, n))
+}
+
 #[test]
 fn single_copy_refused_falls_back_and_delivers() {
     // --deny-cma makes the kernel refuse process_vm_readv both ways for real
     // (no CAP_SYS_PTRACE, not dumpable).
-    let o = run(
+    let o = stress(
         2,
         &[("BTL_SM_USE_CMA", "1")],
-        &[
-            "stress",
-            "--deny-cma",
-            "--messages",
-            "100",
-            "--max-size",
-            "2000000",
-        ],
+        "--deny-cma --messages 100 --max-size 2000000",
     );
     let (out, err) = text(&o);
     let out2 = assert_intact(&o, 2);
@@ -236,39 +200,16 @@ fn mid_size_one_sided_transfers_take_single_copy() {
     // table publishes the region); the two out-of-range gets are not read
     // (the range check against the table fails), they ask and are
     // refused. At 4 KiB (one eager fragment) both go through fragments.
-    let o = run(
-        3,
-        &[],
-        &["stress", "--messages", "50", "--max-size", "16384"],
-    );
-    if cma_refused(&o, 3) {
+    let Some(out) = intact_with_cma(3, "--messages 50 --max-size 16384") else {
         return;
-    }
-    let out = assert_intact(&o, 3);
+    };
     assert_eq!(rma_single_copies(&out), [4, 4, 4], "{out}");
     assert_eq!(direct_gets(&out), [2, 2, 2], "{out}");
-    let o = run(
-        3,
-        &[],
-        &["stress", "--messages", "50", "--max-size", "4096"],
-    );
-    let out = assert_intact(&o, 3);
+    let out = intact(3, &[], "--messages 50 --max-size 4096");
     assert_eq!(rma_single_copies(&out), [0, 0, 0], "{out}");
     assert_eq!(direct_gets(&out), [0, 0, 0], "{out}");
     // Refused by the kernel: the same transfers through fragments, intact.
-    let o = run(
-        3,
-        &[],
-        &[
-            "stress",
-            "--deny-cma",
-            "--messages",
-            "50",
-            "--max-size",
-            "16384",
-        ],
-    );
-    let out = assert_intact(&o, 3);
+    let out = intact(3, &[], "--deny-cma --messages 50 --max-size 16384");
     assert_eq!(rma_single_copies(&out), [0, 0, 0], "{out}");
 }
 
@@ -279,14 +220,14 @@ fn out_of_space_is_a_clear_error() {
     // of ranks that do not exist are never reserved, so the job's need is
     // 2 of them.)
     let before = shm_files();
-    let o = run(
+    let o = stress(
         2,
         &[
             ("BTL_SM_FIFO_SIZE", "1073741824"),
             ("BTL_SM_NUM_FIFOS", "8"),
             ("BTL_SM_MAX_PROCS", "8"),
         ],
-        &["stress", "--messages", "1"],
+        "--messages 1",
     );
     let (_, err) = text(&o);
     assert!(!o.status.success());
@@ -300,20 +241,9 @@ fn a_rank_that_never_joins_times_out_by_name() {
     let script =
         format!("if [ \"$BTL_RANK\" = 0 ]; then exec {BTL} stress --messages 1; else sleep 4; fi");
     let start = Instant::now();
-    let o = Command::new(BTL)
-        .args([
-            "run",
-            "--timeout",
-            "60",
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
+    let o = btl_run(60, 2)
+        .args(["sh", "-c", &script])
         .env("BTL_WIREUP_TIMEOUT", "1")
-        .env_remove("BTL_RANK")
         .output()
         .unwrap();
     let (_, err) = text(&o);
@@ -326,10 +256,15 @@ fn a_rank_that_never_joins_times_out_by_name() {
 
 #[test]
 fn a_rank_killed_mid_run_stops_the_job_cleanly() {
-    let mut launcher = Command::new(BTL)
-        .args(["run", "--timeout", "120", "-n", "4", "--", BTL, "stress"])
-        .args(["--messages", "100000000", "--max-size", "65536"])
-        .env_remove("BTL_RANK")
+    let mut launcher = btl_run(120, 4)
+        .args([
+            BTL,
+            "stress",
+            "--messages",
+            "100000000",
+            "--max-size",
+            "65536",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -7,74 +7,56 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{children, environ_var};
-
-const BTL: &str = env!("CARGO_BIN_EXE_btl");
-
-fn run(n: u32, args: &[&str]) -> Output {
-    run_env(n, &[], args)
-}
+use common::{btl_run, children, environ_var, BTL};
 
 /// `btl run --timeout 120 -n N -- btl ARGS...` with extra environment.
 fn run_env(n: u32, env: &[(&str, &str)], args: &[&str]) -> Output {
-    Command::new(BTL)
-        .args(["run", "--timeout", "120", "-n", &n.to_string(), "--", BTL])
+    btl_run(120, n)
+        .arg(BTL)
         .args(args)
         .envs(env.iter().copied())
-        .env_remove("BTL_RANK")
         .output()
         .expect("run btl")
 }
 
-fn assert_intact(o: &Output, n: usize) -> String {
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "status {:?}\n{out}\n{err}", o.status);
-    assert_eq!(
-        out.lines().filter(|l| l.ends_with("all intact")).count(),
-        n,
-        "{out}\n{err}"
-    );
+/// [`run_env`] of `btl stress --transport tcp OPTS` (OPTS split at white
+/// space).
+fn stress(n: u32, env: &[(&str, &str)], opts: &str) -> Output {
+    let args: Vec<&str> = ["stress", "--transport", "tcp"]
+        .into_iter()
+        .chain(opts.split_whitespace())
+        .collect();
+    run_env(n, env, &args)
+}
+
+/// [`stress`] that must pass ([`assert_intact`]); its stdout.
+fn intact(n: u32, env: &[(&str, &str)], opts: &str) -> String {
+    assert_intact(&stress(n, env, opts), n)
+}
+
+/// Asserts a stress run of `n` ranks passed ([`common::assert_intact`]),
+/// each rank over TCP to all the others.
+fn assert_intact(o: &Output, n: u32) -> String {
+    let out = common::assert_intact(o, n);
     let tcp = format!("TCP to {} rank(s)", n - 1);
-    assert_eq!(out.matches(&tcp).count(), n, "{out}");
+    assert_eq!(out.matches(&tcp).count(), n as usize, "{out}");
     out
 }
 
 #[test]
 fn large_messages_travel_as_chains_of_frames() {
     // max_frame at its minimum (max_send_size): 1 MiB messages are chunked.
-    let o = run_env(
+    intact(
         2,
         &[("BTL_TCP_MAX_FRAME", "131072")],
-        &[
-            "stress",
-            "--transport",
-            "tcp",
-            "--messages",
-            "100",
-            "--max-size",
-            "1048576",
-        ],
+        "--messages 100 --max-size 1048576",
     );
-    assert_intact(&o, 2);
 }
 
 #[test]
 fn stress_over_tcp_2_and_4_ranks() {
     for (n, m) in [(2, 300), (4, 100)] {
-        let o = run(
-            n,
-            &[
-                "stress",
-                "--transport",
-                "tcp",
-                "--messages",
-                &m.to_string(),
-                "--max-size",
-                "1048576",
-            ],
-        );
-        assert_intact(&o, n as usize);
+        intact(n, &[], &format!("--messages {m} --max-size 1048576"));
     }
 }
 
@@ -84,19 +66,7 @@ fn frames_of_several_mib_travel_in_pieces_intact() {
     // each pass one: 2 ranks (one connection, read directly) and 4 (three
     // each), messages up to 8 MiB.
     for n in [2, 4] {
-        let o = run(
-            n,
-            &[
-                "stress",
-                "--transport",
-                "tcp",
-                "--messages",
-                "200",
-                "--max-size",
-                "8388608",
-            ],
-        );
-        assert_intact(&o, n as usize);
+        intact(n, &[], "--messages 200 --max-size 8388608");
     }
 }
 
@@ -119,16 +89,7 @@ fn large_payloads_read_under_a_low_water_mark_arrive_intact() {
         ("0", "0"),
     ] {
         let env = [("BTL_TCP_RECV_LOWAT", lowat), ("BTL_TCP_RCVBUF", rcvbuf)];
-        let stress = [
-            "stress",
-            "--transport",
-            "tcp",
-            "--messages",
-            "150",
-            "--max-size",
-            "4194307",
-        ];
-        assert_intact(&run_env(2, &env, &stress), 2);
+        intact(2, &env, "--messages 150 --max-size 4194307");
         let bench = [
             "bench",
             "--transport",
@@ -224,19 +185,8 @@ fn job_hash(job: &str) -> u64 {
 
 #[test]
 fn hostile_clients_are_dropped_and_the_job_completes() {
-    let launcher = Command::new(BTL)
-        .args([
-            "run",
-            "--timeout",
-            "120",
-            "-n",
-            "2",
-            "--",
-            BTL,
-            "stress",
-            "--transport",
-            "tcp",
-        ])
+    let launcher = btl_run(120, 2)
+        .args([BTL, "stress", "--transport", "tcp"])
         // Long enough (about 3.5 s here) to outlive the unfinished
         // handshake's 1 s timeout below: with 300000 messages the job
         // ended after about a second, sometimes before that timeout
@@ -246,7 +196,6 @@ fn hostile_clients_are_dropped_and_the_job_completes() {
         // Records in the session directory, where this test reads the
         // ranks' addresses.
         .env("BTL_WIREUP", "dir")
-        .env_remove("BTL_RANK")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -373,22 +322,12 @@ fn stress_over_ipv6_loopback_when_ipv4_is_disabled() {
         common::prereq::missing("this machine has no ::1 (IPv6 disabled)");
         return;
     }
-    let o = run_env(
+    intact(
         2,
         &[("BTL_TCP_DISABLE_FAMILY", "4")],
-        &[
-            "stress",
-            "--transport",
-            "tcp",
-            "--messages",
-            "100",
-            "--max-size",
-            "300000",
-        ],
+        "--messages 100 --max-size 300000",
     );
-    assert_intact(&o, 2);
     // And both families when neither is disabled: the published records
     // carry two addresses; peers pick IPv4.
-    let o = run(2, &["stress", "--transport", "tcp", "--messages", "20"]);
-    assert_intact(&o, 2);
+    intact(2, &[], "--messages 20");
 }
