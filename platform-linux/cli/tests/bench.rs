@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-const BTL: &str = env!("CARGO_BIN_EXE_btl");
+mod common;
+use common::BTL;
 
 /// A raw results file as `../shared/anchors/run_anchors.sh` writes it.
 const RAW: &str = "id\tmetric\tsize\trep\tvalue\tregime\tprobe_pre_ns\tprobe_post_ns\n\
@@ -137,14 +138,15 @@ fn bad_arguments_are_refused_before_running() {
     let o = Command::new(BTL).args(["help", "bench"]).output().unwrap();
     let usage = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success());
-    for opt in [
-        "--iterations N",
-        "--window W",
-        "--plot FILE.svg",
-        "--compare",
-    ] {
-        assert!(usage.contains(opt), "{opt}: {usage}");
-    }
+    common::assert_contains_all(
+        &usage,
+        &[
+            "--iterations N",
+            "--window W",
+            "--plot FILE.svg",
+            "--compare",
+        ],
+    );
 
     let nowhere = dir.0.join("no/such/dir/p.svg");
     let o = bench(&["--plot", nowhere.to_str().unwrap()]);

@@ -77,6 +77,13 @@ pub fn assert_success(o: &Output, what: &str) -> (String, String) {
     (out, err)
 }
 
+/// Asserts that `text` holds each of `needles` (naming the one missing).
+pub fn assert_contains_all(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "no {needle:?} in\n{text}");
+    }
+}
+
 /// Asserts that stress run `o` of `n` ranks passed: status 0 and one line
 /// ending `all intact` per rank; returns its stdout.
 pub fn assert_intact(o: &Output, n: u32) -> String {
