@@ -137,20 +137,18 @@ impl Rng {
 }
 
 fn spawn_rank(job: &str, port: u16, rank: u32) -> Child {
-    Command::new(BTL)
-        .args(["stress", "--messages", MESSAGES, "--max-size", "100000"])
-        .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
-        .env("BTL_JOB", job)
-        .env("BTL_RANK", rank.to_string())
-        .env("BTL_SIZE", "2")
-        .env("BTL_NODE", "node")
-        .env_remove("BTL_SESSION_DIR")
-        .env_remove("BTL_TIMEOUT")
-        .env_remove("BTL_ATTACH_TIMEOUT")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    common::spawn_piped(
+        Command::new(BTL)
+            .args(["stress", "--messages", MESSAGES, "--max-size", "100000"])
+            .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
+            .env("BTL_JOB", job)
+            .env("BTL_RANK", rank.to_string())
+            .env("BTL_SIZE", "2")
+            .env("BTL_NODE", "node")
+            .env_remove("BTL_SESSION_DIR")
+            .env_remove("BTL_TIMEOUT")
+            .env_remove("BTL_ATTACH_TIMEOUT"),
+    )
 }
 
 /// The segment, reopened through a rank's `/proc/<pid>/fd` and mapped.

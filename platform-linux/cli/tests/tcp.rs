@@ -3,11 +3,11 @@
 use std::fs;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{btl_run, children, environ_var, BTL};
+use common::{btl_run, children, environ_var, spawn_piped, BTL};
 
 /// `btl run --timeout 120 -n N -- btl ARGS...` with extra environment.
 fn run_env(n: u32, env: &[(&str, &str)], args: &[&str]) -> Output {
@@ -185,21 +185,19 @@ fn job_hash(job: &str) -> u64 {
 
 #[test]
 fn hostile_clients_are_dropped_and_the_job_completes() {
-    let launcher = btl_run(120, 2)
-        .args([BTL, "stress", "--transport", "tcp"])
-        // Long enough (about 3.5 s here) to outlive the unfinished
-        // handshake's 1 s timeout below: with 300000 messages the job
-        // ended after about a second, sometimes before that timeout
-        // fired, and the connection closed unreported.
-        .args(["--messages", "1000000", "--max-size", "200"])
-        .env("BTL_TCP_HANDSHAKE_TIMEOUT", "1000")
-        // Records in the session directory, where this test reads the
-        // ranks' addresses.
-        .env("BTL_WIREUP", "dir")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let launcher = spawn_piped(
+        btl_run(120, 2)
+            .args([BTL, "stress", "--transport", "tcp"])
+            // Long enough (about 3.5 s here) to outlive the unfinished
+            // handshake's 1 s timeout below: with 300000 messages the job
+            // ended after about a second, sometimes before that timeout
+            // fired, and the connection closed unreported.
+            .args(["--messages", "1000000", "--max-size", "200"])
+            .env("BTL_TCP_HANDSHAKE_TIMEOUT", "1000")
+            // Records in the session directory, where this test reads the
+            // ranks' addresses.
+            .env("BTL_WIREUP", "dir"),
+    );
     // Find rank 0, its session directory and its published address.
     let deadline = Instant::now() + Duration::from_secs(30);
     let (job, (addr, addr1)) = loop {

@@ -26,6 +26,15 @@ pub fn btl_run(timeout: u32, n: u32) -> Command {
     c
 }
 
+/// Starts `c` with its stdout and stderr piped, for the test to read
+/// (`wait_with_output`).
+pub fn spawn_piped(c: &mut Command) -> Child {
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Whether this process is a rank: this test binary re-run with
 /// `BTL_TEST_ROLE`, where the tests that start jobs do nothing.
 pub fn in_role() -> bool {
@@ -163,18 +172,16 @@ pub fn run_rendezvous(
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..n)
         .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
-                .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
-                .env("BTL_RANK", r.to_string())
-                .env("BTL_SIZE", n.to_string())
-                .env("BTL_JOB", job)
-                .env_remove("BTL_SESSION_DIR")
-                .envs(env(r))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            spawn_piped(
+                Command::new(&exe)
+                    .args(["--exact", "role", "--nocapture", "--test-threads", "1"])
+                    .env("BTL_WIREUP", format!("tcp://127.0.0.1:{port}"))
+                    .env("BTL_RANK", r.to_string())
+                    .env("BTL_SIZE", n.to_string())
+                    .env("BTL_JOB", job)
+                    .env_remove("BTL_SESSION_DIR")
+                    .envs(env(r)),
+            )
         })
         .collect();
     let mut outs = Vec::new();
