@@ -6,13 +6,11 @@
 //! with `CI` set).
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::cluster::{agent, Cluster};
-
-const BTL: &str = env!("CARGO_BIN_EXE_btl");
+use common::cluster::{agent, assert_stress_across, Cluster};
 
 /// Hosts of the big job.
 const HOSTS: usize = 32;
@@ -31,37 +29,13 @@ const START_BOUND: Duration = if cfg!(debug_assertions) {
 
 /// `btl run` of `btl stress ARGS` on every host with `slots` ranks each.
 fn stress(c: &Cluster, agent: &str, slots: u32, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let n = c.hosts.len() as u32 * slots;
-    Command::new(BTL)
-        .args(["run", "--timeout", "240", "-n", &n.to_string()])
-        .args(["--host", &c.host_list(slots)])
-        .args([
-            "--agent",
-            agent,
-            "--wireup-addr",
-            &c.head,
-            "--",
-            BTL,
-            "stress",
-        ])
+    c.btl_stress(240, c.hosts.len(), slots, agent)
         .args(args)
-        .env("BTL_TCP_IF_INCLUDE", &c.cidr)
-        .env("BTL_NETNS_HOSTS", c.hosts_file())
         .envs(env.iter().copied())
-        .env_remove("BTL_RANK")
-        .env_remove("BTL_WIREUP")
         .env_remove("BTL_TIMEOUT")
         .env_remove("BTL_TCP_HANDSHAKE_TIMEOUT")
         .output()
         .unwrap()
-}
-
-fn intact(o: &Output, ranks: usize, line: &str) {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "status {:?}\n{out}\n{err}", o.status);
-    assert_eq!(out.matches("all intact").count(), ranks, "{out}\n{err}");
-    assert_eq!(out.matches(line).count(), ranks, "{out}\n{err}");
 }
 
 #[test]
@@ -80,7 +54,7 @@ fn stress_across_32_hosts_under_defaults_and_a_bounded_start() {
         &[],
     );
     let took = t.elapsed();
-    intact(&o, 2 * HOSTS, &line);
+    assert_stress_across(&o, 2 * HOSTS, &line);
     println!("{HOSTS} hosts x 2 ranks: start and a message to every peer in {took:?}");
     assert!(took < START_BOUND, "the job took {took:?} to start");
     // The stress itself.
@@ -91,7 +65,7 @@ fn stress_across_32_hosts_under_defaults_and_a_bounded_start() {
         &["--messages", "20", "--max-size", "65536"],
         &[],
     );
-    intact(&o, 2 * HOSTS, &line);
+    assert_stress_across(&o, 2 * HOSTS, &line);
 }
 
 #[test]

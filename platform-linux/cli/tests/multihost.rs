@@ -10,35 +10,23 @@
 use std::process::{Command, Output};
 
 mod common;
-use common::cluster::{agent, Cluster};
+use common::cluster::{agent, assert_stress_across, Cluster};
+use common::BTL;
 
-const BTL: &str = env!("CARGO_BIN_EXE_btl");
-
+/// [`assert_stress_across`], printing the ranks' lines.
 fn check(o: &Output, ranks: usize, line: &str) {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "status {:?}\n{out}\n{err}", o.status);
-    println!("{out}");
-    assert_eq!(out.matches("all intact").count(), ranks, "{out}\n{err}");
-    assert_eq!(out.matches(line).count(), ranks, "{out}\n{err}");
+    println!("{}", assert_stress_across(o, ranks, line));
 }
 
-fn stress_args() -> [&'static str; 5] {
-    ["stress", "--messages", "300", "--max-size", "300000"]
-}
+/// The options of `btl stress` in the jobs across two and three hosts.
+const STRESS: [&str; 4] = ["--messages", "300", "--max-size", "300000"];
 
 #[test]
 fn stress_across_hosts_under_btl_run() {
     let Some(c) = Cluster::new(1, 2) else { return };
-    let o = Command::new(BTL)
-        .args(["run", "--timeout", "120", "-n", "4", "--host"])
-        .arg(c.host_list(2))
-        .args(["--agent", &agent(), "--wireup-addr", &c.head, "--", BTL])
-        .args(stress_args())
-        .env("BTL_TCP_IF_INCLUDE", &c.cidr)
-        .env("BTL_NETNS_HOSTS", c.hosts_file())
-        .env_remove("BTL_RANK")
-        .env_remove("BTL_WIREUP")
+    let o = c
+        .btl_stress(120, 2, 2, &agent())
+        .args(STRESS)
         .output()
         .unwrap();
     // Every rank: its host-mate over shared memory, the other host's two
@@ -60,20 +48,23 @@ fn stress_across_three_hosts_under_mpirun() {
         return;
     }
     let Some(c) = Cluster::new(2, 3) else { return };
-    let o = Command::new("mpirun")
+    let mut mpirun = Command::new("mpirun");
+    mpirun
         .args(["--host", &c.host_list(2), "-n", "6"])
         .args(["--mca", "plm_rsh_agent", &agent()])
         .args(["--mca", "oob_tcp_if_include", &c.cidr])
-        .args(["-x", "BTL_TCP_IF_INCLUDE", "-x", "BTL_NETNS_HOSTS", BTL])
-        .args(stress_args())
-        .env("BTL_TCP_IF_INCLUDE", &c.cidr)
-        .env("BTL_NETNS_HOSTS", c.hosts_file())
+        .args([
+            "-x",
+            "BTL_TCP_IF_INCLUDE",
+            "-x",
+            "BTL_NETNS_HOSTS",
+            BTL,
+            "stress",
+        ])
+        .args(STRESS)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env_remove("BTL_RANK")
-        .env_remove("BTL_WIREUP")
-        .output()
-        .unwrap();
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let o = c.job_env(&mut mpirun).output().unwrap();
     // Wire-up through PMIx: each rank finds its host-mate by node name and
     // the four others' addresses by PMIx_Get.
     check(
@@ -94,21 +85,9 @@ fn stress_across_three_hosts_under_mpirun() {
 fn stress_across_four_hosts_twenty_times_and_eight_hosts_once() {
     let Some(c) = Cluster::new(3, 8) else { return };
     let run = |hosts: usize| {
-        let list = c.hosts[..hosts]
-            .iter()
-            .map(|h| format!("{h}:2"))
-            .collect::<Vec<_>>()
-            .join(",");
-        Command::new(BTL)
-            .args(["run", "--timeout", "120", "-n", &(2 * hosts).to_string()])
-            .args(["--host", &list])
-            .args(["--agent", &agent(), "--wireup-addr", &c.head, "--", BTL])
-            .args(["stress", "--messages", "60", "--max-size", "200000"])
-            .env("BTL_TCP_IF_INCLUDE", &c.cidr)
-            .env("BTL_NETNS_HOSTS", c.hosts_file())
+        c.btl_stress(120, hosts, 2, &agent())
+            .args(["--messages", "60", "--max-size", "200000"])
             .env("BTL_TIMEOUT", "40")
-            .env_remove("BTL_RANK")
-            .env_remove("BTL_WIREUP")
             .output()
             .unwrap()
     };

@@ -4,14 +4,12 @@
 //! link is detected (keep-alive, `TCP_USER_TIMEOUT`, `BTL_TIMEOUT`) — no
 //! rank grows until the OOM killer fires, none hangs.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 mod common;
 use common::cluster::{agent, ip, Cluster};
-use common::{children, environ_var};
-
-const BTL: &str = env!("CARGO_BIN_EXE_btl");
+use common::{children, environ_var, spawn_piped, BTL};
 
 /// Peak resident memory (`VmHWM`) of `pid` in KiB, if it still runs.
 fn vm_hwm_kib(pid: u32) -> Option<u64> {
@@ -134,18 +132,16 @@ fn a_partition_ends_every_rank_with_bounded_memory() {
             for (k, v) in DETECT {
                 env += &format!(" {k}={v}");
             }
-            Command::new(agent())
-                .arg(host)
-                .arg(format!(
-                    "exec env {env} {BTL} stress --messages 3000000 --max-size 4096"
-                ))
-                .env("BTL_NETNS_HOSTS", c.hosts_file())
-                .env_remove("BTL_RANK")
-                .env_remove("BTL_WIREUP")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            spawn_piped(
+                Command::new(agent())
+                    .arg(host)
+                    .arg(format!(
+                        "exec env {env} {BTL} stress --messages 3000000 --max-size 4096"
+                    ))
+                    .env("BTL_NETNS_HOSTS", c.hosts_file())
+                    .env_remove("BTL_RANK")
+                    .env_remove("BTL_WIREUP"),
+            )
         })
         .collect();
     std::thread::sleep(Duration::from_secs(3));
@@ -217,27 +213,11 @@ fn a_partition_ends_every_rank_with_bounded_memory() {
 #[test]
 fn a_stopped_receiver_keeps_senders_bounded_and_loses_nothing() {
     let Some(c) = Cluster::new(5, 2) else { return };
-    let mut launcher = Command::new(BTL)
-        .args([
-            "run",
-            "--timeout",
-            "170",
-            "-n",
-            "4",
-            "--host",
-            &c.host_list(2),
-        ])
-        .args(["--agent", &agent(), "--wireup-addr", &c.head, "--", BTL])
-        .args(["stress", "--messages", "20000", "--max-size", "8192"])
-        .env("BTL_TCP_IF_INCLUDE", &c.cidr)
-        .env("BTL_NETNS_HOSTS", c.hosts_file())
-        .env("BTL_TIMEOUT", "60")
-        .env_remove("BTL_RANK")
-        .env_remove("BTL_WIREUP")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut launcher = spawn_piped(
+        c.btl_stress(170, 2, 2, &agent())
+            .args(["--messages", "20000", "--max-size", "8192"])
+            .env("BTL_TIMEOUT", "60"),
+    );
     let root = launcher.id();
     // Find the ranks (rank 3 is the one we stop).
     let t0 = Instant::now();

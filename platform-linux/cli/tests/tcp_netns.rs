@@ -7,8 +7,7 @@
 use std::process::Command;
 
 mod common;
-
-const BTL: &str = env!("CARGO_BIN_EXE_btl");
+use common::BTL;
 
 /// Runs `ip ARGS`, returning whether it succeeded.
 fn ip(args: &[&str]) -> bool {
@@ -83,29 +82,16 @@ fn stress_over_tcp_between_two_namespaces_selected_by_cidr() {
          exec ip netns exec $ns {BTL} stress --transport tcp --messages 200 --max-size 300000",
         names[0], names[1]
     );
-    let o = Command::new(BTL)
-        .args([
-            "run",
-            "--timeout",
-            "120",
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
+    let o = common::btl_run(120, 2)
+        .args(["sh", "-c", &script])
         .env("BTL_TCP_IF_INCLUDE", &cidr)
         // The launcher's wire-up service listens on loopback, out of the
         // namespaces' reach; they share the session directory instead.
         .env("BTL_WIREUP", "dir")
         .env("BTL_LOG", "debug")
-        .env_remove("BTL_RANK")
         .output()
         .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{out}\n{err}");
+    let (out, err) = common::assert_success(&o, "btl run");
     assert_eq!(out.matches("all intact").count(), 2, "{out}\n{err}");
     assert_eq!(out.matches("TCP to 1 rank(s)").count(), 2, "{out}");
     // Each rank selected its veth address by the CIDR.

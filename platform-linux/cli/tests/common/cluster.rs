@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 pub fn agent() -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netns-agent.sh");
@@ -151,11 +151,46 @@ impl Cluster {
 
     /// `h1:2,h2:2`.
     pub fn host_list(&self, slots: u32) -> String {
-        self.hosts
+        self.first_hosts(self.hosts.len(), slots)
+    }
+
+    /// The first `hosts` hosts with `slots` each, as [`Self::host_list`].
+    fn first_hosts(&self, hosts: usize, slots: u32) -> String {
+        self.hosts[..hosts]
             .iter()
             .map(|h| format!("{h}:{slots}"))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// Puts a launcher's command `c` in the job environment of this
+    /// cluster: TCP on the cluster's network, the agent's hosts file, and
+    /// none of the test runner's `BTL_RANK` and `BTL_WIREUP`.
+    pub fn job_env<'c>(&self, c: &'c mut Command) -> &'c mut Command {
+        c.env("BTL_TCP_IF_INCLUDE", &self.cidr)
+            .env("BTL_NETNS_HOSTS", self.hosts_file())
+            .env_remove("BTL_RANK")
+            .env_remove("BTL_WIREUP")
+    }
+
+    /// `btl run --timeout SECS` of `btl stress` (its options to be added)
+    /// on the first `hosts` hosts with `slots` ranks each, reached through
+    /// `agent`, in the cluster's job environment ([`Self::job_env`]).
+    pub fn btl_stress(&self, timeout: u32, hosts: usize, slots: u32, agent: &str) -> Command {
+        let n = hosts * slots as usize;
+        let mut c = Command::new(super::BTL);
+        c.args([
+            "run",
+            "--timeout",
+            &timeout.to_string(),
+            "-n",
+            &n.to_string(),
+        ])
+        .args(["--host", &self.first_hosts(hosts, slots)])
+        .args(["--agent", agent, "--wireup-addr", &self.head])
+        .args(["--", super::BTL, "stress"]);
+        self.job_env(&mut c);
+        c
     }
 }
 
@@ -172,6 +207,16 @@ impl Drop for Cluster {
             restore_neigh_limits();
         }
     }
+}
+
+/// Asserts that stress job `o` of `ranks` ranks across a cluster passed:
+/// status 0, and `all intact` and `line` (how a rank reached the others)
+/// once per rank; returns its stdout.
+pub fn assert_stress_across(o: &Output, ranks: usize, line: &str) -> String {
+    let (out, err) = super::assert_success(o, "the job");
+    assert_eq!(out.matches("all intact").count(), ranks, "{out}\n{err}");
+    assert_eq!(out.matches(line).count(), ranks, "{out}\n{err}");
+    out
 }
 
 /// Whether a bridge of another cluster exists (`btlbr*` but `mine`).
