@@ -362,15 +362,21 @@ pub fn identity_from_env(rendezvous: Option<&str>) -> Result<Identity, WireupErr
         },
     };
     check_rank(rank, size, rank_var, size_var)?;
-    let job = match var(crate::job::ENV_JOB) {
-        Some(j) if crate::job::is_valid_name(&j) => j,
-        Some(j) => {
-            return Err(WireupError::Config {
-                var: crate::job::ENV_JOB,
-                value: j,
-                accepts: "1 to 64 characters from A-Z, a-z, 0-9, '.', '_' and '-'".into(),
-            })
+    // A job identifier or node name from `name`, if set; refused unless it
+    // is a valid name.
+    let valid_name = |name: &'static str| -> Result<Option<String>, WireupError> {
+        match var(name) {
+            Some(v) if crate::job::is_valid_name(&v) => Ok(Some(v)),
+            Some(v) => Err(WireupError::Config {
+                var: name,
+                value: v,
+                accepts: crate::job::ACCEPTS_NAME.into(),
+            }),
+            None => Ok(None),
         }
+    };
+    let job = match valid_name(crate::job::ENV_JOB)? {
+        Some(j) => j,
         None => match (var("SLURM_JOB_ID"), var("SLURM_STEP_ID")) {
             (Some(j), s) => {
                 crate::job::sanitize_name(&format!("slurm-{j}.{}", s.unwrap_or_else(|| "0".into())))
@@ -380,17 +386,7 @@ pub fn identity_from_env(rendezvous: Option<&str>) -> Result<Identity, WireupErr
             }
         },
     };
-    let node = match var(crate::job::ENV_NODE) {
-        Some(n) if crate::job::is_valid_name(&n) => n,
-        Some(n) => {
-            return Err(WireupError::Config {
-                var: crate::job::ENV_NODE,
-                value: n,
-                accepts: "1 to 64 characters from A-Z, a-z, 0-9, '.', '_' and '-'".into(),
-            })
-        }
-        None => crate::job::local_node_name(),
-    };
+    let node = valid_name(crate::job::ENV_NODE)?.unwrap_or_else(crate::job::local_node_name);
     Ok(Identity {
         job,
         rank,
