@@ -651,14 +651,7 @@ impl KvWireup {
 
 impl Wireup for KvWireup {
     type Error = WireupError;
-
-    fn rank(&self) -> u32 {
-        self.rank
-    }
-
-    fn size(&self) -> u32 {
-        self.size
-    }
+    crate::wireup_rank_size!();
 
     fn put(&mut self, key: &str, value: &[u8]) -> Result<(), WireupError> {
         check_put(self.rank, key, value)?;

@@ -231,6 +231,50 @@ pub(crate) fn check_key(key: &str) -> Result<(), WireupError> {
     }
 }
 
+/// The [`Wireup::rank`] and [`Wireup::size`] of a source that keeps them
+/// in fields `rank` and `size`, written inside its `impl Wireup`:
+///
+/// ```
+/// use btl_linux::wireup::{Wireup, WireupError};
+///
+/// struct Fixed {
+///     rank: u32,
+///     size: u32,
+/// }
+///
+/// impl Wireup for Fixed {
+///     type Error = WireupError;
+///     btl_linux::wireup_rank_size!();
+///
+///     fn put(&mut self, _: &str, _: &[u8]) -> Result<(), WireupError> {
+///         Ok(())
+///     }
+///
+///     fn fence(&mut self) -> Result<(), WireupError> {
+///         Ok(())
+///     }
+///
+///     fn get(&mut self, _: u32, _: &str, _: &mut [u8]) -> Result<Option<usize>, WireupError> {
+///         Ok(None)
+///     }
+/// }
+///
+/// let w = Fixed { rank: 1, size: 4 };
+/// assert_eq!((w.rank(), w.size()), (1, 4));
+/// ```
+#[macro_export]
+macro_rules! wireup_rank_size {
+    () => {
+        fn rank(&self) -> u32 {
+            self.rank
+        }
+
+        fn size(&self) -> u32 {
+            self.size
+        }
+    };
+}
+
 /// What every source checks before publishing: the key, and the value's
 /// size ([`MAX_VALUE`]).
 pub fn check_put(rank: u32, key: &str, value: &[u8]) -> Result<(), WireupError> {
