@@ -156,6 +156,16 @@ fn last_errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
+/// The iovec of `len` bytes at `remote_addr` in another process: only an
+/// address range there, which the kernel validates (EFAULT); never
+/// dereferenced here.
+fn remote_iovec(remote_addr: usize, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: remote_addr as *mut libc::c_void,
+        iov_len: len,
+    }
+}
+
 /// `readv_once(pid, local, remote_addr)` — one `process_vm_readv` call with
 /// one iovec on each side: copies up to `local.len()` bytes from
 /// `remote_addr` in process `pid` into `local`. Returns the number of bytes
@@ -168,10 +178,7 @@ fn readv_once(pid: libc::pid_t, local: &mut [u8], remote_addr: usize) -> Result<
         iov_base: local.as_mut_ptr().cast(),
         iov_len: local.len(),
     };
-    let remote_iov = libc::iovec {
-        iov_base: remote_addr as *mut libc::c_void,
-        iov_len: local.len(),
-    };
+    let remote_iov = remote_iovec(remote_addr, local.len());
     // SAFETY: `local_iov` covers exactly `local`, exclusively borrowed and
     // valid for writes for the whole call; the remote iovec is an address in
     // process `pid`, validated by the kernel (EFAULT), never dereferenced
@@ -266,10 +273,7 @@ fn writev_once(pid: libc::pid_t, local: &[u8], remote_addr: usize) -> Result<usi
         iov_base: local.as_ptr().cast_mut().cast(),
         iov_len: local.len(),
     };
-    let remote_iov = libc::iovec {
-        iov_base: remote_addr as *mut libc::c_void,
-        iov_len: local.len(),
-    };
+    let remote_iov = remote_iovec(remote_addr, local.len());
     // SAFETY: `local_iov` covers exactly `local`, borrowed and valid for
     // reads for the whole call (process_vm_writev only reads local memory);
     // the remote iovec is an address in process `pid`, validated by the

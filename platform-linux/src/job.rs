@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use btl_core::params::{ParamError, Params};
+
 /// Identifier of the job, unique per launch (`[A-Za-z0-9._-]{1,64}`).
 pub const ENV_JOB: &str = "BTL_JOB";
 /// The process's rank in the job, `0..BTL_SIZE`.
@@ -48,7 +50,7 @@ pub const JOB_VARS: [&str; 7] = [
 pub const MAX_NAME_LEN: usize = 64;
 
 /// What a name (job identifier, node name) accepts, for error messages.
-const ACCEPTS_NAME: &str = "1 to 64 characters from A-Z, a-z, 0-9, '.', '_' and '-'";
+pub(crate) const ACCEPTS_NAME: &str = "1 to 64 characters from A-Z, a-z, 0-9, '.', '_' and '-'";
 
 /// The job a process belongs to, as its launcher described it in the
 /// environment.
@@ -330,6 +332,21 @@ pub fn init_logging() {
 /// characters; `localhost` if the host name is empty.
 pub fn local_node_name() -> String {
     sanitize_name(&rustix::system::uname().nodename().to_string_lossy())
+}
+
+/// Component `P`'s parameters from the environment (its `BTL_<COMP>_*` and
+/// `OMPI_MCA_btl_<comp>_*` variables) over the defaults, each value
+/// checked, the rules between them not yet ([`Params::verify`]). Variables
+/// whose name or value is not UTF-8 are no component's and are passed over.
+pub fn params_from_env_unverified<P: Params + Default>() -> Result<P, ParamError> {
+    let mut p = P::default();
+    for (k, v) in std::env::vars_os() {
+        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+            continue;
+        };
+        p.set_from_env_var(k, v)?;
+    }
+    Ok(p)
 }
 
 /// A duration in seconds from the environment variable `var` (`default`

@@ -3,6 +3,18 @@
 
 pub use btl_core as core;
 
+/// `impl From<Inner> for Outer` for each `Variant(Inner)` listed: an error
+/// enum whose variants wrap the errors of the layers below it.
+macro_rules! from_err {
+    ($outer:ty: $($v:ident($t:ty)),* $(,)?) => {$(
+        impl From<$t> for $outer {
+            fn from(e: $t) -> Self {
+                Self::$v(e)
+            }
+        }
+    )*};
+}
+
 pub mod cma;
 mod idmap;
 pub mod ifaddrs;

@@ -212,16 +212,8 @@ impl fmt::Display for SmError {
 
 impl std::error::Error for SmError {}
 
-macro_rules! from_err {
-    ($($v:ident($t:ty)),*) => {$(
-        impl From<$t> for SmError {
-            fn from(e: $t) -> Self {
-                Self::$v(e)
-            }
-        }
-    )*};
-}
 from_err!(
+    SmError:
     Param(ParamError),
     Size(SizeError),
     Segment(SegmentError),
@@ -328,14 +320,7 @@ pub fn params_from_env() -> Result<SmParams, SmError> {
 /// The `sm` parameters from the environment over the defaults, each value
 /// checked, the rules between them not yet ([`SmParams::verify`]).
 pub fn params_from_env_unverified() -> Result<SmParams, SmError> {
-    let mut p = SmParams::default();
-    for (k, v) in std::env::vars_os() {
-        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
-            continue;
-        };
-        p.set_from_env_var(k, v)?;
-    }
-    Ok(p)
+    Ok(crate::job::params_from_env_unverified()?)
 }
 
 impl Sm {

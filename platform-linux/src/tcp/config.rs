@@ -87,15 +87,7 @@ pub fn params_from_env() -> Result<TcpParams, TcpError> {
 /// The `tcp` parameters from the environment over the defaults, each value
 /// checked, the rules between them not yet ([`TcpParams::verify`]).
 pub fn params_from_env_unverified() -> Result<TcpParams, TcpError> {
-    let mut p = TcpParams::default();
-    for (k, v) in std::env::vars_os() {
-        let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
-            continue;
-        };
-        p.set_from_env_var(k, v)
-            .map_err(|e| TcpError::Param(e.to_string()))?;
-    }
-    Ok(p)
+    crate::job::params_from_env_unverified().map_err(|e| TcpError::Param(e.to_string()))
 }
 
 /// The addresses to listen on and connect from, one per address family

@@ -16,6 +16,16 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::*;
 
+/// A close-on-exec TCP socket of `ip`'s address family.
+fn stream_socket(ip: IpAddr) -> io::Result<Socket> {
+    let domain = if ip.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    Socket::new(domain, Type::STREAM.cloexec(), Some(Protocol::TCP))
+}
+
 /// Binds a non-blocking IPv4 listener on `ip` within the port range,
 /// skipping ports in use (no `SO_REUSEADDR`).
 pub(super) fn listen_in_range(ip: IpAddr, cfg: &Config) -> Result<Socket, TcpError> {
@@ -27,13 +37,7 @@ pub(super) fn listen_in_range(ip: IpAddr, cfg: &Config) -> Result<Socket, TcpErr
     for i in 0..u32::from(port_range) {
         let port = u32::from(port_min) + i;
         let Ok(port) = u16::try_from(port) else { break };
-        let domain = if ip.is_ipv4() {
-            Domain::IPV4
-        } else {
-            Domain::IPV6
-        };
-        let sock = Socket::new(domain, Type::STREAM.cloexec(), Some(Protocol::TCP))
-            .map_err(io_err("create a listening socket"))?;
+        let sock = stream_socket(ip).map_err(io_err("create a listening socket"))?;
         if ip.is_ipv6() {
             sock.set_only_v6(true).map_err(io_err("set IPV6_V6ONLY"))?;
         }
@@ -171,13 +175,7 @@ impl Tcp {
         let Some((addr, from)) = self.peers[peer as usize].addr else {
             return Err(TcpError::BadAddress { peer });
         };
-        let domain = if addr.is_ipv4() {
-            Domain::IPV4
-        } else {
-            Domain::IPV6
-        };
-        let sock = Socket::new(domain, Type::STREAM.cloexec(), Some(Protocol::TCP))
-            .map_err(io_err("create a socket"))?;
+        let sock = stream_socket(addr.ip()).map_err(io_err("create a socket"))?;
         tune(&sock, &self.cfg).map_err(io_err("configure a socket"))?;
         // Outgoing connections leave from the address we listen on (the
         // selected interface).

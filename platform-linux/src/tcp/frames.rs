@@ -945,7 +945,8 @@ impl Tcp {
                 }
             }
             let room = room as usize;
-            if room >= 4096 && c.cur.is_some() {
+            let direct = room >= 4096 && c.cur.is_some();
+            let r = if direct {
                 let room = room.min(4 << 20);
                 let r = match &mut c.into {
                     Some((dst, at)) => {
@@ -981,38 +982,25 @@ impl Tcp {
                         }
                     }
                 };
-                match r {
-                    Ok(0) => {
-                        self.conn_broken(conn, true);
-                        return events;
-                    }
-                    Ok(n) => {
-                        self.io_moves = self.io_moves.wrapping_add(1);
-                        c.dec.payload_read_directly(n as u32);
-                        events += self.decode(conn, pass);
-                        continue;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return events,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        self.io_error = Some(e.to_string());
-                        self.conn_broken(conn, false);
-                        return events;
-                    }
+                // A socket's errors are errnos: one match below serves
+                // both kinds of read.
+                r.map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
+            } else {
+                if !c.out.is_empty() {
+                    spin = 0;
                 }
-            }
-            if !c.out.is_empty() {
+                let spare = c.dec.spare();
+                // rustix's recv: the error is the errno itself, so the
+                // "nothing yet" of a busy-polled socket costs no decoding.
+                let mut r =
+                    rustix::net::recv(&c.sock, &mut *spare, RecvFlags::empty()).map(|(n, _)| n);
+                while spin > 0 && r == Err(Errno::AGAIN) {
+                    spin -= 1;
+                    r = rustix::net::recv(&c.sock, &mut *spare, RecvFlags::empty()).map(|(n, _)| n);
+                }
                 spin = 0;
-            }
-            let spare = c.dec.spare();
-            // rustix's recv: the error is the errno itself, so the
-            // "nothing yet" of a busy-polled socket costs no decoding.
-            let mut r = rustix::net::recv(&c.sock, &mut *spare, RecvFlags::empty()).map(|(n, _)| n);
-            while spin > 0 && r == Err(Errno::AGAIN) {
-                spin -= 1;
-                r = rustix::net::recv(&c.sock, &mut *spare, RecvFlags::empty()).map(|(n, _)| n);
-            }
-            spin = 0;
+                r
+            };
             match r {
                 Ok(0) => {
                     self.conn_broken(conn, true);
@@ -1020,6 +1008,11 @@ impl Tcp {
                 }
                 Ok(n) => {
                     self.io_moves = self.io_moves.wrapping_add(1);
+                    if direct {
+                        c.dec.payload_read_directly(n as u32);
+                        events += self.decode(conn, pass);
+                        continue;
+                    }
                     c.dec.filled(n);
                     let full = n == c.dec.capacity();
                     // Small messages first, without the general decoder

@@ -134,14 +134,7 @@ impl SessionWireup {
 
 impl Wireup for SessionWireup {
     type Error = WireupError;
-
-    fn rank(&self) -> u32 {
-        self.rank
-    }
-
-    fn size(&self) -> u32 {
-        self.size
-    }
+    crate::wireup_rank_size!();
 
     fn put(&mut self, key: &str, value: &[u8]) -> Result<(), WireupError> {
         check_put(self.rank, key, value)?;

@@ -651,14 +651,7 @@ impl KvWireup {
 
 impl Wireup for KvWireup {
     type Error = WireupError;
-
-    fn rank(&self) -> u32 {
-        self.rank
-    }
-
-    fn size(&self) -> u32 {
-        self.size
-    }
+    crate::wireup_rank_size!();
 
     fn put(&mut self, key: &str, value: &[u8]) -> Result<(), WireupError> {
         check_put(self.rank, key, value)?;
@@ -792,65 +785,60 @@ mod tests {
         }
     }
 
+    /// Runs `rank` for every rank of a job of `size`, each on its own
+    /// thread with its own connection to one service; a rank's panic fails
+    /// the caller.
+    fn run_ranks(size: u32, rank: impl Fn(u32, KvWireup) + Sync) {
+        let server = KvServer::start(loopback(), "kvtest", size).unwrap();
+        let addr = server.addr();
+        std::thread::scope(|s| {
+            for r in 0..size {
+                let rank = &rank;
+                s.spawn(move || {
+                    let w = KvWireup::connect(addr, &id(r, size), Duration::from_secs(10)).unwrap();
+                    rank(r, w);
+                });
+            }
+        });
+    }
+
     #[test]
     fn ranks_exchange_values_through_fences() {
-        let server = KvServer::start(loopback(), "kvtest", 4).unwrap();
-        let addr = server.addr();
-        let threads: Vec<_> = (0..4)
-            .map(|r| {
-                std::thread::spawn(move || {
-                    let mut w =
-                        KvWireup::connect(addr, &id(r, 4), Duration::from_secs(10)).unwrap();
-                    w.put("addr", format!("value-of-{r}").as_bytes()).unwrap();
-                    w.fence().unwrap();
-                    let mut buf = [0u8; 64];
-                    for p in 0..4 {
-                        let n = w.get(p, "addr", &mut buf).unwrap().unwrap();
-                        assert_eq!(&buf[..n], format!("value-of-{p}").as_bytes());
-                    }
-                    assert_eq!(w.get(0, "nothing", &mut buf).unwrap(), None);
-                    // A second round (a new key: a value may be replaced
-                    // before slower ranks read it).
-                    w.put("round2", b"x").unwrap();
-                    w.fence().unwrap();
-                    assert_eq!(w.get((r + 1) % 4, "round2", &mut buf).unwrap(), Some(1));
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
+        run_ranks(4, |r, mut w| {
+            w.put("addr", format!("value-of-{r}").as_bytes()).unwrap();
+            w.fence().unwrap();
+            let mut buf = [0u8; 64];
+            for p in 0..4 {
+                let n = w.get(p, "addr", &mut buf).unwrap().unwrap();
+                assert_eq!(&buf[..n], format!("value-of-{p}").as_bytes());
+            }
+            assert_eq!(w.get(0, "nothing", &mut buf).unwrap(), None);
+            // A second round (a new key: a value may be replaced before
+            // slower ranks read it).
+            w.put("round2", b"x").unwrap();
+            w.fence().unwrap();
+            assert_eq!(w.get((r + 1) % 4, "round2", &mut buf).unwrap(), Some(1));
+        });
     }
 
     #[test]
     fn every_rank_reads_every_value_in_few_requests() {
         // 6 ranks of 20 KiB values: three to a frame, so GET_ALL takes
         // two answers; rank 4 publishes nothing.
-        let server = KvServer::start(loopback(), "kvtest", 6).unwrap();
-        let addr = server.addr();
         let value = |r: u32| vec![r as u8; 20 << 10];
-        let threads: Vec<_> = (0..6)
-            .map(|r| {
-                std::thread::spawn(move || {
-                    let mut w =
-                        KvWireup::connect(addr, &id(r, 6), Duration::from_secs(10)).unwrap();
-                    if r != 4 {
-                        w.put("big", &value(r)).unwrap();
-                    }
-                    w.fence().unwrap();
-                    let mut seen = Vec::new();
-                    w.get_each("big", &mut [], &mut |p, v| {
-                        seen.push((p, v.map(<[u8]>::to_vec)));
-                    })
-                    .unwrap();
-                    let want: Vec<_> = (0..6).map(|p| (p, (p != 4).then(|| value(p)))).collect();
-                    assert!(seen == want, "rank {r} read {} values", seen.len());
-                })
+        run_ranks(6, |r, mut w| {
+            if r != 4 {
+                w.put("big", &value(r)).unwrap();
+            }
+            w.fence().unwrap();
+            let mut seen = Vec::new();
+            w.get_each("big", &mut [], &mut |p, v| {
+                seen.push((p, v.map(<[u8]>::to_vec)));
             })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
+            .unwrap();
+            let want: Vec<_> = (0..6).map(|p| (p, (p != 4).then(|| value(p)))).collect();
+            assert!(seen == want, "rank {r} read {} values", seen.len());
+        });
     }
 
     #[test]

@@ -231,6 +231,50 @@ pub(crate) fn check_key(key: &str) -> Result<(), WireupError> {
     }
 }
 
+/// The [`Wireup::rank`] and [`Wireup::size`] of a source that keeps them
+/// in fields `rank` and `size`, written inside its `impl Wireup`:
+///
+/// ```
+/// use btl_linux::wireup::{Wireup, WireupError};
+///
+/// struct Fixed {
+///     rank: u32,
+///     size: u32,
+/// }
+///
+/// impl Wireup for Fixed {
+///     type Error = WireupError;
+///     btl_linux::wireup_rank_size!();
+///
+///     fn put(&mut self, _: &str, _: &[u8]) -> Result<(), WireupError> {
+///         Ok(())
+///     }
+///
+///     fn fence(&mut self) -> Result<(), WireupError> {
+///         Ok(())
+///     }
+///
+///     fn get(&mut self, _: u32, _: &str, _: &mut [u8]) -> Result<Option<usize>, WireupError> {
+///         Ok(None)
+///     }
+/// }
+///
+/// let w = Fixed { rank: 1, size: 4 };
+/// assert_eq!((w.rank(), w.size()), (1, 4));
+/// ```
+#[macro_export]
+macro_rules! wireup_rank_size {
+    () => {
+        fn rank(&self) -> u32 {
+            self.rank
+        }
+
+        fn size(&self) -> u32 {
+            self.size
+        }
+    };
+}
+
 /// What every source checks before publishing: the key, and the value's
 /// size ([`MAX_VALUE`]).
 pub fn check_put(rank: u32, key: &str, value: &[u8]) -> Result<(), WireupError> {
@@ -362,15 +406,21 @@ pub fn identity_from_env(rendezvous: Option<&str>) -> Result<Identity, WireupErr
         },
     };
     check_rank(rank, size, rank_var, size_var)?;
-    let job = match var(crate::job::ENV_JOB) {
-        Some(j) if crate::job::is_valid_name(&j) => j,
-        Some(j) => {
-            return Err(WireupError::Config {
-                var: crate::job::ENV_JOB,
-                value: j,
-                accepts: "1 to 64 characters from A-Z, a-z, 0-9, '.', '_' and '-'".into(),
-            })
+    // A job identifier or node name from `name`, if set; refused unless it
+    // is a valid name.
+    let valid_name = |name: &'static str| -> Result<Option<String>, WireupError> {
+        match var(name) {
+            Some(v) if crate::job::is_valid_name(&v) => Ok(Some(v)),
+            Some(v) => Err(WireupError::Config {
+                var: name,
+                value: v,
+                accepts: crate::job::ACCEPTS_NAME.into(),
+            }),
+            None => Ok(None),
         }
+    };
+    let job = match valid_name(crate::job::ENV_JOB)? {
+        Some(j) => j,
         None => match (var("SLURM_JOB_ID"), var("SLURM_STEP_ID")) {
             (Some(j), s) => {
                 crate::job::sanitize_name(&format!("slurm-{j}.{}", s.unwrap_or_else(|| "0".into())))
@@ -380,17 +430,7 @@ pub fn identity_from_env(rendezvous: Option<&str>) -> Result<Identity, WireupErr
             }
         },
     };
-    let node = match var(crate::job::ENV_NODE) {
-        Some(n) if crate::job::is_valid_name(&n) => n,
-        Some(n) => {
-            return Err(WireupError::Config {
-                var: crate::job::ENV_NODE,
-                value: n,
-                accepts: "1 to 64 characters from A-Z, a-z, 0-9, '.', '_' and '-'".into(),
-            })
-        }
-        None => crate::job::local_node_name(),
-    };
+    let node = valid_name(crate::job::ENV_NODE)?.unwrap_or_else(crate::job::local_node_name);
     Ok(Identity {
         job,
         rank,

@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use btl_core::params::{ParamSource, Params as _};
+use btl_core::params::{ParamSource, Params};
 use btl_core::sm::params::SmParams;
 use btl_core::tcp::params::TcpParams;
 
@@ -119,21 +119,11 @@ impl Builder {
         let full = format!("{component}.{name}");
         match component {
             "sm" => {
-                SmParams::default()
-                    .set(name, value, ParamSource::Code)
-                    .map_err(|e| WorldError::Param {
-                        name: full,
-                        message: e.to_string(),
-                    })?;
+                set_code_param(&mut SmParams::default(), component, name, value)?;
                 self.sm.push((name.into(), value.into()));
             }
             "tcp" => {
-                TcpParams::default()
-                    .set(name, value, ParamSource::Code)
-                    .map_err(|e| WorldError::Param {
-                        name: full,
-                        message: e.to_string(),
-                    })?;
+                set_code_param(&mut TcpParams::default(), component, name, value)?;
                 self.tcp.push((name.into(), value.into()));
             }
             "btl" if name == "timeout" => {
@@ -204,30 +194,8 @@ impl Builder {
                 },
             )?,
         };
-        let mut sm = crate::sm::params_from_env_unverified()?;
-        for (n, v) in &self.sm {
-            sm.set(n, v, ParamSource::Code)
-                .map_err(|e| WorldError::Param {
-                    name: format!("sm.{n}"),
-                    message: e.to_string(),
-                })?;
-        }
-        sm.verify().map_err(|e| WorldError::Param {
-            name: "sm".into(),
-            message: e.to_string(),
-        })?;
-        let mut tcp = crate::tcp::params_from_env_unverified()?;
-        for (n, v) in &self.tcp {
-            tcp.set(n, v, ParamSource::Code)
-                .map_err(|e| WorldError::Param {
-                    name: format!("tcp.{n}"),
-                    message: e.to_string(),
-                })?;
-        }
-        tcp.verify().map_err(|e| WorldError::Param {
-            name: "tcp".into(),
-            message: e.to_string(),
-        })?;
+        let sm = with_code_params(crate::sm::params_from_env_unverified()?, "sm", &self.sm)?;
+        let tcp = with_code_params(crate::tcp::params_from_env_unverified()?, "tcp", &self.tcp)?;
         Ok((sm, tcp, timeout))
     }
 
@@ -370,6 +338,39 @@ impl Opened {
         };
         finish(self.id, self.w, plan, tcp, self.how)
     }
+}
+
+/// Sets parameter `name` of component `comp`'s `p` from its text, as code
+/// does; a refused value is an error naming it `comp.name`.
+fn set_code_param<P: Params>(
+    p: &mut P,
+    comp: &str,
+    name: &str,
+    value: &str,
+) -> Result<(), WorldError> {
+    p.set(name, value, ParamSource::Code)
+        .map_err(|e| WorldError::Param {
+            name: format!("{comp}.{name}"),
+            message: e.to_string(),
+        })
+}
+
+/// `p` with the parameters `set` in code for component `comp` (`sm`,
+/// `tcp`) applied over it, then verified; a verify error is named by the
+/// component.
+fn with_code_params<P: Params>(
+    mut p: P,
+    comp: &str,
+    set: &[(String, String)],
+) -> Result<P, WorldError> {
+    for (n, v) in set {
+        set_code_param(&mut p, comp, n, v)?;
+    }
+    p.verify().map_err(|e| WorldError::Param {
+        name: comp.into(),
+        message: e.to_string(),
+    })?;
+    Ok(p)
 }
 
 fn publish_identity(id: &Identity, w: &mut DynWireup) -> Result<(), WorldError> {

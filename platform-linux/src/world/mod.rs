@@ -343,21 +343,7 @@ impl std::error::Error for WorldError {
     }
 }
 
-impl From<WireupError> for WorldError {
-    fn from(e: WireupError) -> Self {
-        Self::Wireup(e)
-    }
-}
-impl From<SmError> for WorldError {
-    fn from(e: SmError) -> Self {
-        Self::Sm(e)
-    }
-}
-impl From<TcpError> for WorldError {
-    fn from(e: TcpError) -> Self {
-        Self::Tcp(e)
-    }
-}
+from_err!(WorldError: Wireup(WireupError), Sm(SmError), Tcp(TcpError));
 
 /// A non-blocking operation. [`Request::COMPLETE`] is an operation that
 /// finished when it was posted.
