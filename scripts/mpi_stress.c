@@ -63,6 +63,17 @@ static void fill(unsigned char *b, size_t n, uint64_t seed, uint32_t src, uint32
     }
 }
 
+/* Room for message `seq` from `src` to `dst`: its length in `*len`, and
+ * at least one byte (malloc(0) may return NULL); aborts the job when
+ * memory runs out. */
+static unsigned char *message_buf(uint64_t seed, uint32_t src, uint32_t dst, long seq, long max,
+                                  size_t *len) {
+    *len = message_len(seed, src, dst, (uint64_t)seq, (size_t)max);
+    unsigned char *b = malloc(*len ? *len : 1);
+    if (!b) MPI_Abort(MPI_COMM_WORLD, 1);
+    return b;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int me, n;
@@ -84,9 +95,8 @@ int main(int argc, char **argv) {
     for (int src = 0; src < n; src++) {
         if (src == me) continue;
         for (long seq = 0; seq < messages; seq++, k++) {
-            size_t len = message_len(seed, (uint32_t)src, (uint32_t)me, (uint64_t)seq, (size_t)max);
-            rbuf[k] = malloc(len ? len : 1);
-            if (!rbuf[k]) MPI_Abort(MPI_COMM_WORLD, 1);
+            size_t len;
+            rbuf[k] = message_buf(seed, (uint32_t)src, (uint32_t)me, seq, max, &len);
             MPI_Irecv(rbuf[k], (int)len, MPI_BYTE, src, (int)seq, MPI_COMM_WORLD, &req[k]);
         }
     }
@@ -94,9 +104,8 @@ int main(int argc, char **argv) {
     for (int dst = 0; dst < n; dst++) {
         if (dst == me) continue;
         for (long seq = 0; seq < messages; seq++, k++) {
-            size_t len = message_len(seed, (uint32_t)me, (uint32_t)dst, (uint64_t)seq, (size_t)max);
-            sbuf[k] = malloc(len ? len : 1);
-            if (!sbuf[k]) MPI_Abort(MPI_COMM_WORLD, 1);
+            size_t len;
+            sbuf[k] = message_buf(seed, (uint32_t)me, (uint32_t)dst, seq, max, &len);
             fill(sbuf[k], len, seed, (uint32_t)me, (uint32_t)dst, (uint64_t)seq);
             MPI_Isend(sbuf[k], (int)len, MPI_BYTE, dst, (int)seq, MPI_COMM_WORLD, &req[total + k]);
         }
@@ -110,11 +119,10 @@ int main(int argc, char **argv) {
     for (int src = 0; src < n; src++) {
         if (src == me) continue;
         for (long seq = 0; seq < messages; seq++, k++) {
-            size_t len = message_len(seed, (uint32_t)src, (uint32_t)me, (uint64_t)seq, (size_t)max);
+            size_t len;
+            unsigned char *want = message_buf(seed, (uint32_t)src, (uint32_t)me, seq, max, &len);
             int got = 0;
             MPI_Get_count(&st[k], MPI_BYTE, &got);
-            unsigned char *want = malloc(len ? len : 1);
-            if (!want) MPI_Abort(MPI_COMM_WORLD, 1);
             fill(want, len, seed, (uint32_t)src, (uint32_t)me, (uint64_t)seq);
             if ((size_t)got != len || memcmp(want, rbuf[k], len) != 0) bad++;
             bytes += len;

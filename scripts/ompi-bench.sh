@@ -157,17 +157,21 @@ for rep, name, size, lat, bw in rows:
     data.setdefault((name, int(size)), []).append((float(lat), float(bw)))
 names = sys.argv[2].split()
 sizes = sorted({s for (_, s) in data})
-def med(name, size, i):
-    v = data.get((name, size))
+def median_of(table, name, size, i):
+    v = table.get((name, size))
     return statistics.median(x[i] for x in v) if v else None
+def med(name, size, i):
+    return median_of(data, name, size, i)
 def fmt(x, d=2):
     return "-" if x is None else f"{x:.{d}f}"
+def table(cell):
+    # One row per size, one column per configuration: cell(name, size).
+    print("| size | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for s in sizes:
+        print(f"| {s} | " + " | ".join(cell(n, s) for n in names) + " |")
 print("\nmedians (latency us / bandwidth MB/s):")
-print("| size | " + " | ".join(names) + " |")
-print("|---" * (len(names) + 1) + "|")
-for s in sizes:
-    cells = [f"{fmt(med(n, s, 0))} / {fmt(med(n, s, 1), 0)}" for n in names]
-    print(f"| {s} | " + " | ".join(cells) + " |")
+table(lambda n, s: f"{fmt(med(n, s, 0))} / {fmt(med(n, s, 1), 0)}")
 def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 print("\nbars:")
@@ -229,13 +233,8 @@ if mrows:
     for rep, name, size, a, b in mrows:
         mdata.setdefault((name, size), []).append((float(a), float(b)))
     def mmed(name, size, i):
-        v = mdata.get((name, size))
-        return statistics.median(x[i] for x in v) if v else None
+        return median_of(mdata, name, size, i)
     print("\nmin of batches (half round trip us, min / mean of batches; medians over rounds) and idle pass (ns):")
-    print("| size | " + " | ".join(names) + " |")
-    print("|---" * (len(names) + 1) + "|")
-    for s in sizes:
-        cells = [f"{fmt(mmed(n, str(s), 0), 3)} / {fmt(mmed(n, str(s), 1))}" for n in names]
-        print(f"| {s} | " + " | ".join(cells) + " |")
+    table(lambda n, s: f"{fmt(mmed(n, str(s), 0), 3)} / {fmt(mmed(n, str(s), 1))}")
     print("| idle pass | " + " | ".join(fmt(mmed(n, "pass", 0), 1) for n in names) + " |")
 PY

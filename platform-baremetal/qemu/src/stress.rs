@@ -264,6 +264,32 @@ fn phases(job: &mut Job, o: &Opts, bufs: Buffers, t: &mut Tally) -> Result<(), J
     Ok(())
 }
 
+/// Checks that `r`, rank `p`'s answer to our `what` ("get" or "put")
+/// past the end of its region, is a refusal; anything else is counted as
+/// an error. False when `p` has failed (its remaining checks are skipped).
+fn refused_past_end(
+    t: &mut Tally,
+    me: u32,
+    p: u32,
+    what: &str,
+    r: Result<(), JobError>,
+) -> Result<bool, JobError> {
+    match r {
+        Err(JobError::Rma(btl_baremetal::RmaError::Refused)) => {}
+        Ok(()) => t.error(
+            me,
+            format_args!("a {what} past the end of rank {p}'s region succeeded"),
+        ),
+        Err(JobError::Rma(e)) => t.error(
+            me,
+            format_args!("{what} past the end of rank {p}'s region: {e}"),
+        ),
+        Err(JobError::PeerFailed { .. }) => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    Ok(true)
+}
+
 fn rma_phase(
     job: &mut Job,
     o: &Opts,
@@ -338,31 +364,10 @@ fn rma_phase(
             Err(e) => return Err(e),
         }
         // Past the end: refused, nothing read or written.
-        match job.get(&k, k.len, &mut [0u8; 1]) {
-            Err(JobError::Rma(btl_baremetal::RmaError::Refused)) => {}
-            Ok(()) => t.error(
-                me,
-                format_args!("a get past the end of rank {p}'s region succeeded"),
-            ),
-            Err(JobError::Rma(e)) => t.error(
-                me,
-                format_args!("get past the end of rank {p}'s region: {e}"),
-            ),
-            Err(JobError::PeerFailed { .. }) => continue,
-            Err(e) => return Err(e),
-        }
-        match job.put(&k, k.len - 1, &[0xee; 2]) {
-            Err(JobError::Rma(btl_baremetal::RmaError::Refused)) => {}
-            Ok(()) => t.error(
-                me,
-                format_args!("a put past the end of rank {p}'s region succeeded"),
-            ),
-            Err(JobError::Rma(e)) => t.error(
-                me,
-                format_args!("put past the end of rank {p}'s region: {e}"),
-            ),
-            Err(JobError::PeerFailed { .. }) => continue,
-            Err(e) => return Err(e),
+        let get = job.get(&k, k.len, &mut [0u8; 1]);
+        if refused_past_end(t, me, p, "get", get)? {
+            let put = job.put(&k, k.len - 1, &[0xee; 2]);
+            refused_past_end(t, me, p, "put", put)?;
         }
     }
     barrier(job, size, me)?;

@@ -184,6 +184,12 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
         }
     }
 
+    /// The payload of `peer`'s frame at hand: `len` bytes at `base` of its
+    /// assembly buffer.
+    pub(super) fn payload(&self, peer: u32, base: usize, len: usize) -> &[u8] {
+        &self.peers[peer as usize].msg[base..base + len]
+    }
+
     /// A whole frame from `peer`: its payload is `msg[base..base + len]`.
     fn on_frame(
         &mut self,
@@ -198,7 +204,7 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
         match h.kind {
             FrameType::Send if h.tag == TAG_CHUNK => self.on_chunk(conn, peer, len, on_event),
             FrameType::Send if h.tag == TAG_BARRIER => {
-                match BarrierRepr::parse_bytes(&self.peers[pi].msg[base..base + len]) {
+                match BarrierRepr::parse_bytes(self.payload(peer, base, len)) {
                     Ok(BarrierRepr::Arrived { epoch }) => self.barrier_arrived(peer, epoch),
                     // We see failures ourselves, and go on without them.
                     Ok(BarrierRepr::Abandoned { epoch, failed }) => warn!(
@@ -213,7 +219,7 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
                 on_event(Event::Message {
                     from: peer,
                     tag: h.tag,
-                    data: &self.peers[pi].msg[base..base + len],
+                    data: self.payload(peer, base, len),
                 });
             }
             FrameType::Send => {

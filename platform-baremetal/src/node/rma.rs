@@ -126,7 +126,7 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
     /// answered (or the answer parked until the queue has room).
     pub(super) fn serve_rma(&mut self, peer: u32, h: FrameRepr, base: usize, len: usize) {
         let pi = peer as usize;
-        let payload = &self.peers[pi].msg[base..base + len];
+        let payload = self.payload(peer, base, len);
         // The decoder validated the sub-header (and a PUT's length).
         let rma = payload
             .get(..RMA_HEADER_LEN)
@@ -217,7 +217,6 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
         len: usize,
         on_event: &mut dyn FnMut(Event<'_>),
     ) {
-        let pi = peer as usize;
         let Some(k) = self
             .requests
             .iter()
@@ -230,7 +229,7 @@ impl<'a, const S: usize, const P: usize> Node<'a, S, P> {
             return;
         };
         let req = self.requests.swap_remove(k);
-        let data = &self.peers[pi].msg[base..base + len];
+        let data = self.payload(peer, base, len);
         match (req.kind, h.kind) {
             (FrameType::Put, FrameType::PutAck) => on_event(Event::PutDone {
                 request: req.id,

@@ -71,6 +71,13 @@ impl std::fmt::Debug for btl_t {
     }
 }
 
+/// Where btl_progress's events go: the caller's callback and its context.
+#[derive(Clone, Copy)]
+pub(crate) struct EventSink {
+    pub(crate) cb: unsafe extern "C" fn(*mut c_void, *const btl_event_t),
+    pub(crate) ctx: *mut c_void,
+}
+
 /// Finalized handles' memory, kept so that a stale pointer is told apart
 /// (BTL_ERR_FINALIZED) rather than read after free.
 pub(crate) static GRAVE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
@@ -331,11 +338,7 @@ impl btl_t {
     /// the next call). Returns the events and posts handled.
     #[cold]
     #[inline(never)]
-    pub(crate) fn deliver_ready(
-        &self,
-        cb: unsafe extern "C" fn(*mut c_void, *const btl_event_t),
-        ctx: *mut c_void,
-    ) -> Result<usize, Fail> {
+    pub(crate) fn deliver_ready(&self, to: EventSink) -> Result<usize, Fail> {
         let mut n = 0;
         for _ in 0..4 {
             if self.side.borrow().ready.is_empty() {
@@ -356,7 +359,7 @@ impl btl_t {
                 };
                 // SAFETY: the caller's callback; no reference into
                 // `state` is live here (a reentrant register may take one).
-                unsafe { cb(ctx, &e) };
+                unsafe { (to.cb)(to.ctx, &e) };
             }
             // SAFETY: the callbacks above have returned.
             let w = unsafe { self.world_unchecked() }?;
@@ -430,29 +433,17 @@ impl btl_t {
     /// Hands one event to the C callback. A message (the event every
     /// latency rests on) inline; the others out of line.
     #[inline(always)]
-    pub(crate) fn deliver(
-        &self,
-        cx: Option<&mut PollCx<'_>>,
-        cb: unsafe extern "C" fn(*mut c_void, *const btl_event_t),
-        ctx: *mut c_void,
-        ev: Event<'_>,
-    ) {
+    pub(crate) fn deliver(&self, cx: Option<&mut PollCx<'_>>, to: EventSink, ev: Event<'_>) {
         if let Event::Message { from, tag, data } = ev {
-            self.call_back(cx, cb, ctx, &message_event(from, tag, data));
+            self.call_back(cx, to, &message_event(from, tag, data));
         } else {
-            self.deliver_other(cx, cb, ctx, ev);
+            self.deliver_other(cx, to, ev);
         }
     }
 
     /// [`Self::deliver`] of a completion or a failure.
     #[inline(never)]
-    fn deliver_other(
-        &self,
-        cx: Option<&mut PollCx<'_>>,
-        cb: unsafe extern "C" fn(*mut c_void, *const btl_event_t),
-        ctx: *mut c_void,
-        ev: Event<'_>,
-    ) {
+    fn deliver_other(&self, cx: Option<&mut PollCx<'_>>, to: EventSink, ev: Event<'_>) {
         let mut owned = None;
         let e = match ev {
             Event::Message { from, tag, data } => message_event(from, tag, data),
@@ -495,25 +486,19 @@ impl btl_t {
                 }
             }
         };
-        self.call_back(cx, cb, ctx, &e);
+        self.call_back(cx, to, &e);
     }
 
     /// Calls the C callback with `e`, lending it `cx` (the poll's region
     /// access) for its duration.
     #[inline(always)]
-    fn call_back(
-        &self,
-        cx: Option<&mut PollCx<'_>>,
-        cb: unsafe extern "C" fn(*mut c_void, *const btl_event_t),
-        ctx: *mut c_void,
-        e: &btl_event_t,
-    ) {
+    fn call_back(&self, cx: Option<&mut PollCx<'_>>, to: EventSink, e: &btl_event_t) {
         self.cx.set(cx.map_or(std::ptr::null_mut(), |c| {
             (c as *mut PollCx<'_>).cast::<c_void>()
         }));
         // SAFETY: the caller's callback, with its own context; `e` and
         // what it points to live until it returns.
-        unsafe { cb(ctx, e) };
+        unsafe { (to.cb)(to.ctx, e) };
         self.cx.set(std::ptr::null_mut());
     }
 

@@ -15,7 +15,7 @@ use crate::codes::{
     BTL_ERR_ARG, BTL_ERR_PARAM, BTL_OK, BTL_PARAM_BOOL, BTL_PARAM_INT, BTL_PARAM_SIZE,
     BTL_PARAM_STRING, BTL_PARAM_UINT,
 };
-use crate::error::{entry, fail, need, text};
+use crate::error::{entry, fail, need, text, Fail};
 use crate::types::btl_param_info_t;
 
 /// A `BTL_PARAM_*` type code.
@@ -73,6 +73,16 @@ pub fn component(name: &str) -> Option<&'static [Strings]> {
     }
 }
 
+/// The definitions of component `c`; BTL_ERR_PARAM for another name.
+fn known(c: &str) -> Result<&'static [Strings], Fail> {
+    component(c).ok_or_else(|| {
+        fail(
+            BTL_ERR_PARAM,
+            format!("unknown component {c:?} (sm or tcp)"),
+        )
+    })
+}
+
 /// Fills `out` from `s`.
 pub fn fill(s: &'static Strings, out: &mut btl_param_info_t) {
     let d = s.def;
@@ -111,12 +121,7 @@ pub unsafe extern "C" fn btl_param_count(component: *const c_char, count: *mut u
         // SAFETY: the caller's string.
         let c = unsafe { text(component, "component") }?;
         need(count, "count")?;
-        let defs = self::component(c).ok_or_else(|| {
-            fail(
-                BTL_ERR_PARAM,
-                format!("unknown component {c:?} (sm or tcp)"),
-            )
-        })?;
+        let defs = known(c)?;
         // SAFETY: checked.
         unsafe { count.write(defs.len()) };
         Ok(BTL_OK)
@@ -141,12 +146,7 @@ pub unsafe extern "C" fn btl_param_info(
         // SAFETY: the caller's string.
         let c = unsafe { text(component, "component") }?;
         need(out, "out")?;
-        let defs = self::component(c).ok_or_else(|| {
-            fail(
-                BTL_ERR_PARAM,
-                format!("unknown component {c:?} (sm or tcp)"),
-            )
-        })?;
+        let defs = known(c)?;
         let s = defs.get(index).ok_or_else(|| {
             fail(
                 BTL_ERR_ARG,

@@ -6,7 +6,7 @@ use std::os::raw::c_int;
 
 use crate::codes::BTL_OK;
 use crate::error::entry;
-use crate::handle::{btl_t, handle, Busy, BusyGuard};
+use crate::handle::{btl_t, handle, Busy, BusyGuard, EventSink};
 use crate::types::btl_event_fn;
 
 /// One progress pass over every transport, never blocking: each event
@@ -30,13 +30,14 @@ pub unsafe extern "C" fn btl_progress(h: *mut btl_t, cb: btl_event_fn, ctx: *mut
         h.not_busy()?;
         h.busy.set(Busy::Callback);
         let _guard = BusyGuard(h);
+        let sink = cb.map(|cb| EventSink { cb, ctx });
         let mut n = {
             // SAFETY: `busy` is `Callback`: reentrant calls never take a
             // reference into `state` while the poll runs (they queue, or
             // use the PollCx lent to the callback).
             let w = unsafe { h.world_unchecked() }?;
-            let n = match cb {
-                Some(cb) => w.poll_with(|cx, ev| h.deliver(Some(cx), cb, ctx, ev)),
+            let n = match sink {
+                Some(to) => w.poll_with(|cx, ev| h.deliver(Some(cx), to, ev)),
                 None => w.progress(),
             };
             // Most passes queued nothing and kept nothing back: one look
@@ -54,9 +55,9 @@ pub unsafe extern "C" fn btl_progress(h: *mut btl_t, cb: btl_event_fn, ctx: *mut
                 n + h.drain(w)
             }
         };
-        if let Some(cb) = cb {
+        if let Some(to) = sink {
             if !h.side.borrow().ready.is_empty() {
-                n += h.deliver_ready(cb, ctx)?;
+                n += h.deliver_ready(to)?;
             }
         }
         Ok(n.min(i32::MAX as usize) as c_int)

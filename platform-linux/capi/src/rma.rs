@@ -124,19 +124,9 @@ pub unsafe extern "C" fn btl_iput(
     ctx: *mut c_void,
 ) -> c_int {
     entry("btl_iput", || {
+        let local_addr = local_addr as usize;
         // SAFETY: the caller's arguments.
-        unsafe {
-            rma(
-                h,
-                true,
-                local,
-                local_addr as usize,
-                remote,
-                remote_addr,
-                len,
-                ctx,
-            )
-        }
+        unsafe { rma(h, true, local, local_addr, remote, remote_addr, len, ctx) }
     })
 }
 
@@ -159,18 +149,8 @@ pub unsafe extern "C" fn btl_iget(
     ctx: *mut c_void,
 ) -> c_int {
     entry("btl_iget", || {
+        let local_addr = local_addr as usize;
         // SAFETY: the caller's arguments.
-        unsafe {
-            rma(
-                h,
-                false,
-                local,
-                local_addr as usize,
-                remote,
-                remote_addr,
-                len,
-                ctx,
-            )
-        }
+        unsafe { rma(h, false, local, local_addr, remote, remote_addr, len, ctx) }
     })
 }

@@ -4,7 +4,7 @@
 use std::os::raw::c_int;
 
 use crate::codes::{BTL_ERR_UNREACHABLE, BTL_OK};
-use crate::error::{entry, need};
+use crate::error::{entry, need, Fail};
 use crate::handle::{btl_t, handle};
 use crate::types::btl_limits_t;
 
@@ -15,14 +15,8 @@ use crate::types::btl_limits_t;
 /// `h` a handle; `rank` writable.
 #[no_mangle]
 pub unsafe extern "C" fn btl_rank(h: *const btl_t, rank: *mut u32) -> c_int {
-    entry("btl_rank", || {
-        // SAFETY: the caller's handle.
-        let h = unsafe { handle(h) }?;
-        need(rank, "rank")?;
-        // SAFETY: checked.
-        unsafe { rank.write(h.rank) };
-        Ok(BTL_OK)
-    })
+    // SAFETY: the caller's arguments.
+    unsafe { answer("btl_rank", h, rank, "rank", |h| Ok(h.rank)) }
 }
 
 /// The number of ranks in `*size`.
@@ -32,14 +26,8 @@ pub unsafe extern "C" fn btl_rank(h: *const btl_t, rank: *mut u32) -> c_int {
 /// `h` a handle; `size` writable.
 #[no_mangle]
 pub unsafe extern "C" fn btl_size(h: *const btl_t, size: *mut u32) -> c_int {
-    entry("btl_size", || {
-        // SAFETY: the caller's handle.
-        let h = unsafe { handle(h) }?;
-        need(size, "size")?;
-        // SAFETY: checked.
-        unsafe { size.write(h.size) };
-        Ok(BTL_OK)
-    })
+    // SAFETY: the caller's arguments.
+    unsafe { answer("btl_size", h, size, "size", |h| Ok(h.size)) }
 }
 
 /// 1 if this handle reaches rank `rank` (ourselves included), 0 if not
@@ -72,19 +60,39 @@ pub unsafe extern "C" fn btl_reachable(h: *const btl_t, rank: u32) -> c_int {
 /// `h` a handle; `out` writable.
 #[no_mangle]
 pub unsafe extern "C" fn btl_limits(h: *const btl_t, rank: u32, out: *mut btl_limits_t) -> c_int {
-    entry("btl_limits", || {
-        // SAFETY: the caller's handle.
-        let h = unsafe { handle(h) }?;
-        need(out, "out")?;
-        let l = h.peer(rank)?.limits;
-        // SAFETY: checked.
-        unsafe {
-            out.write(btl_limits_t {
+    // SAFETY: the caller's arguments.
+    unsafe {
+        answer("btl_limits", h, out, "out", |h| {
+            let l = h.peer(rank)?.limits;
+            Ok(btl_limits_t {
                 eager: l.eager,
                 max_send: l.max_send,
                 max_message: l.max_message,
             })
-        };
+        })
+    }
+}
+
+/// The C function `name` answering through `*out` (`what` in messages):
+/// checks the handle, then `out`, then writes what `f` finds.
+///
+/// # Safety
+///
+/// `h` a handle; `out` writable.
+unsafe fn answer<T>(
+    name: &'static str,
+    h: *const btl_t,
+    out: *mut T,
+    what: &'static str,
+    f: impl FnOnce(&btl_t) -> Result<T, Fail>,
+) -> c_int {
+    entry(name, || {
+        // SAFETY: the caller's handle.
+        let h = unsafe { handle(h) }?;
+        need(out, what)?;
+        let v = f(h)?;
+        // SAFETY: checked.
+        unsafe { out.write(v) };
         Ok(BTL_OK)
     })
 }

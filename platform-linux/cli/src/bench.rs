@@ -418,6 +418,25 @@ fn plot_title(series: &[Series]) -> String {
     }
 }
 
+/// After a barrier, runs `step` `warm + n` times; returns the seconds the
+/// last `n` took (the clock starts when the last warm-up step has ended).
+fn timed(
+    sm: &mut dyn Transport,
+    warm: u64,
+    n: u64,
+    mut step: impl FnMut(&mut dyn Transport) -> Result<(), BoxError>,
+) -> Result<f64, BoxError> {
+    sm.barrier()?;
+    let mut t0 = Instant::now();
+    for i in 0..warm + n {
+        if i == warm {
+            t0 = Instant::now();
+        }
+        step(sm)?;
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
 /// Runs the benchmark as one of two ranks over an open transport (any
 /// [`Transport`]: btl-baremetal's hosted smoltcp node runs it this way).
 pub fn run_on(
@@ -453,30 +472,20 @@ pub fn run_on(
         let warm_windows = (windows / 10).max(1);
 
         // Latency: `warm` round trips, then `iters` timed.
-        sm.barrier()?;
-        let mut t0 = Instant::now();
-        for i in 0..warm + iters {
-            if i == warm {
-                t0 = Instant::now();
-            }
+        let secs = timed(sm, warm, iters, |sm| {
             if me == 0 {
                 sm.send(peer, TAG_DATA, buf)?;
-                sm.drive("the pong", Some(peer), &mut one(TAG_DATA))?;
+                sm.drive("the pong", Some(peer), &mut one(TAG_DATA))
             } else {
                 sm.drive("the ping", Some(peer), &mut one(TAG_DATA))?;
-                sm.send(peer, TAG_DATA, buf)?;
+                sm.send(peer, TAG_DATA, buf)
             }
-        }
-        let latency_us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0;
+        })?;
+        let latency_us = secs * 1e6 / iters as f64 / 2.0;
 
         // Bandwidth: `warm_windows` windows, then `windows` timed (the
         // clock starts when the last warm-up window is acknowledged).
-        sm.barrier()?;
-        let mut t0 = Instant::now();
-        for w in 0..warm_windows + windows {
-            if w == warm_windows {
-                t0 = Instant::now();
-            }
+        let secs = timed(sm, warm_windows, windows, |sm| {
             if me == 0 {
                 // The window's messages in flight together (a blocking send
                 // each would wait for every large one before the next).
@@ -485,7 +494,7 @@ pub fn run_on(
                     "the window's acknowledgement",
                     Some(peer),
                     &mut one(TAG_ACK),
-                )?;
+                )
             } else {
                 let mut got = 0;
                 sm.drive("a window of messages", Some(peer), &mut |_, ev| {
@@ -498,10 +507,9 @@ pub fn run_on(
                         Flow::Continue
                     }
                 })?;
-                sm.send(peer, TAG_ACK, &[1])?;
+                sm.send(peer, TAG_ACK, &[1])
             }
-        }
-        let secs = t0.elapsed().as_secs_f64();
+        })?;
         let bandwidth_mbps = (size as f64 * (window * windows) as f64) / secs / 1e6;
         let row = Row {
             size,
@@ -523,37 +531,9 @@ pub fn run_on(
 /// launches itself as the ranks of a new job on this machine, once per
 /// transport. Returns the exit status.
 pub fn cmd(args: &[OsString]) -> i32 {
-    let opts = match parse_args(args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("btl bench: {e}\n{USAGE}");
-            return 2;
-        }
-    };
-    match btl_linux::world::in_job() {
-        Err(e) => {
-            eprintln!("btl bench: {e}");
-            1
-        }
-        Ok(false) => match launch_all(&opts) {
-            Ok(status) => status,
-            Err(e) => {
-                eprintln!("btl bench: {e}");
-                1
-            }
-        },
-        Ok(true) => {
-            let mut out = std::io::stdout().lock();
-            match run(&opts, &mut out) {
-                Ok(_) => 0,
-                Err(e) => {
-                    let rank = btl_linux::world::rank_hint();
-                    eprintln!("btl bench: rank {rank}: {e}");
-                    1
-                }
-            }
-        }
-    }
+    crate::subcommand::run("bench", USAGE, args, parse_args, launch_all, |opts, out| {
+        run(opts, out).map(|_| 0)
+    })
 }
 
 /// The arguments of the ranks measuring `transport`: everything but the
@@ -662,10 +642,7 @@ fn launch_all(opts: &BenchOpts) -> Result<i32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn os(v: &[&str]) -> Vec<OsString> {
-        v.iter().map(OsString::from).collect()
-    }
+    use crate::args::os;
 
     #[test]
     fn args_parse_and_reject() {

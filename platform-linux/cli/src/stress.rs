@@ -465,57 +465,33 @@ pub fn run_on(
 /// launches itself as the ranks of a new job on this machine. Returns the
 /// exit status.
 pub fn cmd(args: &[OsString]) -> i32 {
-    let opts = match parse_args(args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("btl stress: {e}\n{USAGE}");
-            return 2;
-        }
+    let launch_all = |opts: &StressOpts| {
+        let exe =
+            std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+        let mut spec = LaunchSpec::new(opts.nprocs, exe);
+        spec.args = std::iter::once(OsString::from("stress"))
+            .chain(args.iter().cloned())
+            .collect();
+        spec.bind_cores = false;
+        spec.tag_output = true;
+        launch(&spec)
+            .map(|report| report.status)
+            .map_err(|e| e.to_string())
     };
-    match btl_linux::world::in_job() {
-        Err(e) => {
-            eprintln!("btl stress: {e}");
-            1
-        }
-        Ok(false) => {
-            let exe = match std::env::current_exe() {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("btl stress: cannot find my own executable: {e}");
-                    return 1;
-                }
-            };
-            let mut spec = LaunchSpec::new(opts.nprocs, exe);
-            spec.args = std::iter::once(OsString::from("stress"))
-                .chain(args.iter().cloned())
-                .collect();
-            spec.bind_cores = false;
-            spec.tag_output = true;
-            match launch(&spec) {
-                Ok(report) => report.status,
-                Err(e) => {
-                    eprintln!("btl stress: {e}");
-                    1
-                }
-            }
-        }
-        Ok(true) => {
-            let mut out = std::io::stdout().lock();
-            match run(&opts, &mut out) {
-                Ok(r) => i32::from(!r.errors.is_empty()),
-                Err(e) => {
-                    let rank = btl_linux::world::rank_hint();
-                    eprintln!("btl stress: rank {rank}: {e}");
-                    1
-                }
-            }
-        }
-    }
+    crate::subcommand::run(
+        "stress",
+        USAGE,
+        args,
+        parse_args,
+        launch_all,
+        |opts, out| run(opts, out).map(|r| i32::from(!r.errors.is_empty())),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::os;
     use btl_core::workload::check::{message_len, HEADER};
 
     #[test]
@@ -570,7 +546,6 @@ mod tests {
 
     #[test]
     fn args() {
-        let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
         let o = parse_args(&os(&["-n", "8", "--messages", "5", "--max-size", "1024"])).unwrap();
         assert!(!o.keep_going);
         assert!(parse_args(&os(&["--keep-going"])).unwrap().keep_going);

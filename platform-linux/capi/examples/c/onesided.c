@@ -92,6 +92,22 @@ static void on_event(void *ctx, const btl_event_t *ev) {
   }
 }
 
+/* Puts chunk p of `scratch` into (put != 0), or gets it from, our chunk
+ * of rank p's region, for every rank p. Returns how many were posted
+ * (BTL_OK: a completion event follows) rather than done at once. */
+static int post_all(struct state *st, const btl_key_t *local, uint8_t *scratch, int put) {
+  int posted = 0;
+  for (uint32_t p = 0; p < st->n; p++) {
+    uint8_t *mine = scratch + (size_t)p * CHUNK;
+    uint64_t theirs = st->keys[p].base + (uint64_t)st->me * CHUNK;
+    int rc = put ? btl_iput(st->h, local, mine, &st->keys[p], theirs, CHUNK, NULL)
+                 : btl_iget(st->h, local, mine, &st->keys[p], theirs, CHUNK, NULL);
+    CHECK(rc);
+    if (rc == BTL_OK) posted++;
+  }
+  return posted;
+}
+
 int main(void) {
   struct state st = {0};
   CHECK(btl_init(NULL, &st.h));
@@ -122,13 +138,7 @@ int main(void) {
 
   /* 2. Put into every rank's region (ourselves included). */
   for (size_t i = 0; i < (size_t)n * CHUNK; i++) scratch[i] = pat(me, (uint32_t)(i / CHUNK), i % CHUNK);
-  int posted = 0;
-  for (uint32_t p = 0; p < n; p++) {
-    int rc = btl_iput(h, &local, scratch + (size_t)p * CHUNK, &st.keys[p],
-                      st.keys[p].base + (uint64_t)me * CHUNK, CHUNK, NULL);
-    CHECK(rc);
-    if (rc == BTL_OK) posted++;
-  }
+  int posted = post_all(&st, &local, scratch, 1);
   WAIT_UNTIL(h, on_event, &st, st.done == posted, "the puts");
   CHECK(btl_barrier(h));
   for (uint32_t w = 0; w < n; w++)
@@ -141,13 +151,7 @@ int main(void) {
   /* 3. Get back what we put. */
   memset(scratch, 0, (size_t)n * CHUNK);
   st.done = 0;
-  posted = 0;
-  for (uint32_t p = 0; p < n; p++) {
-    int rc = btl_iget(h, &local, scratch + (size_t)p * CHUNK, &st.keys[p],
-                      st.keys[p].base + (uint64_t)me * CHUNK, CHUNK, NULL);
-    CHECK(rc);
-    if (rc == BTL_OK) posted++;
-  }
+  posted = post_all(&st, &local, scratch, 0);
   WAIT_UNTIL(h, on_event, &st, st.done == posted, "the gets");
   for (uint32_t p = 0; p < n; p++)
     for (size_t i = 0; i < CHUNK; i++)

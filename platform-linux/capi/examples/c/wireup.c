@@ -52,6 +52,21 @@ static int fetch(void *ctx, uint32_t rank, void *buf, size_t cap, size_t *len) {
   return 0;
 }
 
+/* The runtime's publish: `h`'s blob into `b` (our own entry) and, over
+ * `modex` with tag `tag`, to every other rank. */
+static void publish(btl_t *modex, btl_t *h, struct blobs *b, uint8_t tag, uint32_t me, uint32_t n) {
+  const void *blob;
+  size_t len;
+  CHECK(btl_address(h, &blob, &len));
+  memcpy(b->data[me], blob, len);
+  b->len[me] = len;
+  for (uint32_t p = 0; p < n; p++) {
+    if (p == me) continue;
+    btl_iovec_t iov = {blob, len};
+    CHECK(btl_sendi(modex, p, tag, &iov, 1));
+  }
+}
+
 struct ring {
   int got;
   uint32_t from;
@@ -127,24 +142,8 @@ int main(int argc, char **argv) {
   if (btl_reachable(local, me) != BTL_ERR_STATE) { fprintf(stderr, "reachable before connect\n"); return 1; }
 
   /* The runtime's modex: publish both blobs, fence. */
-  const void *blob;
-  size_t len;
-  CHECK(btl_address(local, &blob, &len));
-  memcpy(rt.local.data[me], blob, len);
-  rt.local.len[me] = len;
-  for (uint32_t p = 0; p < n; p++) {
-    if (p == me) continue;
-    btl_iovec_t iov = {blob, len};
-    CHECK(btl_sendi(modex, p, TAG_BLOB_LOCAL, &iov, 1));
-  }
-  CHECK(btl_address(net, &blob, &len));
-  memcpy(rt.net.data[me], blob, len);
-  rt.net.len[me] = len;
-  for (uint32_t p = 0; p < n; p++) {
-    if (p == me) continue;
-    btl_iovec_t iov = {blob, len};
-    CHECK(btl_sendi(modex, p, TAG_BLOB_NET, &iov, 1));
-  }
+  publish(modex, local, &rt.local, TAG_BLOB_LOCAL, me, n);
+  publish(modex, net, &rt.net, TAG_BLOB_NET, me, n);
   WAIT_UNTIL(modex, on_runtime, &rt, rt.local.count == (int)n - 1 && rt.net.count == (int)n - 1,
              "every peer's blobs");
   CHECK(btl_barrier(modex));

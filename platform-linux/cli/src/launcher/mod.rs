@@ -347,37 +347,7 @@ static LAUNCHING: Mutex<()> = Mutex::new(());
 /// started or supervised (every rank started is then killed and reaped).
 /// The session directory is removed in every case.
 pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
-    if spec.nprocs == 0 || spec.nprocs > MAX_NPROCS {
-        return Err(LaunchError::InvalidSpec {
-            reason: format!(
-                "{} ranks requested; between 1 and {MAX_NPROCS} are accepted",
-                spec.nprocs
-            ),
-        });
-    }
-    if spec.program.is_empty() {
-        return Err(LaunchError::InvalidSpec {
-            reason: "the program name is empty".to_owned(),
-        });
-    }
-    let slots: u64 = spec.hosts.iter().map(|(_, n)| u64::from(*n)).sum();
-    if !spec.hosts.is_empty() {
-        if slots < u64::from(spec.nprocs) {
-            return Err(LaunchError::InvalidSpec {
-                reason: format!(
-                    "{} ranks requested but the hosts have {slots} slots",
-                    spec.nprocs
-                ),
-            });
-        }
-        if spec.wireup_addr.is_none() {
-            return Err(LaunchError::InvalidSpec {
-                reason: "ranks on other hosts need --wireup-addr: an address of this machine \
-                         they can reach (the launcher's wire-up service listens there)"
-                    .to_owned(),
-            });
-        }
-    }
+    check(spec).map_err(|reason| LaunchError::InvalidSpec { reason })?;
     let _launching = match LAUNCHING.try_lock() {
         Ok(guard) => guard,
         // A launch that panicked left nothing behind that matters here.
@@ -408,6 +378,37 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport, LaunchError> {
     let result = run_job(spec, &job, &node, &session.path);
     drop(session);
     result
+}
+
+/// Why `spec` cannot be launched, if it cannot: a rank count out of range,
+/// no program, too few host slots, remote ranks without a wire-up address.
+fn check(spec: &LaunchSpec) -> Result<(), String> {
+    if spec.nprocs == 0 || spec.nprocs > MAX_NPROCS {
+        return Err(format!(
+            "{} ranks requested; between 1 and {MAX_NPROCS} are accepted",
+            spec.nprocs
+        ));
+    }
+    if spec.program.is_empty() {
+        return Err("the program name is empty".to_owned());
+    }
+    let slots: u64 = spec.hosts.iter().map(|(_, n)| u64::from(*n)).sum();
+    if !spec.hosts.is_empty() {
+        if slots < u64::from(spec.nprocs) {
+            return Err(format!(
+                "{} ranks requested but the hosts have {slots} slots",
+                spec.nprocs
+            ));
+        }
+        if spec.wireup_addr.is_none() {
+            return Err(
+                "ranks on other hosts need --wireup-addr: an address of this machine \
+                 they can reach (the launcher's wire-up service listens there)"
+                    .to_owned(),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Starts and supervises the ranks (the part of [`launch`] between setting
