@@ -10,8 +10,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use btl_core::sync::Ordering;
-
 use btl_core::barrier::{BarrierError, BarrierRepr, ABANDONED_LEN, ARRIVED_LEN};
 use btl_core::rma::RmaStatus;
 use btl_core::shm::Region;
@@ -26,7 +24,7 @@ use btl_core::sm::wire::{
 };
 
 use super::bulk::Bulk;
-use super::landing::{skew, Landing, ALIGN_SLACK, LANDING_CAP, SPLIT_WAIT};
+use super::landing::{skew, Landing, PartWait, ALIGN_SLACK, LANDING_CAP};
 use super::rma::{self, RmaWait, Work};
 use super::{
     MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_LANDING, TAG_RNDV, TAG_RNDV_SPLIT,
@@ -409,25 +407,8 @@ impl Ctx<'_, '_> {
         let mut res = self.st.cma_read(peer, r.rndv.addr, &mut data[..at]);
         let mut in_time = false;
         if res.is_ok() {
-            // The sender writes its part right after posting this: a
-            // short spin, then yielding the core (on an oversubscribed
-            // node the sender may be waiting for this very core).
-            let t0 = Instant::now();
-            let mut spins = 0u32;
-            in_time = loop {
-                if land.flag().load(Ordering::Acquire) == r.seq {
-                    break true;
-                }
-                spins = spins.wrapping_add(1);
-                if spins < 4096 {
-                    btl_core::sync::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-                if spins % 256 == 0 && t0.elapsed() > SPLIT_WAIT {
-                    break false;
-                }
-            };
+            // The sender writes its part right after posting this.
+            in_time = PartWait::new(r.seq, Instant::now()).wait(&land);
             if !in_time {
                 log::debug!("local rank {peer}'s part of a split message did not come in time");
                 let data = land.data(k, len);
