@@ -27,13 +27,35 @@
 //!    A rendezvous stays at the head of the sender's queue until the
 //!    receiver acknowledges it, so the landing buffer holds one message at
 //!    a time.
-//! 3. The receiver waits for the flag at most [`SPLIT_WAIT`] (the sender
-//!    writes synchronously, right after posting; a live sender takes
-//!    milliseconds for the largest message), checking meanwhile that the
-//!    sender lives; then it reads the rest itself. A sender still writing
-//!    then writes the same bytes into the same place, and it posts nothing
-//!    after this message before its write returned, so no later message
-//!    can meet a stale write.
+//! 3. The receiver waits for the flag ([`PartWait`]) at most
+//!    [`SPLIT_WAIT`] from when its own part is in (the sender writes
+//!    synchronously, right after posting; a live sender takes
+//!    milliseconds for the largest message); then it reads the rest
+//!    itself. A sender still writing then writes the same bytes into the
+//!    same place, and it posts nothing after this message before its write
+//!    returned, so no later message can meet a stale write. A sender that
+//!    died meanwhile makes that read fail as any single copy from it does:
+//!    the message is refused (its acknowledgement carries the error) and
+//!    single copy from that sender is off.
+//!
+//! The wait runs inside the progress pass that received the rendezvous: a
+//! pass that meets a split message can spend up to [`SPLIT_WAIT`] waiting
+//! for the flag, where the design's rule is that a pass never waits. It
+//! cannot be left for later passes while the engine acknowledges each SEND
+//! as its handler returns ([`btl_core::sm::engine`]): that acknowledgement
+//! completes the rendezvous, after which the sender releases the message's
+//! memory (which the receiver's own read of the rest needs when the flag is
+//! late) and may post its next split message into this same landing buffer
+//! before this one is delivered. A receive that stays pending across passes
+//! needs the engine to hold back one acknowledgement per peer until the
+//! receive ends, and to dispatch nothing more from that peer meanwhile
+//! (per-peer order). One per peer is the bound because a sender posts
+//! nothing more to a receiver while a rendezvous to it waits for its
+//! acknowledgement (the rendezvous heads the sender's queue, and the fast
+//! box's hand-off rule keeps the box idle meanwhile) unless it cancels that
+//! send (`Sm::cancel` drops it from the queue). [`PartWait`] is the state
+//! such a receive keeps: a sequence number and a start, re-checked by a
+//! look at the flag and the clock.
 //!
 //! The sender writes only into the range the receiver advertised, by the
 //! pid start-up established; the receiver validates every split
@@ -44,10 +66,10 @@
 //! from a sender that has not noticed our end fails instead of landing in
 //! memory reused for something else.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use btl_core::sm::wire::{LandingAdRepr, LANDING_DATA_OFF};
-use btl_core::sync::AtomicU64;
+use btl_core::sync::{AtomicU64, Ordering};
 
 /// Most bytes of a message that travels split (the landing buffer's data
 /// capacity): address space, touched only as far as messages reach.
@@ -75,6 +97,58 @@ pub(super) const ALIGN_SLACK: usize = crate::cma::ALIGN;
 /// How long the receiver waits for the sender's part before reading it
 /// itself.
 pub(super) const SPLIT_WAIT: Duration = Duration::from_millis(50);
+
+/// The receiver's wait for the sender's part of one split message (step 3
+/// of the protocol): from `since`, until the flag shows `seq` or
+/// [`SPLIT_WAIT`] has passed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PartWait {
+    seq: u64,
+    since: Instant,
+}
+
+impl PartWait {
+    /// The wait for the part of the message with sequence number `seq`,
+    /// from `since` (when our own part is in).
+    pub(super) fn new(seq: u64, since: Instant) -> Self {
+        Self { seq, since }
+    }
+
+    /// Whether the sender's part is in `land`: the flag shows our
+    /// sequence number (Acquire: pairs with the sender's fence between its
+    /// data and its flag write).
+    pub(super) fn arrived(&self, land: &Landing) -> bool {
+        land.flag().load(Ordering::Acquire) == self.seq
+    }
+
+    /// Whether, at `now`, the wait is over without the sender's part: more
+    /// than [`SPLIT_WAIT`] since it began.
+    pub(super) fn late(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.since) > SPLIT_WAIT
+    }
+
+    /// Waits until the sender's part is in `land` (true) or the wait is
+    /// [`late`](Self::late) (false): a short spin, then yielding the core
+    /// (on an oversubscribed node the sender may be waiting for this very
+    /// core), looking at the clock every 256 rounds.
+    pub(super) fn wait(&self, land: &Landing) -> bool {
+        let mut spins = 0u32;
+        loop {
+            if self.arrived(land) {
+                return true;
+            }
+            spins = spins.wrapping_add(1);
+            if spins < 4096 {
+                btl_core::sync::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            if spins % 256 == 0 && self.late(Instant::now()) {
+                return false;
+            }
+        }
+    }
+}
 
 /// Our landing buffer for one sender.
 #[derive(Debug)]
@@ -163,7 +237,6 @@ impl Drop for Landing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use btl_core::sync::Ordering;
 
     #[test]
     fn a_landing_buffer_is_written_through_the_kernel_and_retired() {
@@ -182,6 +255,61 @@ mod tests {
         assert_eq!(l.data(LANDING_CAP - 2, 100).len(), 2);
         assert!(l.data(LANDING_CAP + 5, 1).is_empty());
         drop(l);
+    }
+
+    /// Sets `l`'s flag word to `seq`, as the sender's write does (the
+    /// kernel's path is the first test's).
+    fn set_flag(l: &Landing, seq: u64) {
+        l.flag().store(seq, Ordering::Release);
+    }
+
+    #[test]
+    fn a_part_is_in_once_the_flag_shows_its_sequence_number() {
+        let l = Landing::new().unwrap();
+        let w = PartWait::new(2, Instant::now());
+        // Not in at the first look; in at a later one, once the flag shows
+        // its number.
+        assert!(!w.arrived(&l));
+        set_flag(&l, 1);
+        assert!(!w.arrived(&l), "the previous message's flag");
+        set_flag(&l, 2);
+        assert!(w.arrived(&l));
+        assert!(w.arrived(&l));
+    }
+
+    #[test]
+    fn a_wait_is_late_only_past_split_wait() {
+        let t0 = Instant::now();
+        let w = PartWait::new(1, t0);
+        assert!(!w.late(t0));
+        assert!(!w.late(t0 + SPLIT_WAIT));
+        assert!(w.late(t0 + SPLIT_WAIT + Duration::from_nanos(1)));
+        // A clock reading from before the wait is not late.
+        assert!(!PartWait::new(1, t0 + SPLIT_WAIT * 2).late(t0));
+    }
+
+    #[test]
+    fn waiting_ends_when_the_part_comes_or_once_late() {
+        let l = Landing::new().unwrap();
+        set_flag(&l, 3);
+        assert!(PartWait::new(3, Instant::now()).wait(&l));
+        // The part comes while we wait (from a start far enough ahead that
+        // the wait is not late first, however slowly the writer runs).
+        let far = Instant::now() + Duration::from_secs(10);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(5));
+                set_flag(&l, 4);
+            });
+            assert!(PartWait::new(4, far).wait(&l));
+        });
+        // Never: late at the first look at the clock when the wait began
+        // SPLIT_WAIT ago, after SPLIT_WAIT when it begins now.
+        let before = Instant::now() - SPLIT_WAIT;
+        assert!(!PartWait::new(5, before).wait(&l));
+        let t0 = Instant::now();
+        assert!(!PartWait::new(5, t0).wait(&l));
+        assert!(t0.elapsed() > SPLIT_WAIT);
     }
 
     #[test]

@@ -10,8 +10,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use btl_core::sync::Ordering;
-
 use btl_core::barrier::{BarrierError, BarrierRepr, ABANDONED_LEN, ARRIVED_LEN};
 use btl_core::rma::RmaStatus;
 use btl_core::shm::Region;
@@ -26,7 +24,7 @@ use btl_core::sm::wire::{
 };
 
 use super::bulk::Bulk;
-use super::landing::{skew, Landing, ALIGN_SLACK, LANDING_CAP, SPLIT_WAIT};
+use super::landing::{skew, Landing, PartWait, ALIGN_SLACK, LANDING_CAP};
 use super::rma::{self, RmaWait, Work};
 use super::{
     MAX_MESSAGE, MAX_USER_TAG, TAG_BARRIER, TAG_CHUNK, TAG_LANDING, TAG_RNDV, TAG_RNDV_SPLIT,
@@ -292,10 +290,9 @@ impl Ctx<'_, '_> {
     }
 
     fn recv_rndv(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; RNDV_LEN];
-        let r = message(frag, &mut b)
-            .and_then(|b| RndvRepr::parse(&RndvPacket::new_checked(b)?, MAX_MESSAGE));
-        let Some(r) = self.parsed(peer, "single-copy header", r) else {
+        let Some(r) = self.parse_message::<RNDV_LEN, _>(peer, frag, "single-copy header", |b| {
+            RndvRepr::parse(&RndvPacket::new_checked(b)?, MAX_MESSAGE)
+        }) else {
             return false;
         };
         let mut buf = std::mem::take(&mut self.st.bufs[peer as usize]);
@@ -357,10 +354,9 @@ impl Ctx<'_, '_> {
     /// A receiver's landing buffer for our split rendezvous: usable once a
     /// write of the flag's value (0) there succeeds.
     fn recv_landing(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; LANDING_AD_LEN];
-        let ad = message(frag, &mut b)
-            .and_then(|b| LandingAdRepr::parse(&LandingAdPacket::new_checked(b)?));
-        let Some(ad) = self.parsed(peer, "landing buffer", ad) else {
+        let Some(ad) = self.parse_message::<LANDING_AD_LEN, _>(peer, frag, "landing buffer", |b| {
+            LandingAdRepr::parse(&LandingAdPacket::new_checked(b)?)
+        }) else {
             return false;
         };
         let pid = self.st.peers[peer as usize].pid;
@@ -384,11 +380,12 @@ impl Ctx<'_, '_> {
     /// buffer for `peer` while it writes the rest there, then deliver the
     /// message from it (see [`super::landing`]).
     fn recv_rndv_split(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; RNDV_SPLIT_LEN];
         let cap = LANDING_CAP as u64;
-        let r = message(frag, &mut b)
-            .and_then(|b| RndvSplitRepr::parse(&RndvSplitPacket::new_checked(b)?, cap));
-        let Some(r) = self.parsed(peer, "split rendezvous", r) else {
+        let Some(r) =
+            self.parse_message::<RNDV_SPLIT_LEN, _>(peer, frag, "split rendezvous", |b| {
+                RndvSplitRepr::parse(&RndvSplitPacket::new_checked(b)?, cap)
+            })
+        else {
             return false;
         };
         let p = peer as usize;
@@ -410,25 +407,8 @@ impl Ctx<'_, '_> {
         let mut res = self.st.cma_read(peer, r.rndv.addr, &mut data[..at]);
         let mut in_time = false;
         if res.is_ok() {
-            // The sender writes its part right after posting this: a
-            // short spin, then yielding the core (on an oversubscribed
-            // node the sender may be waiting for this very core).
-            let t0 = Instant::now();
-            let mut spins = 0u32;
-            in_time = loop {
-                if land.flag().load(Ordering::Acquire) == r.seq {
-                    break true;
-                }
-                spins = spins.wrapping_add(1);
-                if spins < 4096 {
-                    btl_core::sync::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-                if spins % 256 == 0 && t0.elapsed() > SPLIT_WAIT {
-                    break false;
-                }
-            };
+            // The sender writes its part right after posting this.
+            in_time = PartWait::new(r.seq, Instant::now()).wait(&land);
             if !in_time {
                 log::debug!("local rank {peer}'s part of a split message did not come in time");
                 let data = land.data(k, len);
@@ -527,10 +507,11 @@ impl Ctx<'_, '_> {
     /// A put by single copy: validate, then read the requester's memory
     /// straight into the region.
     fn recv_put_cma(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; RANGE_REQ_LEN];
-        let put =
-            message(frag, &mut b).and_then(|b| PutCmaRepr::parse(&RangeReqPacket::new_checked(b)?));
-        let Some(put) = self.parsed(peer, "single-copy put", put) else {
+        let Some(put) =
+            self.parse_message::<RANGE_REQ_LEN, _>(peer, frag, "single-copy put", |b| {
+                PutCmaRepr::parse(&RangeReqPacket::new_checked(b)?)
+            })
+        else {
             return false;
         };
         let status = match self.regions.range_mut(put.id, put.offset, put.len) {
@@ -562,10 +543,11 @@ impl Ctx<'_, '_> {
     /// address (single copy: the requester reads it) or served in
     /// fragments.
     fn recv_get_req(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; GET_REQ_SPLIT_LEN];
-        let get =
-            message(frag, &mut b).and_then(|b| GetReqRepr::parse(&RangeReqPacket::new_checked(b)?));
-        let Some(get) = self.parsed(peer, "get request", get) else {
+        let Some(get) =
+            self.parse_message::<GET_REQ_SPLIT_LEN, _>(peer, frag, "get request", |b| {
+                GetReqRepr::parse(&RangeReqPacket::new_checked(b)?)
+            })
+        else {
             return false;
         };
         match (self.regions.range(get.id, get.offset, get.len), get.mode) {
@@ -658,10 +640,10 @@ impl Ctx<'_, '_> {
 
     /// A status reply to one of our gets or puts arrived.
     fn recv_reply(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
-        let mut b = [0u8; REPLY_LEN];
-        let reply =
-            message(frag, &mut b).and_then(|b| ReplyRepr::parse(&ReplyPacket::new_checked(b)?));
-        let Some(ReplyRepr { req, status, addr }) = self.parsed(peer, "one-sided reply", reply)
+        let Some(ReplyRepr { req, status, addr }) =
+            self.parse_message::<REPLY_LEN, _>(peer, frag, "one-sided reply", |b| {
+                ReplyRepr::parse(&ReplyPacket::new_checked(b)?)
+            })
         else {
             return false;
         };
@@ -1014,6 +996,21 @@ impl Ctx<'_, '_> {
     fn parsed<R>(&mut self, peer: u32, what: &str, r: Result<R, WireError>) -> Option<R> {
         r.map_err(|e| violation!(self.st, peer, "malformed {what}: {e}"))
             .ok()
+    }
+
+    /// `frag`'s payload, a whole message of at most `N` bytes (see
+    /// [`message`]), as `parse` reads it; or, as [`Self::parsed`], a
+    /// violation naming `what`.
+    fn parse_message<const N: usize, R>(
+        &mut self,
+        peer: u32,
+        frag: &FragView<'_>,
+        what: &str,
+        parse: impl FnOnce(&[u8]) -> Result<R, WireError>,
+    ) -> Option<R> {
+        let mut b = [0u8; N];
+        let r = message(frag, &mut b).and_then(parse);
+        self.parsed(peer, what, r)
     }
 }
 
