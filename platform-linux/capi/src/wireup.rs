@@ -157,13 +157,7 @@ fn fetch(rank: u32, f: FetchFn, ctx: usize) -> Result<Records, WireupError> {
 impl Wireup for External {
     type Error = WireupError;
 
-    fn rank(&self) -> u32 {
-        self.rank
-    }
-
-    fn size(&self) -> u32 {
-        self.size
-    }
+    btl_linux::wireup_rank_size!();
 
     fn put(&mut self, key: &str, value: &[u8]) -> Result<(), WireupError> {
         check_put(self.rank, key, value)?;
