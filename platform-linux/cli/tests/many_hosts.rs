@@ -31,9 +31,10 @@ const START_BOUND: Duration = if cfg!(debug_assertions) {
 fn stress(c: &Cluster, agent: &str, slots: u32, args: &[&str], env: &[(&str, &str)]) -> Output {
     c.btl_stress(240, c.hosts.len(), slots, agent)
         .args(args)
-        .envs(env.iter().copied())
+        // the caller's values win over whatever this process inherited
         .env_remove("BTL_TIMEOUT")
         .env_remove("BTL_TCP_HANDSHAKE_TIMEOUT")
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }
