@@ -8,6 +8,8 @@
 #   bash scripts/ompi5-env.sh run -- CMD...   # run CMD inside, in /btl
 #   bash scripts/ompi5-env.sh components      # mca_btl_rsm.so, mca_btl_rtcp.so
 #                                             # for Open MPI 5 into target/ompi5
+#   bash scripts/ompi5-env.sh test [GROUPS]   # scripts/ompi-test.sh inside, over
+#                                             # those components (the ompi5 step)
 #   bash scripts/ompi5-env.sh unmount         # undo mounts a killed run left
 #
 # The tree is made once, in two steps with a stamp each: debootstrap's base
@@ -53,7 +55,10 @@ root=${OMPI5_ROOT:-$target/ompi5-root}
 mirror=${OMPI5_MIRROR:-http://deb.debian.org/debian}
 # libc6-dev and gcc to compile the components and the MPI test programs inside
 # (linking the host-built libbtl.a); make for mpi4py's test helpers.
-packages="libopenmpi-dev openmpi-bin python3-mpi4py gcc make libc6-dev"
+# iproute2 for the network-namespace hosts of ompi-test.sh.
+packages="libopenmpi-dev openmpi-bin python3-mpi4py gcc make libc6-dev iproute2"
+# The stamp names the packages and the header step (bumped when it changes).
+stamp_content="$packages +headers1"
 stamp=$root/.btl-ompi5-ready
 base_stamp=$root/.btl-debootstrap-done
 
@@ -93,10 +98,34 @@ mount_tree() {
   mount --bind "$repo" "$root/btl"
 }
 
+# Debian 13's libopenmpi-dev ships opal_config.h naming the threads
+# framework's pthreads headers (opal/mca/threads/pthreads/*.h) but not the
+# headers themselves, so nothing that includes opal/mca/btl/btl.h compiles.
+# They are taken from the source package of the very Open MPI version
+# installed (Debian's archive, deb-src), into /opt/btl-ompi5-headers inside the tree.
+headers_inside=/opt/btl-ompi5-headers
+fetch_missing_headers() {
+  local ver up src=$root/var/cache/btl-ompi-src
+  ver=$(in_tree dpkg-query -W -f '${source:Version}' libopenmpi-dev)
+  up=${ver#*:}
+  up=${up%-*}
+  echo "deb-src $mirror trixie main" >"$root/etc/apt/sources.list.d/btl-src.list"
+  in_tree apt-get update -q
+  rm -rf "$src" && mkdir -p "$src"
+  in_tree sh -c "cd /var/cache/btl-ompi-src && apt-get source --download-only -q openmpi=$ver" ||
+    die "cannot fetch Open MPI's source package $ver (deb-src)"
+  rm -rf "${root:?}$headers_inside" && mkdir -p "$root$headers_inside"
+  tar xJf "$src/openmpi_$up.orig.tar.xz" -C "$root$headers_inside" --strip-components=1 \
+    --wildcards "openmpi-$up/opal/mca/threads/pthreads/*.h" ||
+    die "Open MPI's source package $ver has no opal/mca/threads/pthreads headers"
+  rm -rf "$src" "$root/etc/apt/sources.list.d/btl-src.list"
+  in_tree apt-get update -q
+}
+
 # Makes the tree unless the stamp says it is there with these packages.
 make_tree() {
   [ "$(id -u)" = 0 ] || die "needs root (debootstrap, mount, chroot)"
-  [ "$(cat "$stamp" 2>/dev/null)" = "$packages" ] && return 0
+  [ "$(cat "$stamp" 2>/dev/null)" = "$stamp_content" ] && return 0
   unmount_tree
   if [ ! -e "$base_stamp" ]; then
     command -v debootstrap >/dev/null || die "debootstrap missing: apt-get install debootstrap"
@@ -118,7 +147,7 @@ make_tree() {
   # shellcheck disable=SC2086 # the package list is words
   unshare --mount --propagation private bash "$0" _apt $packages ||
     die "apt-get in the tree failed (the debootstrap base is kept; a re-run retries only apt)"
-  echo "$packages" >"$stamp"
+  echo "$stamp_content" >"$stamp"
 }
 
 case "${1:-}" in
@@ -150,10 +179,30 @@ components)
   bash "$0" run -- env CARGO_TARGET_DIR="$inside_target" OMPI_COMPONENTS_NO_CARGO=1 \
     OMPI_INCLUDE=/usr/lib/x86_64-linux-gnu/openmpi/include \
     OMPI_LIB=/usr/lib/x86_64-linux-gnu/openmpi/lib \
-    OMPI_COMPONENTS_OUT="$inside_target/ompi5" \
+    OMPI_COMPONENTS_OUT="$inside_target/ompi5" OMPI_EXTRA_INCLUDE="$headers_inside" \
     OMPI_COMPONENTS_CFLAGS="${OMPI_COMPONENTS_CFLAGS:-}" \
     bash scripts/ompi-components.sh ||
     die "components: building the Open MPI 5 components in the tree failed"
+  ;;
+test)
+  shift
+  bash "$0" components
+  CARGO_TARGET_DIR=$target cargo build --release --locked -p btl-cli --bin btl ||
+    die "test: building the btl command on the host failed"
+  # mpi4py's test suite: the PyPI source release of the tree's mpi4py
+  # (Debian's archive here has no mpi4py source package), fetched on the
+  # host, kept in the tree's own cache.
+  m4ver=$(in_tree /usr/bin/python3 -c 'import mpi4py; print(mpi4py.__version__)') ||
+    die "test: mpi4py is not importable in the tree"
+  cache=$root/root/.cache/btl
+  if [ ! -f "$cache/mpi4py-$m4ver.tar.gz" ]; then
+    mkdir -p "$cache"
+    /usr/bin/python3 -m pip download --quiet --no-binary :all: --no-deps --no-build-isolation \
+      -d "$cache" "mpi4py==$m4ver" || die "test: cannot download mpi4py $m4ver's source release"
+  fi
+  inside_target=/btl/${target#"$repo"/}
+  bash "$0" run -- env CARGO_TARGET_DIR="$inside_target" OMPI_COMPONENTS_PREBUILT="$inside_target/ompi5" \
+    CI="${CI:-}" OMPI_TESTS="${*:-${OMPI_TESTS:-basic kill mpi4py hosts}}" bash scripts/ompi-test.sh
   ;;
 unmount)
   unmount_tree
@@ -167,6 +216,7 @@ _apt)
   in_tree apt-get update -q
   in_tree apt-get install -y -q --no-install-recommends "$@"
   in_tree apt-get clean
+  fetch_missing_headers
   ;;
 _run)
   shift

@@ -95,6 +95,7 @@
 #elif BTL_VERSION == 310
 #define BTL_OMPI_IFACE_33 0
 #include "opal/mca/pmix/pmix.h"
+#include "opal/threads/mutex.h"
 /* modex keys, scopes and types of Open MPI 4.1's opal_pmix layer */
 #define MODEX_GLOBAL OPAL_PMIX_GLOBAL
 #define MODEX_JOB_SIZE OPAL_PMIX_JOB_SIZE
@@ -103,6 +104,7 @@
 #define BTL_OMPI_IFACE_33 1
 #include "opal/mca/accelerator/accelerator.h"
 #include "opal/mca/pmix/pmix-internal.h"
+#include "opal/mca/threads/mutex.h"
 /* Open MPI 5's modex is PMIx's own: its keys, scopes and types */
 #define MODEX_GLOBAL PMIX_GLOBAL
 #define MODEX_JOB_SIZE PMIX_JOB_SIZE
@@ -111,7 +113,6 @@
 #error "unsupported BTL interface (BTL_VERSION in btl.h): this component builds for 310 (Open MPI 4.1) and 330 (Open MPI 5.0)"
 #endif
 #include "opal/runtime/opal_progress.h"
-#include "opal/threads/mutex.h"
 #include "opal/util/output.h"
 #include "opal/util/proc.h"
 
@@ -536,11 +537,19 @@ busy:
 
 /* ------------------------------------------------------------------ sends */
 
+/* A peer's host name for messages: Open MPI 5's opal_proc_t has no
+ * proc_hostname; both versions answer opal_get_proc_hostname. */
+static const char *host_of(const opal_proc_t *p)
+{
+    const char *h = p ? opal_get_proc_hostname(p) : NULL;
+    return h ? h : "?";
+}
+
 static void announce(struct mca_btl_base_endpoint_t *ep)
 {
     ep->announced = 1;
     VERBOSE(10, "first message to rank %u (%s) goes over btl's %s", ep->rank,
-            ep->proc && ep->proc->proc_hostname ? ep->proc->proc_hostname : "?", WHAT);
+            host_of(ep->proc), WHAT);
 }
 
 /* A send that completed inline: the callback if asked for, the descriptor
@@ -1128,7 +1137,7 @@ static int m_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
         peers[i] = ep;
         if (reachable) opal_bitmap_set_bit(reachable, (int) i);
         VERBOSE(20, "rank %u (%s) is reachable over btl's %s", rank,
-                p->proc_hostname ? p->proc_hostname : "?", WHAT);
+                host_of(p), WHAT);
     }
     unlock();
     return OPAL_SUCCESS;
