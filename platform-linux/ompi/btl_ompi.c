@@ -109,6 +109,12 @@
 #define MODEX_GLOBAL PMIX_GLOBAL
 #define MODEX_JOB_SIZE PMIX_JOB_SIZE
 #define MODEX_UINT32 PMIX_UINT32
+/* ob1's CID header type, its BTL tag (MCA_PML_OB1_HDR_TYPE_CID in
+ * ompi/mca/pml/ob1/pml_ob1_hdr.h, not installed), and how far past such a
+ * fragment's end ob1 writes at most (into the match header after its
+ * 32-byte CID header: a 2-byte field 2 bytes in). */
+#define OB1_TAG_CID (MCA_BTL_TAG_PML + 10)
+#define OB1_CID_SLACK 64
 #else
 #error "unsupported BTL interface (BTL_VERSION in btl.h): this component builds for 310 (Open MPI 4.1) and 330 (Open MPI 5.0)"
 #endif
@@ -980,17 +986,32 @@ static void on_event(void *ctx, const btl_event_t *ev)
             return;
         }
         void *data = (void *) ev->data;
-        if (OPAL_UNLIKELY(((uintptr_t) data & 7) && ev->len)) {
-            /* Open MPI's headers are read through struct pointers */
-            if (module.scratch_len < ev->len) {
-                void *p = realloc(module.scratch, ev->len);
+        /* Open MPI's headers are read through struct pointers: an unaligned
+         * message is handed over from an aligned copy. */
+        int copy = ((uintptr_t) data & 7) && ev->len;
+        size_t need = ev->len;
+#if BTL_OMPI_IFACE_33
+        /* Open MPI 5's ob1 writes the communicator index into the match
+         * header that would follow a CID response, past the end of that
+         * fragment ("all BTLs create a dummy segment", pml_ob1_recvfrag.c).
+         * A fast-box record is followed at once by the next record, which
+         * that write would corrupt, so such a fragment is handed over from
+         * a copy with room after it. */
+        if (OPAL_UNLIKELY(OB1_TAG_CID == ev->tag)) {
+            copy = 1;
+            need = ev->len + OB1_CID_SLACK;
+        }
+#endif
+        if (OPAL_UNLIKELY(copy)) {
+            if (module.scratch_len < need) {
+                void *p = realloc(module.scratch, need);
                 if (NULL == p) {
                     opal_output(0, "btl " NAME ": out of memory for a %zu-byte message",
                                 ev->len);
                     return;
                 }
                 module.scratch = p;
-                module.scratch_len = ev->len;
+                module.scratch_len = need;
             }
             memcpy(module.scratch, data, ev->len);
             data = module.scratch;
