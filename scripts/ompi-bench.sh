@@ -62,7 +62,7 @@ if [ -n "${MIN:-}" ]; then
 fi
 # shellcheck source=scripts/ompi-lib.sh
 . scripts/ompi-lib.sh
-ompi_use_components "$root"
+ompi_use_components "$root/target/ompi"
 
 configs=(
   "vader-cma|--mca btl self,vader --mca btl_vader_single_copy_mechanism cma"

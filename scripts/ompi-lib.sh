@@ -1,14 +1,15 @@
 # Shared by the Open MPI scripts (ompi-test.sh, ompi-bench.sh,
 # ompi-mixbench.sh); sourced, not run.
 
-# ompi_use_components ROOT: sets `sysdir` (Open MPI's own component
-# directory, from ompi_info) and puts ROOT/target/ompi (this build's rsm and
-# rtcp) after it on the component path of every mpirun that follows.
+# ompi_use_components DIR: sets `sysdir` (Open MPI's own component
+# directory, from ompi_info) and puts DIR (this build's rsm and rtcp, e.g.
+# ROOT/target/ompi) after it on the component path of every mpirun that
+# follows.
 ompi_use_components() {
   sysdir=$(ompi_info --param mca base --level 9 --parsable |
     sed -n 's/^mca:mca:base:param:mca_base_component_path:value:"\{0,1\}\([^:"]*\).*/\1/p')
   sysdir=${sysdir:-/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3}
-  export OMPI_MCA_mca_base_component_path=$sysdir:$1/target/ompi
+  export OMPI_MCA_mca_base_component_path=$sysdir:$1
 }
 
 # ompi_baseline SCRIPT: with BASELINE=DIR set, checks that DIR holds both

@@ -34,7 +34,7 @@ mpicc -O2 -o "$out/mixpp" platform-linux/ompi/bench/mixpp.c
 mpicc -O2 -o "$out/ppmin" platform-linux/ompi/bench/ppmin.c
 # shellcheck source=scripts/ompi-lib.sh
 . scripts/ompi-lib.sh
-ompi_use_components "$root"
+ompi_use_components "$root/target/ompi"
 
 net=10.79.$(($$ % 200 + 20))
 hA=mx$$a hB=mx$$b

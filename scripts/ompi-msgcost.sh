@@ -36,7 +36,7 @@ mkdir -p "$work"
 mpicc -O2 -Wall -Wextra -o "$work/msgcost" platform-linux/ompi/bench/msgcost.c
 # shellcheck source=scripts/ompi-lib.sh
 . scripts/ompi-lib.sh
-ompi_use_components "$root"
+ompi_use_components "$root/target/ompi"
 # The per-rank wrapper: callgrind counting only inside MPI_Send on rank 0
 # and MPI_Recv on rank 1 (PMPI_* are the symbols' real names).
 cat >"$work/wrap.sh" <<'WRAP'

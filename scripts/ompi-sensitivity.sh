@@ -43,7 +43,7 @@ done
 mpicc -O2 -o "$out/ppmin" platform-linux/ompi/bench/ppmin.c
 # shellcheck source=scripts/ompi-lib.sh
 . scripts/ompi-lib.sh
-ompi_use_components "$root"
+ompi_use_components "$root/target/ompi"
 raw=$out/runs.txt
 : >"$raw"
 for r in $(seq "$reps"); do

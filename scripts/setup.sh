@@ -63,6 +63,8 @@ command -v nft >/dev/null || need+=(nftables)
 [ -f /usr/lib/x86_64-linux-gnu/openmpi/include/openmpi/opal/mca/btl/btl.h ] || need+=(libopenmpi-dev)
 /usr/bin/python3 -c 'import mpi4py' 2>/dev/null || need+=(python3-mpi4py)
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# Open MPI 5 (scripts/ompi5-env.sh): a Debian 13 tree made by debootstrap.
+command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing ${need[*]}"

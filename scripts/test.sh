@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: sets up a fresh machine (scripts/setup.sh),
 # then runs every check: formatting, clippy, the workspace tests, the C ABI
-# and the Open MPI components, the loom
+# and the Open MPI components (Open MPI 4.1 and 5.0), the loom
 # models, miri on the core, the no_std builds, the bare-metal node in
 # QEMU, every fuzz target for a bounded time, and the sanitizers. Exits non-zero on the
 # first failure.
@@ -50,6 +50,12 @@ step capi bash scripts/capi-test.sh
 # parameters, a rank killed, mpi4py's own test suite over rsm/rtcp against
 # vader/tcp, three namespace hosts over rsm+rtcp (scripts/ompi-test.sh).
 step ompi bash scripts/ompi-test.sh
+
+# The same checks in Open MPI 5: Debian 13's Open MPI 5.0.7, PMIx and mpi4py
+# 4 in a debootstrap tree under target/ompi5-root (made once, then reused;
+# every mount undone on exit), components built for BTL 3.3 into
+# target/ompi5 (scripts/ompi5-env.sh test).
+step ompi5 bash scripts/ompi5-env.sh test
 
 # loom: first the check that every #[test] in loom-tests/tests calls
 # loom::model in code (not in a comment or a string: such a test runs

@@ -61,6 +61,17 @@
  *   with absolute remote addresses, validated by the target (rsm's
  *   single-copy gets against the target's region table in the segment,
  *   without a round trip; README, "Gets without asking").
+ * - Two BTL interfaces from one source, chosen by BTL_VERSION of the
+ *   btl.h it is compiled against: 310 (Open MPI 4.1: scripts/ompi-components.sh)
+ *   and 330 (Open MPI 5.0: scripts/ompi5-env.sh components). What differs
+ *   is kept behind BTL_OMPI_IFACE_33 below: the receive callback's
+ *   descriptor (3.2+), the PMIx-native modex keys and types of Open MPI 5
+ *   (PMIX_GLOBAL, PMIX_JOB_SIZE, PMIX_UINT32, from pmix-internal.h), and
+ *   device memory: Open MPI 5 asks its accelerator framework, and a
+ *   registration of device memory is declined (the component sets no
+ *   MCA_BTL_FLAGS_ACCELERATOR_* flag, so ob1 stages device buffers
+ *   through host memory for sends). btl_ft_event (gone in 3.3) was never
+ *   set, so it needs nothing.
  */
 #include "opal_config.h"
 
@@ -77,9 +88,37 @@
 #include "opal/mca/btl/base/base.h"
 #include "opal/mca/btl/btl.h"
 #include "opal/mca/hwloc/base/base.h"
+
+/* The BTL interface of the headers we compile against (see the top). */
+#if !defined(BTL_VERSION)
+#error "Open MPI's opal/mca/btl/btl.h defines no BTL_VERSION: not a BTL 3.x header"
+#elif BTL_VERSION == 310
+#define BTL_OMPI_IFACE_33 0
 #include "opal/mca/pmix/pmix.h"
-#include "opal/runtime/opal_progress.h"
 #include "opal/threads/mutex.h"
+/* modex keys, scopes and types of Open MPI 4.1's opal_pmix layer */
+#define MODEX_GLOBAL OPAL_PMIX_GLOBAL
+#define MODEX_JOB_SIZE OPAL_PMIX_JOB_SIZE
+#define MODEX_UINT32 OPAL_UINT32
+#elif BTL_VERSION == 330
+#define BTL_OMPI_IFACE_33 1
+#include "opal/mca/accelerator/accelerator.h"
+#include "opal/mca/pmix/pmix-internal.h"
+#include "opal/mca/threads/mutex.h"
+/* Open MPI 5's modex is PMIx's own: its keys, scopes and types */
+#define MODEX_GLOBAL PMIX_GLOBAL
+#define MODEX_JOB_SIZE PMIX_JOB_SIZE
+#define MODEX_UINT32 PMIX_UINT32
+/* ob1's CID header type, its BTL tag (MCA_PML_OB1_HDR_TYPE_CID in
+ * ompi/mca/pml/ob1/pml_ob1_hdr.h, not installed), and how far past such a
+ * fragment's end ob1 writes at most (into the match header after its
+ * 32-byte CID header: a 2-byte field 2 bytes in). */
+#define OB1_TAG_CID (MCA_BTL_TAG_PML + 10)
+#define OB1_CID_SLACK 64
+#else
+#error "unsupported BTL interface (BTL_VERSION in btl.h): this component builds for 310 (Open MPI 4.1) and 330 (Open MPI 5.0)"
+#endif
+#include "opal/runtime/opal_progress.h"
 #include "opal/util/output.h"
 #include "opal/util/proc.h"
 
@@ -198,7 +237,9 @@ typedef struct {
     opal_recursive_mutex_t lock;
     mca_btl_base_module_error_cb_fn_t error_cb;
     /* what receive callbacks get */
+#if !BTL_OMPI_IFACE_33
     mca_btl_base_descriptor_t rdes;
+#endif
     mca_btl_base_segment_t rseg;
     uint8_t *scratch; /* aligned copy of a misaligned message */
     size_t scratch_len;
@@ -502,11 +543,19 @@ busy:
 
 /* ------------------------------------------------------------------ sends */
 
+/* A peer's host name for messages: Open MPI 5's opal_proc_t has no
+ * proc_hostname; both versions answer opal_get_proc_hostname. */
+static const char *host_of(const opal_proc_t *p)
+{
+    const char *h = p ? opal_get_proc_hostname(p) : NULL;
+    return h ? h : "?";
+}
+
 static void announce(struct mca_btl_base_endpoint_t *ep)
 {
     ep->announced = 1;
     VERBOSE(10, "first message to rank %u (%s) goes over btl's %s", ep->rank,
-            ep->proc && ep->proc->proc_hostname ? ep->proc->proc_hostname : "?", WHAT);
+            host_of(ep->proc), WHAT);
 }
 
 /* A send that completed inline: the callback if asked for, the descriptor
@@ -729,6 +778,21 @@ m_register_mem(struct mca_btl_base_module_t *btl, struct mca_btl_base_endpoint_t
     (void) btl;
     (void) ep;
     (void) flags;
+#if BTL_OMPI_IFACE_33
+    {
+        /* btl moves host memory only: device memory is declined, and the
+         * caller (ob1, osc) falls back to a protocol through host memory */
+        int dev_id = 0;
+        uint64_t aflags = 0;
+        int on_device = opal_accelerator.check_addr(base, &dev_id, &aflags);
+        if (OPAL_UNLIKELY(on_device != 0)) {
+            VERBOSE(10, "register_mem: %zu bytes at %p %s: declined (btl moves host memory only)",
+                    size, base,
+                    on_device > 0 ? "are device memory" : "could not be told apart from device memory");
+            return NULL;
+        }
+    }
+#endif
     lock();
 #if REG_CACHE
     struct mca_btl_base_registration_handle_t *hit = reg_hit((uintptr_t) base, size);
@@ -922,27 +986,53 @@ static void on_event(void *ctx, const btl_event_t *ev)
             return;
         }
         void *data = (void *) ev->data;
-        if (OPAL_UNLIKELY(((uintptr_t) data & 7) && ev->len)) {
-            /* Open MPI's headers are read through struct pointers */
-            if (module.scratch_len < ev->len) {
-                void *p = realloc(module.scratch, ev->len);
+        /* Open MPI's headers are read through struct pointers: an unaligned
+         * message is handed over from an aligned copy. */
+        int copy = ((uintptr_t) data & 7) && ev->len;
+        size_t need = ev->len;
+#if BTL_OMPI_IFACE_33
+        /* Open MPI 5's ob1 writes the communicator index into the match
+         * header that would follow a CID response, past the end of that
+         * fragment ("all BTLs create a dummy segment", pml_ob1_recvfrag.c).
+         * A fast-box record is followed at once by the next record, which
+         * that write would corrupt, so such a fragment is handed over from
+         * a copy with room after it. */
+        if (OPAL_UNLIKELY(OB1_TAG_CID == ev->tag)) {
+            copy = 1;
+            need = ev->len + OB1_CID_SLACK;
+        }
+#endif
+        if (OPAL_UNLIKELY(copy)) {
+            if (module.scratch_len < need) {
+                void *p = realloc(module.scratch, need);
                 if (NULL == p) {
                     opal_output(0, "btl " NAME ": out of memory for a %zu-byte message",
                                 ev->len);
                     return;
                 }
                 module.scratch = p;
-                module.scratch_len = ev->len;
+                module.scratch_len = need;
             }
             memcpy(module.scratch, data, ev->len);
             data = module.scratch;
         }
         module.rseg.seg_addr.pval = data;
         module.rseg.seg_len = ev->len;
+        if (BTL_OMPI_PAD_RECV) pad(BTL_OMPI_PAD_RECV);
+#if BTL_OMPI_IFACE_33
+        const mca_btl_base_receive_descriptor_t rdes = {
+            .endpoint = endpoint_of(ev->rank),
+            .des_segments = &module.rseg,
+            .des_segment_count = 1,
+            .tag = ev->tag,
+            .cbdata = t->cbdata,
+        };
+        t->cbfunc(&module.super, &rdes);
+#else
         module.rdes.des_segments = &module.rseg;
         module.rdes.des_segment_count = 1;
-        if (BTL_OMPI_PAD_RECV) pad(BTL_OMPI_PAD_RECV);
         t->cbfunc(&module.super, ev->tag, &module.rdes, t->cbdata);
+#endif
     } else if (BTL_EVENT_DONE == ev->kind) {
         int status = BTL_OK == ev->status ? OPAL_SUCCESS : to_opal(ev->status);
         if (BTL_OK != ev->status) {
@@ -1068,7 +1158,7 @@ static int m_add_procs(struct mca_btl_base_module_t *btl, size_t nprocs,
         peers[i] = ep;
         if (reachable) opal_bitmap_set_bit(reachable, (int) i);
         VERBOSE(20, "rank %u (%s) is reachable over btl's %s", rank,
-                p->proc_hostname ? p->proc_hostname : "?", WHAT);
+                host_of(p), WHAT);
     }
     unlock();
     return OPAL_SUCCESS;
@@ -1157,7 +1247,9 @@ static int m_finalize_module(struct mca_btl_base_module_t *btl)
     OBJ_DESTRUCT(&module.max);
     OBJ_DESTRUCT(&module.rdma);
     unlock();
+#if !BTL_OMPI_IFACE_33
     OBJ_DESTRUCT(&module.rdes);
+#endif
     OBJ_DESTRUCT(&module.lock);
     return OPAL_SUCCESS;
 }
@@ -1207,7 +1299,7 @@ static mca_btl_base_module_t **component_init(int *num_btls, bool enable_progres
 
     *num_btls = 0;
     wild.vpid = OPAL_VPID_WILDCARD;
-    OPAL_MODEX_RECV_VALUE(rc, OPAL_PMIX_JOB_SIZE, &wild, &psize, OPAL_UINT32);
+    OPAL_MODEX_RECV_VALUE(rc, MODEX_JOB_SIZE, &wild, &psize, MODEX_UINT32);
     if (OPAL_SUCCESS != rc || 0 == size) {
         opal_output(0, "btl " NAME ": the job's size is unknown (%d): declining", rc);
         return NULL;
@@ -1229,7 +1321,9 @@ static mca_btl_base_module_t **component_init(int *num_btls, bool enable_progres
 
     memset(&module, 0, sizeof(module));
     OBJ_CONSTRUCT(&module.lock, opal_recursive_mutex_t);
+#if !BTL_OMPI_IFACE_33
     OBJ_CONSTRUCT(&module.rdes, mca_btl_base_descriptor_t);
+#endif
     module.rank = OPAL_PROC_MY_NAME.vpid;
     module.size = size;
 
@@ -1251,7 +1345,7 @@ static mca_btl_base_module_t **component_init(int *num_btls, bool enable_progres
             report("btl_address", rc);
             goto decline_module;
         }
-        OPAL_MODEX_SEND(rc, OPAL_PMIX_GLOBAL, &COMPONENT.btl_version, blob, len);
+        OPAL_MODEX_SEND(rc, MODEX_GLOBAL, &COMPONENT.btl_version, blob, len);
         if (OPAL_SUCCESS != rc) {
             opal_output(0, "btl " NAME ": publishing our address failed (%d)", rc);
             goto decline_module;

@@ -223,9 +223,14 @@ static void *exchanger(void *p)
 {
     struct thread_arg *a = p;
     size_t n = 70000;
-    uint8_t *s = malloc(n), *r = malloc(n);
+    /* zeroed: round 0 sends 0 bytes of a buffer fill() has not written */
+    uint8_t *s = calloc(n, 1), *r = calloc(n, 1);
     int right = (rank + 1) % size, left = (rank + size - 1) % size;
-    a->ok = 1;
+    a->ok = s && r;
+    if (!a->ok) {
+        fprintf(stderr, "mpi_check: rank %d thread %d: out of memory\n", rank, a->id);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     for (int round = 0; round < 50; round++) {
         size_t len = (size_t) (round * 1399) % n;
         fill(s, len, rank, right, round + a->id);
