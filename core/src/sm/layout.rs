@@ -78,8 +78,6 @@
 //! [`SizeError::Overflow`] (the seed's `OMPI_ERR_VALUE_OUT_OF_BOUNDS`), never
 //! a wrapped size.
 
-use core::fmt;
-
 use crate::params::{ParamError, ParamKey};
 use crate::sm::fbox::Fbox;
 use crate::sm::fifo::{fifo_map_num, Fifo};
@@ -122,15 +120,17 @@ pub const REGTAB_BYTES: usize = crate::sm::regtab::TABLE_BYTES;
 const _: () = assert!(REGTAB_BYTES % CACHE_LINE == 0);
 
 /// Why a segment could not be sized or an offset computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SizeError {
     /// The size of `what` would exceed `isize::MAX` bytes.
+    #[error("shared segment too large: the size of the {what} exceeds the address space")]
     Overflow {
         /// The quantity that overflowed ("segment", "eager fragments", ...).
         what: &'static str,
     },
     /// An index is out of range.
+    #[error("{what} {index} out of range (there are {limit})")]
     IndexOutOfRange {
         /// What is indexed ("rank", "ring", ...).
         what: &'static str,
@@ -142,30 +142,12 @@ pub enum SizeError {
     /// The parameters were not verified
     /// ([`Params::verify`](crate::params::Params::verify)) or
     /// `max_procs` is 0.
+    #[error("sm parameters not verified: {what}")]
     InvalidParams {
         /// The rule that does not hold.
         what: &'static str,
     },
 }
-
-impl fmt::Display for SizeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            SizeError::Overflow { what } => write!(
-                f,
-                "shared segment too large: the size of the {what} exceeds the address space"
-            ),
-            SizeError::IndexOutOfRange { what, index, limit } => {
-                write!(f, "{what} {index} out of range (there are {limit})")
-            }
-            SizeError::InvalidParams { what } => {
-                write!(f, "sm parameters not verified: {what}")
-            }
-        }
-    }
-}
-
-impl core::error::Error for SizeError {}
 
 /// The sizes and offsets of one node's shared segment (see the module
 /// documentation for the layout). All byte quantities fit in `isize`.

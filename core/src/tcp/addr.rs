@@ -12,33 +12,22 @@ use core::fmt;
 use core::net::SocketAddr;
 
 /// Why a peer's address record is refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum AddrRecordError {
     /// The record is not UTF-8 text.
+    #[error("the address record is not UTF-8 text")]
     NotText,
     /// The record holds no address.
+    #[error("the address record holds no address")]
     Empty,
     /// Entry `index` (0-based) is not an `ip:port` address.
+    #[error("entry {index} of the address record is not an ip:port")]
     BadEntry {
         /// Position of the entry in the record.
         index: usize,
     },
 }
-
-impl fmt::Display for AddrRecordError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::NotText => f.write_str("the address record is not UTF-8 text"),
-            Self::Empty => f.write_str("the address record holds no address"),
-            Self::BadEntry { index } => {
-                write!(f, "entry {index} of the address record is not an ip:port")
-            }
-        }
-    }
-}
-
-impl core::error::Error for AddrRecordError {}
 
 /// A validated address record (borrowing the record's bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

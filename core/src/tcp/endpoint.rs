@@ -66,8 +66,6 @@
 //! side fails ([`FailReason::HandshakeRefused`], or
 //! [`FailReason::HandshakeTimeout`] if it has the higher rank).
 
-use core::fmt;
-
 use super::wire::{HandshakeRepr, WireError};
 
 /// The default handshake timeout (milliseconds).
@@ -86,18 +84,23 @@ pub const RETRY_MAX_MS: u64 = 1_000;
 pub struct ConnId(pub u32);
 
 /// Why an endpoint failed. Final: the peer is reported as failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum FailReason {
     /// Our connect attempt failed (refused, unreachable).
+    #[error("connect failed")]
     ConnectFailed,
     /// Our connect attempt did not complete within the handshake timeout.
+    #[error("connect timed out")]
     ConnectTimeout,
     /// The handshake did not complete within the handshake timeout.
+    #[error("handshake timed out")]
     HandshakeTimeout,
     /// The peer closed our connection without answering our handshake.
+    #[error("peer closed the connection without answering the handshake")]
     HandshakeRefused,
     /// The peer answered our handshake as someone else.
+    #[error("peer answered as rank {rank} of job {job:#018x}, not the expected process")]
     BadIdentity {
         /// The job hash it sent.
         job: u64,
@@ -105,52 +108,26 @@ pub enum FailReason {
         rank: u32,
     },
     /// The connection ended without a FIN.
+    #[error("connection lost in the middle of a frame")]
     ConnectionLost {
         /// The stream ended inside a frame.
         mid_frame: bool,
     },
     /// The socket reported an error.
+    #[error("socket error")]
     SocketError,
     /// The peer sent bytes that do not parse.
+    #[error("protocol error: {0}")]
     Protocol(WireError),
 }
 
-impl fmt::Display for FailReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::ConnectFailed => write!(f, "connect failed"),
-            Self::ConnectTimeout => write!(f, "connect timed out"),
-            Self::HandshakeTimeout => write!(f, "handshake timed out"),
-            Self::HandshakeRefused => {
-                write!(
-                    f,
-                    "peer closed the connection without answering the handshake"
-                )
-            }
-            Self::BadIdentity { job, rank } => write!(
-                f,
-                "peer answered as rank {rank} of job {job:#018x}, not the expected process"
-            ),
-            Self::ConnectionLost { mid_frame: false } => {
-                write!(f, "connection lost (EOF without FIN)")
-            }
-            Self::ConnectionLost { mid_frame: true } => {
-                write!(f, "connection lost in the middle of a frame")
-            }
-            Self::SocketError => write!(f, "socket error"),
-            Self::Protocol(e) => write!(f, "protocol error: {e}"),
-        }
-    }
-}
-
-impl core::error::Error for FailReason {}
-
 /// Why an incoming connection is refused (a one-line log; the adapter
 /// closes the socket).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum RejectReason {
     /// The handshake names another job.
+    #[error("handshake from job {found:#018x}, this is job {expected:#018x}")]
     WrongJob {
         /// Our job hash.
         expected: u64,
@@ -158,6 +135,7 @@ pub enum RejectReason {
         found: u64,
     },
     /// The handshake names a rank outside the job.
+    #[error("handshake from rank {rank}, the job has {nprocs} ranks")]
     RankOutOfRange {
         /// The rank received.
         rank: u32,
@@ -165,11 +143,13 @@ pub enum RejectReason {
         nprocs: u32,
     },
     /// The handshake names our own rank.
+    #[error("handshake claims our own rank {rank}")]
     OwnRank {
         /// The rank received (ours).
         rank: u32,
     },
     /// The handshake was routed to the endpoint of another peer.
+    #[error("handshake from rank {found} given to the endpoint of rank {expected}")]
     WrongPeer {
         /// The endpoint's peer.
         expected: u32,
@@ -178,47 +158,21 @@ pub enum RejectReason {
     },
     /// Simultaneous connect: the connection started by rank `winner` (the
     /// lower one) is kept.
+    #[error("simultaneous connect: keeping the connection started by rank {winner}")]
     TieBreak {
         /// The rank whose connection is kept.
         winner: u32,
     },
     /// A connection with this peer is already established.
+    #[error("already connected to this peer")]
     AlreadyConnected,
     /// The peer has been declared failed.
+    #[error("peer already failed: {0}")]
     PeerFailed(FailReason),
     /// The peer did not identify itself within the handshake timeout.
+    #[error("no handshake within the timeout")]
     HandshakeTimeout,
 }
-
-impl fmt::Display for RejectReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::WrongJob { expected, found } => write!(
-                f,
-                "handshake from job {found:#018x}, this is job {expected:#018x}"
-            ),
-            Self::RankOutOfRange { rank, nprocs } => {
-                write!(f, "handshake from rank {rank}, the job has {nprocs} ranks")
-            }
-            Self::OwnRank { rank } => write!(f, "handshake claims our own rank {rank}"),
-            Self::WrongPeer { expected, found } => {
-                write!(
-                    f,
-                    "handshake from rank {found} given to the endpoint of rank {expected}"
-                )
-            }
-            Self::TieBreak { winner } => write!(
-                f,
-                "simultaneous connect: keeping the connection started by rank {winner}"
-            ),
-            Self::AlreadyConnected => write!(f, "already connected to this peer"),
-            Self::PeerFailed(r) => write!(f, "peer already failed: {r}"),
-            Self::HandshakeTimeout => write!(f, "no handshake within the timeout"),
-        }
-    }
-}
-
-impl core::error::Error for RejectReason {}
 
 /// The state of an [`Endpoint`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
