@@ -343,11 +343,7 @@ pub enum ControlError {
     },
 }
 
-impl From<ResolveError> for ControlError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
+wrap_from!(ControlError { Resolve(ResolveError) });
 
 impl<'a> Control<'a> {
     /// The control area at the start of `segment` (no validation beyond

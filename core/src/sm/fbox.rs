@@ -343,11 +343,7 @@ pub enum FboxError {
     },
 }
 
-impl From<ResolveError> for FboxError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
+wrap_from!(FboxError { Resolve(ResolveError) });
 
 /// A box was found corrupt. Final: the handle that found it returns it from
 /// then on.

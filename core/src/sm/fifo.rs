@@ -173,11 +173,7 @@ pub enum FifoError {
     },
 }
 
-impl From<ResolveError> for FifoError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
+wrap_from!(FifoError { Resolve(ResolveError) });
 
 /// What [`Consumer::audit`] found wrong with the ring's shared state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

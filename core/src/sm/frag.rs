@@ -369,17 +369,7 @@ pub enum FragError {
     },
 }
 
-impl From<SlotError> for FragError {
-    fn from(e: SlotError) -> Self {
-        Self::Slot(e)
-    }
-}
-
-impl From<ResolveError> for FragError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
+wrap_from!(FragError { Slot(SlotError), Resolve(ResolveError) });
 
 /// A validated message: a fragment's header snapshot and its payload
 /// bytes, or a record of a fast box ([`crate::sm::fbox`]) seen the same

@@ -243,11 +243,7 @@ pub enum SelectError {
     },
 }
 
-impl From<ParamError> for SelectError {
-    fn from(e: ParamError) -> Self {
-        SelectError::Param(e)
-    }
-}
+wrap_from!(SelectError { Param(ParamError) });
 
 impl fmt::Display for SelectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -216,17 +216,7 @@ pub enum SetupError {
     },
 }
 
-impl From<SizeError> for SetupError {
-    fn from(e: SizeError) -> Self {
-        Self::Size(e)
-    }
-}
-
-impl From<ResolveError> for SetupError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
+wrap_from!(SetupError { Size(SizeError), Resolve(ResolveError) });
 
 /// A send could not be started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
