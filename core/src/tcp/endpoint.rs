@@ -864,6 +864,21 @@ mod tests {
     }
 
     /// Rank `me`'s endpoint of `peer`, connected over our outgoing `conn`.
+    /// The decision accepting `conn`, answering `reply` and dropping
+    /// `close_ours`.
+    fn accept(conn: ConnId, reply: HandshakeRepr, close_ours: Option<ConnId>) -> IncomingDecision {
+        IncomingDecision::Accept {
+            conn,
+            reply,
+            close_ours,
+        }
+    }
+
+    /// The action failing the peer for `reason`, closing `close`.
+    fn fail(close: Option<ConnId>, reason: FailReason) -> Action {
+        Action::Fail { close, reason }
+    }
+
     fn connected(me: u32, peer: u32, conn: ConnId) -> Endpoint {
         let mut e = Endpoint::new(me, peer, job(), T);
         assert_eq!(e.on_send_request(0), SendDecision::QueueAndConnect);
@@ -938,14 +953,7 @@ mod tests {
         ));
         // Rank 2 gets rank 1's handshake on A: the lower rank's wins.
         let d2 = e2.on_incoming(A, hs(1));
-        assert_eq!(
-            d2,
-            IncomingDecision::Accept {
-                conn: A,
-                reply: hs(2),
-                close_ours: Some(B)
-            }
-        );
+        assert_eq!(d2, accept(A, hs(2), Some(B)));
         assert_eq!(d2.flush_queue(), Some(A));
         // Rank 1 gets rank 2's handshake on B: refused, ours goes on.
         let d1 = e1.on_incoming(B, hs(2));
@@ -980,14 +988,7 @@ mod tests {
         // waits for rank 1's connection instead of failing.
         assert_eq!(e2.on_eof(B, false), Action::Close { conn: B });
         assert_eq!(e2.state(), EndpointState::Connecting);
-        assert_eq!(
-            e2.on_incoming(A, hs(1)),
-            IncomingDecision::Accept {
-                conn: A,
-                reply: hs(2),
-                close_ours: None
-            }
-        );
+        assert_eq!(e2.on_incoming(A, hs(1)), accept(A, hs(2), None));
         assert_eq!(e1.on_handshake(A, hs(2)), Action::FlushQueue { conn: A });
         assert_agree(&e1, &e2, A);
     }
@@ -997,14 +998,7 @@ mod tests {
         let (mut e1, mut e2) = both_start();
         e1.on_connected(A, 1);
         // Rank 2's own connect is still in flight when A's handshake comes.
-        assert_eq!(
-            e2.on_incoming(A, hs(1)),
-            IncomingDecision::Accept {
-                conn: A,
-                reply: hs(2),
-                close_ours: None
-            }
-        );
+        assert_eq!(e2.on_incoming(A, hs(1)), accept(A, hs(2), None));
         // ... then it connects: no longer wanted.
         assert_eq!(e2.on_connected(B, 2), Action::Close { conn: B });
         assert_eq!(e1.on_handshake(A, hs(2)), Action::FlushQueue { conn: A });
@@ -1081,19 +1075,20 @@ mod tests {
         assert_eq!(e.on_send_request(5), SendDecision::QueueAndConnect);
     }
 
+    /// An endpoint connected on `c` whose connection ends (`mid_frame` or
+    /// between frames) without a FIN: checks that this fails the peer,
+    /// closing the connection; gives the endpoint and the reason.
+    fn lost_by_eof(c: ConnId, mid_frame: bool) -> (Endpoint, FailReason) {
+        let mut e = connected(0, 1, c);
+        let lost = FailReason::ConnectionLost { mid_frame };
+        assert_eq!(e.on_eof(c, mid_frame), fail(Some(c), lost));
+        assert_eq!(e.state(), EndpointState::Failed(lost));
+        (e, lost)
+    }
+
     #[test]
     fn eof_without_fin_is_a_failure() {
-        let c = ConnId(1);
-        let mut e = connected(0, 1, c);
-        let lost = FailReason::ConnectionLost { mid_frame: false };
-        assert_eq!(
-            e.on_eof(c, false),
-            Action::Fail {
-                close: Some(c),
-                reason: lost
-            }
-        );
-        assert_eq!(e.state(), EndpointState::Failed(lost));
+        let (mut e, lost) = lost_by_eof(ConnId(1), false);
         assert_eq!(e.on_send_request(0), SendDecision::Refuse(lost));
         // Failed is final: no reconnect, incoming refused.
         assert!(matches!(
@@ -1110,16 +1105,7 @@ mod tests {
     #[test]
     fn eof_mid_frame_is_a_failure() {
         let c = ConnId(1);
-        let mut e = connected(0, 1, c);
-        let reason = FailReason::ConnectionLost { mid_frame: true };
-        assert_eq!(
-            e.on_eof(c, true),
-            Action::Fail {
-                close: Some(c),
-                reason
-            }
-        );
-        assert_eq!(e.state(), EndpointState::Failed(reason));
+        lost_by_eof(c, true);
         let mut e = connected(0, 1, c);
         assert!(matches!(
             e.on_error(c),
@@ -1132,10 +1118,7 @@ mod tests {
         let err = WireError::BadType { found: 9 };
         assert_eq!(
             e.on_protocol_error(c, err),
-            Action::Fail {
-                close: Some(c),
-                reason: FailReason::Protocol(err)
-            }
+            fail(Some(c), FailReason::Protocol(err))
         );
     }
 
@@ -1226,13 +1209,7 @@ mod tests {
     fn an_unanswered_connect_fails_once_the_window_has_passed() {
         let mut e = Endpoint::new(0, 1, job(), T).with_connect_retry(T / 2);
         e.on_send_request(0);
-        assert_eq!(
-            e.on_timer(T),
-            Action::Fail {
-                close: None,
-                reason: FailReason::ConnectTimeout
-            }
-        );
+        assert_eq!(e.on_timer(T), fail(None, FailReason::ConnectTimeout));
     }
 
     #[test]
@@ -1279,13 +1256,7 @@ mod tests {
         e.on_connected(c, 10);
         assert_eq!(e.on_timer(10 + T - 1), Action::None);
         let reason = FailReason::HandshakeTimeout;
-        assert_eq!(
-            e.on_timer(10 + T),
-            Action::Fail {
-                close: Some(c),
-                reason
-            }
-        );
+        assert_eq!(e.on_timer(10 + T), fail(Some(c), reason));
         assert_eq!(e.state(), EndpointState::Failed(reason));
         // A late reply changes nothing.
         assert_eq!(e.on_handshake(c, hs(1)), Action::Close { conn: c });
@@ -1293,13 +1264,7 @@ mod tests {
         // A connect that never completes.
         let mut e = Endpoint::new(0, 1, job(), T);
         e.on_send_request(0);
-        assert_eq!(
-            e.on_timer(T),
-            Action::Fail {
-                close: None,
-                reason: FailReason::ConnectTimeout
-            }
-        );
+        assert_eq!(e.on_timer(T), fail(None, FailReason::ConnectTimeout));
         assert_eq!(e.on_connected(c, T + 1), Action::Close { conn: c });
     }
 
@@ -1310,10 +1275,7 @@ mod tests {
         e.on_send_request(0);
         assert_eq!(
             e.on_connect_failed(c, 5),
-            Action::Fail {
-                close: Some(c),
-                reason: FailReason::ConnectFailed
-            }
+            fail(Some(c), FailReason::ConnectFailed)
         );
         // Lower rank: a peer closing our connection unanswered is a failure.
         let mut e = Endpoint::new(0, 1, job(), T);
@@ -1321,10 +1283,7 @@ mod tests {
         e.on_connected(c, 0);
         assert_eq!(
             e.on_eof(c, false),
-            Action::Fail {
-                close: Some(c),
-                reason: FailReason::HandshakeRefused
-            }
+            fail(Some(c), FailReason::HandshakeRefused)
         );
         // Higher rank: it waits for the peer's connection, until the deadline.
         let mut e = Endpoint::new(1, 0, job(), T);
@@ -1352,13 +1311,7 @@ mod tests {
                 job: reply.job,
                 rank: reply.rank,
             };
-            assert_eq!(
-                e.on_handshake(c, reply),
-                Action::Fail {
-                    close: Some(c),
-                    reason
-                }
-            );
+            assert_eq!(e.on_handshake(c, reply), fail(Some(c), reason));
             assert_eq!(e.state(), EndpointState::Failed(reason));
         }
     }
