@@ -222,6 +222,14 @@ fn fits_isize(v: usize, what: &'static str) -> Result<usize, SizeError> {
     }
 }
 
+/// Offset of element `i` of an array of `size`-byte elements at `start`;
+/// past the address space is an error.
+fn element(start: usize, size: usize, i: usize) -> Result<usize, SizeError> {
+    size.checked_mul(i)
+        .and_then(|o| o.checked_add(start))
+        .ok_or(overflow("segment"))
+}
+
 fn check_index(what: &'static str, index: u32, limit: u32) -> Result<usize, SizeError> {
     if index < limit {
         usize::try_from(index).map_err(|_| overflow(what))
@@ -408,20 +416,14 @@ impl SegmentLayout {
     /// Offset of `rank`'s part.
     pub fn part_offset(&self, rank: u32) -> Result<usize, SizeError> {
         let rank = check_index("rank", rank, self.max_procs)?;
-        self.part_bytes
-            .checked_mul(rank)
-            .and_then(|o| o.checked_add(self.control_bytes))
-            .ok_or(overflow("segment"))
+        element(self.control_bytes, self.part_bytes, rank)
     }
 
     /// Offset of receive ring `ring` of `rank`.
     pub fn ring_offset(&self, rank: u32, ring: u32) -> Result<usize, SizeError> {
         let part = self.part_offset(rank)?;
         let ring = check_index("ring", ring, self.rings_per_rank)?;
-        self.ring_bytes
-            .checked_mul(ring)
-            .and_then(|o| o.checked_add(part))
-            .ok_or(overflow("segment"))
+        element(part, self.ring_bytes, ring)
     }
 
     /// Offset of `rank`'s region table ([`REGTAB_BYTES`], just after its
@@ -429,10 +431,7 @@ impl SegmentLayout {
     pub fn regtab_offset(&self, rank: u32) -> Result<usize, SizeError> {
         let part = self.part_offset(rank)?;
         let rings = usize::try_from(self.rings_per_rank).map_err(|_| overflow("segment"))?;
-        self.ring_bytes
-            .checked_mul(rings)
-            .and_then(|o| o.checked_add(part))
-            .ok_or(overflow("segment"))
+        element(part, self.ring_bytes, rings)
     }
 
     /// Offset of the word of `sender` in `receiver`'s box directory (see
@@ -447,9 +446,7 @@ impl SegmentLayout {
         }
         let start = self.fbox_start(receiver)?;
         let s = check_index("sender", sender, self.max_procs)?;
-        s.checked_mul(8)
-            .and_then(|o| o.checked_add(start))
-            .ok_or(overflow("segment"))
+        element(start, 8, s)
     }
 
     /// Offset of box `k` of `rank`'s box pool; an error without boxes.
@@ -459,10 +456,7 @@ impl SegmentLayout {
             .checked_add(self.fbox_dir_bytes)
             .ok_or(overflow("segment"))?;
         let k = check_index("fast box", k, self.fbox_pool)?;
-        self.fbox_bytes
-            .checked_mul(k)
-            .and_then(|o| o.checked_add(start))
-            .ok_or(overflow("segment"))
+        element(start, self.fbox_bytes, k)
     }
 
     /// Which box of `rank`'s pool starts at `offset` (an offset in the
@@ -494,26 +488,16 @@ impl SegmentLayout {
     pub fn eager_frag_offset(&self, rank: u32, i: u32) -> Result<usize, SizeError> {
         let start = self.eager_start(rank)?;
         let i = check_index("eager fragment", i, self.eager_frags)?;
-        self.eager_frag_bytes
-            .checked_mul(i)
-            .and_then(|o| o.checked_add(start))
-            .ok_or(overflow("segment"))
+        element(start, self.eager_frag_bytes, i)
     }
 
     /// Offset of max-size fragment `i` of `rank`.
     pub fn max_frag_offset(&self, rank: u32, i: u32) -> Result<usize, SizeError> {
         let eager_start = self.eager_start(rank)?;
         let eager = usize::try_from(self.eager_frags).map_err(|_| overflow("segment"))?;
-        let start = self
-            .eager_frag_bytes
-            .checked_mul(eager)
-            .and_then(|o| o.checked_add(eager_start))
-            .ok_or(overflow("segment"))?;
+        let start = element(eager_start, self.eager_frag_bytes, eager)?;
         let i = check_index("max-size fragment", i, self.max_frags)?;
-        self.max_frag_bytes
-            .checked_mul(i)
-            .and_then(|o| o.checked_add(start))
-            .ok_or(overflow("segment"))
+        element(start, self.max_frag_bytes, i)
     }
 
     /// Offset of `rank`'s box directory (just after its region table; its

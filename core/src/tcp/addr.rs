@@ -102,21 +102,17 @@ mod tests {
         assert_eq!(AddrRecord::parse(b" \n"), Err(AddrRecordError::Empty));
         assert_eq!(AddrRecord::parse(b"\xff:1"), Err(AddrRecordError::NotText));
         // One good entry does not excuse a bad one (it used to be skipped).
-        assert_eq!(
-            AddrRecord::parse(b"127.0.0.1:1024,garbage"),
-            Err(AddrRecordError::BadEntry { index: 1 })
-        );
-        assert_eq!(
-            AddrRecord::parse(b"127.0.0.1:1024,"),
-            Err(AddrRecordError::BadEntry { index: 1 })
-        );
-        assert_eq!(
-            AddrRecord::parse(b"127.0.0.1"),
-            Err(AddrRecordError::BadEntry { index: 0 })
-        );
-        assert_eq!(
-            AddrRecord::parse(b"127.0.0.1:65536"),
-            Err(AddrRecordError::BadEntry { index: 0 })
-        );
+        for (record, index) in [
+            (&b"127.0.0.1:1024,garbage"[..], 1),
+            (b"127.0.0.1:1024,", 1),
+            (b"127.0.0.1", 0),
+            (b"127.0.0.1:65536", 0),
+        ] {
+            assert_eq!(
+                AddrRecord::parse(record),
+                Err(AddrRecordError::BadEntry { index }),
+                "{record:?}"
+            );
+        }
     }
 }

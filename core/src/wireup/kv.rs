@@ -575,6 +575,18 @@ impl Writer<'_> {
     }
 }
 
+/// The body of a GET (`rank`: whose value) or a GET_ALL (`rank`: the
+/// first rank answered): `op`, the rank and the key, once the key is seen
+/// valid.
+fn rank_and_key(w: &mut Writer<'_>, op: u8, rank: u32, key: &str) -> Result<(), KvError> {
+    if !valid_key(key) {
+        return Err(KvError::BadKey);
+    }
+    w.u8(op)?;
+    w.u32(rank)?;
+    w.short_str(key)
+}
+
 /// Writes a request frame into `out` (fields are validated as the
 /// service will); returns the frame's length.
 pub fn encode_request(req: &Request<'_>, out: &mut [u8]) -> Result<usize, KvError> {
@@ -605,23 +617,9 @@ pub fn encode_request(req: &Request<'_>, out: &mut [u8]) -> Result<usize, KvErro
             w.bytes(value)
         }
         Request::Fence => w.u8(OP_FENCE),
-        Request::Get { rank, key } => {
-            if !valid_key(key) {
-                return Err(KvError::BadKey);
-            }
-            w.u8(OP_GET)?;
-            w.u32(rank)?;
-            w.short_str(key)
-        }
+        Request::Get { rank, key } => rank_and_key(w, OP_GET, rank, key),
         Request::Who => w.u8(OP_WHO),
-        Request::GetAll { first, key } => {
-            if !valid_key(key) {
-                return Err(KvError::BadKey);
-            }
-            w.u8(OP_GET_ALL)?;
-            w.u32(first)?;
-            w.short_str(key)
-        }
+        Request::GetAll { first, key } => rank_and_key(w, OP_GET_ALL, first, key),
     })
 }
 
