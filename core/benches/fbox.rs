@@ -151,20 +151,7 @@ fn engine_pingpong(iters: u64) -> f64 {
         params: &SmParams,
         me: u32,
     ) -> Eng<'a> {
-        let sizes = Eng::storage_sizes(layout, 2).unwrap();
-        Eng::attach(
-            region,
-            layout,
-            params,
-            me,
-            2,
-            (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-            (0..sizes.consumers).map(|_| None).collect(),
-            vec![FragDesc::new(); sizes.descs],
-            vec![0; sizes.pending],
-            btl_core::sm::engine::Backed,
-        )
-        .unwrap()
+        Eng::attach_collected(region, layout, params, me, 2, btl_core::sm::engine::Backed).unwrap()
     }
     let shared = mem.shared();
     let (layout, params) = (&layout, &params);

@@ -235,23 +235,18 @@ fuzz_target!(|input: Input| {
 });
 
 fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: &[Op]) {
-    let sizes = Eng::storage_sizes(layout, NPROCS).unwrap();
     for r in 0..NPROCS {
         // SAFETY: single-threaded; nothing touches the parts yet.
         unsafe { init_part(region, layout, params, r) }.unwrap();
     }
     let mut engines: Vec<Eng<'a>> = (0..2)
         .map(|me| {
-            Eng::attach(
+            Eng::attach_collected(
                 region,
                 layout,
                 params,
                 me,
                 NPROCS,
-                (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-                (0..sizes.consumers).map(|_| None).collect(),
-                vec![FragDesc::new(); sizes.descs],
-                vec![0; sizes.pending],
                 btl_core::sm::engine::Backed,
             )
             .unwrap()
@@ -283,7 +278,7 @@ fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: 
     let mut tainted = false;
     let mut seq = 0u64;
     let mut books = Books::default();
-    let descs = sizes.descs;
+    let descs = Eng::storage_sizes(layout, NPROCS).unwrap().descs;
 
     for op in ops.iter().take(1024) {
         match op {
