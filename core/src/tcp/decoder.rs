@@ -95,6 +95,22 @@ enum Stage {
     End,
 }
 
+impl Stage {
+    /// Where a frame whose RMA sub-header (if any) is delivered stands
+    /// with `remaining` payload bytes still to come: at its end when none.
+    fn rest_of(frame: FrameRepr, remaining: u32) -> Self {
+        if remaining == 0 {
+            Stage::End
+        } else {
+            Stage::Payload {
+                frame,
+                remaining,
+                rma_pending: false,
+            }
+        }
+    }
+}
+
 /// The incremental decoder of one connection's byte stream.
 ///
 /// The read-ahead buffer `B` is any byte storage: `&mut [u8]` (static
@@ -253,15 +269,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Decoder<B> {
                 self.start += n;
                 // n <= remaining, so this cannot underflow or truncate.
                 let remaining = remaining - n as u32;
-                self.stage = if remaining == 0 {
-                    Stage::End
-                } else {
-                    Stage::Payload {
-                        frame,
-                        remaining,
-                        rma_pending: false,
-                    }
-                };
+                self.stage = Stage::rest_of(frame, remaining);
                 Some(Ok(Event::Payload(&self.buf.as_ref()[from..from + n])))
             }
             Stage::End => {
@@ -349,15 +357,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Decoder<B> {
         } = self.stage
         {
             let remaining = remaining - n;
-            self.stage = if remaining == 0 {
-                Stage::End
-            } else {
-                Stage::Payload {
-                    frame,
-                    remaining,
-                    rma_pending: false,
-                }
-            };
+            self.stage = Stage::rest_of(frame, remaining);
         }
     }
 
