@@ -204,15 +204,8 @@ fn payload(seq: u64, len: usize) -> Vec<u8> {
 }
 
 fn params(fifo_log2: u8, fifos: u8) -> SmParams {
-    let mut p = SmParams::default();
-    p.fifo_size = 1 << (fifo_log2 % 5 + 1); // 2 ..= 32
-    p.fifo_lazy_free = (p.fifo_size / 4).max(1);
+    let mut p = SmParams::small_for_tests(1 << (fifo_log2 % 5 + 1)); // rings of 2 ..= 32
     p.num_fifos = 1 << (fifos % 3); // 1, 2, 4
-    p.eager_limit = 64;
-    p.rndv_eager_limit = 64;
-    p.max_send_size = 256;
-    p.free_list_num = 2;
-    p.free_list_inc = 4;
     // Boxes handed out early, and not to everyone: the hand-out, the
     // offer and both paths get exercised.
     p.fbox_threshold = 2;

@@ -26,12 +26,8 @@ type Eng<'a> = SmEngine<'a, Vec<PeerSlot<'a>>, Vec<Option<Consumer<'a>>>, Vec<Fr
 
 /// Two-slot rings, tiny fragments: the hand-over happens in few steps.
 fn tiny() -> SmParams {
-    let mut p = SmParams::default();
-    p.fifo_size = 2;
-    p.fifo_lazy_free = 1;
+    let mut p = SmParams::small_for_tests(2);
     p.num_fifos = 1;
-    p.eager_limit = 64;
-    p.rndv_eager_limit = 64;
     p.max_send_size = 64;
     p.free_list_num = 0;
     p.free_list_inc = 1;

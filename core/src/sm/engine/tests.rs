@@ -16,14 +16,7 @@ use std::vec::Vec;
 type Eng<'a> = SmEngine<'a, Vec<PeerSlot<'a>>, Vec<Option<Consumer<'a>>>, Vec<FragDesc>, Vec<u64>>;
 
 fn small_params(fifo_size: u32) -> SmParams {
-    let mut p = SmParams::default();
-    p.fifo_size = fifo_size;
-    p.fifo_lazy_free = (fifo_size / 4).max(1);
-    p.eager_limit = 64;
-    p.rndv_eager_limit = 64;
-    p.max_send_size = 256;
-    p.free_list_num = 2;
-    p.free_list_inc = 4;
+    let mut p = SmParams::small_for_tests(fifo_size);
     // Pools of a fixed room (8 eager fragments, 6 max-size ones) whatever
     // the number of ranks: the default rule (layout tests) shares eager
     // fragments among the peers.
