@@ -27,7 +27,7 @@ use btl_core::sm::frag::FragView;
 use btl_core::sm::layout::segment_layout;
 use btl_core::sm::params::SmParams;
 use btl_core::sync::CACHE_LINE;
-use common::{cacheline_pingpong, fifo_pingpong, median, pin, pin_main, run_lengths, Memory};
+use common::{cacheline_pingpong, fifo_pingpong, median, pin, start, Memory};
 
 const SENDER: u32 = 0;
 
@@ -151,20 +151,7 @@ fn engine_pingpong(iters: u64) -> f64 {
         params: &SmParams,
         me: u32,
     ) -> Eng<'a> {
-        let sizes = Eng::storage_sizes(layout, 2).unwrap();
-        Eng::attach(
-            region,
-            layout,
-            params,
-            me,
-            2,
-            (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-            (0..sizes.consumers).map(|_| None).collect(),
-            vec![FragDesc::new(); sizes.descs],
-            vec![0; sizes.pending],
-            btl_core::sm::engine::Backed,
-        )
-        .unwrap()
+        Eng::attach_collected(region, layout, params, me, 2, btl_core::sm::engine::Backed).unwrap()
     }
     let shared = mem.shared();
     let (layout, params) = (&layout, &params);
@@ -249,12 +236,9 @@ fn fbox_streaming(msgs: u64) -> f64 {
 }
 
 fn main() {
-    let (iters, msgs, reps) = run_lengths();
-    let pinning = pin_main();
-    println!(
-        "btl-core fast-box benchmark: box {DEFAULT_SIZE} B, {reps} runs each, median; threads {}",
-        pinning
-    );
+    let (iters, msgs, reps) = start(&format!(
+        "btl-core fast-box benchmark: box {DEFAULT_SIZE} B"
+    ));
     // Interleave the rows so drift on a shared machine hits all alike.
     let (mut line, mut fifo, mut engine, mut box8, mut box256, mut stream) = (
         Vec::new(),

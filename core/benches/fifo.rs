@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use btl_core::sm::fifo::Fifo;
 use common::{
-    cacheline_pingpong, fifo_pingpong, median, pin, pin_main, push_spin, run_lengths, Memory,
-    FIFO_SIZE, LAZY_FREE,
+    cacheline_pingpong, fifo_pingpong, median, pin, push_spin, start, Memory, FIFO_SIZE, LAZY_FREE,
 };
 
 /// Messages per second from `writers` threads to one reader.
@@ -63,12 +62,9 @@ fn streaming(writers: u64, per_writer: u64) -> f64 {
 }
 
 fn main() {
-    let (iters, msgs, reps) = run_lengths();
-    let pinning = pin_main();
-    println!(
-        "btl-core FIFO benchmark: fifo_size {FIFO_SIZE}, lazy_free {LAZY_FREE}, {reps} runs each, median; threads {}",
-        pinning
-    );
+    let (iters, msgs, reps) = start(&format!(
+        "btl-core FIFO benchmark: fifo_size {FIFO_SIZE}, lazy_free {LAZY_FREE}"
+    ));
     // Interleave the rows so drift on a shared machine hits both alike.
     let mut line = Vec::new();
     let mut fifo = Vec::new();

@@ -171,27 +171,18 @@ pub const ARRIVED_LEN: usize = 8;
 pub const ABANDONED_LEN: usize = 16;
 
 /// A barrier message is not one of the two forms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum BarrierError {
     /// Neither [`ARRIVED_LEN`] nor [`ABANDONED_LEN`] bytes.
+    #[error("barrier message of {0} bytes (want {ARRIVED_LEN} or {ABANDONED_LEN})")]
     Length(usize),
     /// Epoch 0 (epochs count from 1).
+    #[error("barrier message for epoch 0")]
     ZeroEpoch,
     /// An abandonment whose failed rank does not fit 32 bits.
+    #[error("barrier abandoned for rank {0}, beyond 32 bits")]
     Rank(u64),
-}
-
-impl core::fmt::Display for BarrierError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Self::Length(n) => write!(
-                f,
-                "barrier message of {n} bytes (want {ARRIVED_LEN} or {ABANDONED_LEN})"
-            ),
-            Self::ZeroEpoch => f.write_str("barrier message for epoch 0"),
-            Self::Rank(r) => write!(f, "barrier abandoned for rank {r}, beyond 32 bits"),
-        }
-    }
 }
 
 /// Checked view of a barrier message (the payload of the

@@ -38,6 +38,8 @@ extern crate std;
 
 #[macro_use]
 mod fmt;
+#[macro_use]
+mod macros;
 
 pub mod barrier;
 pub mod params;

@@ -172,60 +172,41 @@ impl fmt::Debug for ShmOffset {
 }
 
 /// A [`ShmOffset`] could not be built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum OffsetError {
     /// The owner does not fit in [`OWNER_BITS`] bits.
+    #[error("owner {owner} exceeds the maximum local rank {MAX_OWNER}")]
     OwnerTooLarge {
         /// The owner given.
         owner: u16,
     },
     /// The offset does not fit in [`OFFSET_BITS`] bits.
+    #[error("offset {offset:#x} exceeds the maximum {MAX_OFFSET:#x}")]
     OffsetTooLarge {
         /// The offset given.
         offset: u64,
     },
     /// A raw value had the reserved bit 63 set.
+    #[error("shared-memory offset {raw:#018x} has the reserved bit set")]
     ReservedBit {
         /// The raw value.
         raw: u64,
     },
 }
 
-impl fmt::Display for OffsetError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::OwnerTooLarge { owner } => {
-                write!(
-                    f,
-                    "owner {owner} exceeds the maximum local rank {MAX_OWNER}"
-                )
-            }
-            Self::OffsetTooLarge { offset } => {
-                write!(f, "offset {offset:#x} exceeds the maximum {MAX_OFFSET:#x}")
-            }
-            Self::ReservedBit { raw } => {
-                write!(
-                    f,
-                    "shared-memory offset {raw:#018x} has the reserved bit set"
-                )
-            }
-        }
-    }
-}
-
-impl core::error::Error for OffsetError {}
-
 /// Resolving an offset into a reference failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum ResolveError {
     /// No region is registered for this owner.
+    #[error("offset names owner {owner}, which has no mapped region")]
     UnknownOwner {
         /// The owner named by the offset.
         owner: u16,
     },
     /// `[offset, offset + len)` is not inside the region.
+    #[error("range {offset:#x}+{len} is outside the region of {region_len} bytes")]
     OutOfBounds {
         /// Byte offset asked for.
         offset: u64,
@@ -235,6 +216,7 @@ pub enum ResolveError {
         region_len: u64,
     },
     /// The address is not aligned for the type.
+    #[error("offset {offset:#x} is not aligned to {align} bytes")]
     Misaligned {
         /// Byte offset asked for.
         offset: u64,
@@ -242,29 +224,6 @@ pub enum ResolveError {
         align: u32,
     },
 }
-
-impl fmt::Display for ResolveError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::UnknownOwner { owner } => {
-                write!(f, "offset names owner {owner}, which has no mapped region")
-            }
-            Self::OutOfBounds {
-                offset,
-                len,
-                region_len,
-            } => write!(
-                f,
-                "range {offset:#x}+{len} is outside the region of {region_len} bytes"
-            ),
-            Self::Misaligned { offset, align } => {
-                write!(f, "offset {offset:#x} is not aligned to {align} bytes")
-            }
-        }
-    }
-}
-
-impl core::error::Error for ResolveError {}
 
 /// A mapped region of (possibly shared) memory: base and length.
 ///

@@ -204,15 +204,8 @@ fn payload(seq: u64, len: usize) -> Vec<u8> {
 }
 
 fn params(fifo_log2: u8, fifos: u8) -> SmParams {
-    let mut p = SmParams::default();
-    p.fifo_size = 1 << (fifo_log2 % 5 + 1); // 2 ..= 32
-    p.fifo_lazy_free = (p.fifo_size / 4).max(1);
+    let mut p = SmParams::small_for_tests(1 << (fifo_log2 % 5 + 1)); // rings of 2 ..= 32
     p.num_fifos = 1 << (fifos % 3); // 1, 2, 4
-    p.eager_limit = 64;
-    p.rndv_eager_limit = 64;
-    p.max_send_size = 256;
-    p.free_list_num = 2;
-    p.free_list_inc = 4;
     // Boxes handed out early, and not to everyone: the hand-out, the
     // offer and both paths get exercised.
     p.fbox_threshold = 2;
@@ -235,23 +228,18 @@ fuzz_target!(|input: Input| {
 });
 
 fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: &[Op]) {
-    let sizes = Eng::storage_sizes(layout, NPROCS).unwrap();
     for r in 0..NPROCS {
         // SAFETY: single-threaded; nothing touches the parts yet.
         unsafe { init_part(region, layout, params, r) }.unwrap();
     }
     let mut engines: Vec<Eng<'a>> = (0..2)
         .map(|me| {
-            Eng::attach(
+            Eng::attach_collected(
                 region,
                 layout,
                 params,
                 me,
                 NPROCS,
-                (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-                (0..sizes.consumers).map(|_| None).collect(),
-                vec![FragDesc::new(); sizes.descs],
-                vec![0; sizes.pending],
                 btl_core::sm::engine::Backed,
             )
             .unwrap()
@@ -283,7 +271,7 @@ fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: 
     let mut tainted = false;
     let mut seq = 0u64;
     let mut books = Books::default();
-    let descs = sizes.descs;
+    let descs = Eng::storage_sizes(layout, NPROCS).unwrap().descs;
 
     for op in ops.iter().take(1024) {
         match op {

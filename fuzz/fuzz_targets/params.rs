@@ -276,19 +276,7 @@ fuzz_target!(|input: Input| {
         })
         .collect();
     let cap = ifaces.len() * (tcp.links.min(4) as usize);
-    let mut out = vec![
-        Instance {
-            if_name: "",
-            index: 0,
-            addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            addr_v4: None,
-            addr_v6: None,
-            link: 0,
-            bandwidth: 0,
-            latency: 0,
-        };
-        cap
-    ];
+    let mut out = vec![Instance::EMPTY; cap];
     match select(&ifaces, &tcp, &mut out, |w| {
         let _ = w.to_string();
     }) {

@@ -26,12 +26,8 @@ type Eng<'a> = SmEngine<'a, Vec<PeerSlot<'a>>, Vec<Option<Consumer<'a>>>, Vec<Fr
 
 /// Two-slot rings, tiny fragments: the hand-over happens in few steps.
 fn tiny() -> SmParams {
-    let mut p = SmParams::default();
-    p.fifo_size = 2;
-    p.fifo_lazy_free = 1;
+    let mut p = SmParams::small_for_tests(2);
     p.num_fifos = 1;
-    p.eager_limit = 64;
-    p.rndv_eager_limit = 64;
     p.max_send_size = 64;
     p.free_list_num = 0;
     p.free_list_inc = 1;
@@ -54,20 +50,7 @@ fn tiny_boxed() -> SmParams {
 }
 
 fn attach<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, me: u32) -> Eng<'a> {
-    let sizes = Eng::storage_sizes(layout, 2).unwrap();
-    Eng::attach(
-        region,
-        layout,
-        params,
-        me,
-        2,
-        (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-        (0..sizes.consumers).map(|_| None).collect(),
-        vec![FragDesc::new(); sizes.descs],
-        vec![0; sizes.pending],
-        btl_core::sm::engine::Backed,
-    )
-    .unwrap()
+    Eng::attach_collected(region, layout, params, me, 2, btl_core::sm::engine::Backed).unwrap()
 }
 
 #[derive(Default)]
@@ -129,29 +112,38 @@ fn segment(params: &SmParams) -> (SegmentLayout, Arc<SegmentMemory>) {
 fn handover(n: u64) {
     let params = tiny();
     let (layout, mem) = segment(&params);
-    let receiver = {
-        let mem = mem.clone();
-        spawn(move || {
-            // SAFETY: `mem` (an Arc in this thread) outlives the region; the
-            // engines' protocol orders the byte copies of the two threads.
-            let region = unsafe { mem.region() };
-            let mut e = attach(&region, &layout, &params, 1);
-            let mut rec = Rec::default();
-            for _ in 0..(6 * n) {
-                if rec.got.len() as u64 == n && e.pending() == 0 {
-                    break;
-                }
-                if e.progress(&mut rec) == 0 {
-                    thread::yield_now();
-                }
-            }
-            assert!(rec.errors.is_empty(), "receiver: {:?}", rec.errors);
-            rec.got
-        })
-    };
+    let receiver = spawn_receiver(mem.clone(), layout, params, n as usize, 6 * n);
     spawn(move || owner(&mem, &layout, &params, n, receiver))
         .join()
         .unwrap();
+}
+
+/// Rank 1 in a model thread: progresses (at most `steps` times) until it
+/// has `n` messages and nothing pending; gives the messages it got.
+fn spawn_receiver(
+    mem: Arc<SegmentMemory>,
+    layout: SegmentLayout,
+    params: SmParams,
+    n: usize,
+    steps: u64,
+) -> thread::JoinHandle<Vec<(u8, Vec<u8>)>> {
+    spawn(move || {
+        // SAFETY: `mem` (an Arc in this thread) outlives the region; the
+        // engines' protocol orders the byte copies of the two threads.
+        let region = unsafe { mem.region() };
+        let mut e = attach(&region, &layout, &params, 1);
+        let mut rec = Rec::default();
+        for _ in 0..steps {
+            if rec.got.len() == n && e.pending() == 0 {
+                break;
+            }
+            if e.progress(&mut rec) == 0 {
+                thread::yield_now();
+            }
+        }
+        assert!(rec.errors.is_empty(), "receiver: {:?}", rec.errors);
+        rec.got
+    })
 }
 
 /// A loom thread with room for engines (each holds a table of every rank's
@@ -168,7 +160,7 @@ fn owner(
     n: u64,
     receiver: thread::JoinHandle<Vec<(u8, Vec<u8>)>>,
 ) {
-    // SAFETY: as for the receiver.
+    // SAFETY: as in `spawn_receiver`.
     let region = unsafe { mem.region() };
     let mut e = attach(&region, layout, params, 0);
     let mut rec = Rec::default();
@@ -224,27 +216,9 @@ fn boxed() {
     let params = tiny_boxed();
     let (layout, mem) = segment(&params);
     let msgs: [(u8, &[u8], u64); 3] = [(1, b"ring", 0), (2, b"box", 0), (3, b"ring", 1)];
-    let receiver = {
-        let mem = mem.clone();
-        spawn(move || {
-            // SAFETY: as in `handover`.
-            let region = unsafe { mem.region() };
-            let mut e = attach(&region, &layout, &params, 1);
-            let mut rec = Rec::default();
-            for _ in 0..12 {
-                if rec.got.len() == 3 && e.pending() == 0 {
-                    break;
-                }
-                if e.progress(&mut rec) == 0 {
-                    thread::yield_now();
-                }
-            }
-            assert!(rec.errors.is_empty(), "receiver: {:?}", rec.errors);
-            rec.got
-        })
-    };
+    let receiver = spawn_receiver(mem.clone(), layout, params, 3, 12);
     spawn(move || {
-        // SAFETY: as for the receiver.
+        // SAFETY: as in `spawn_receiver`.
         let region = unsafe { mem.region() };
         let mut e = attach(&region, &layout, &params, 0);
         let mut rec = Rec::default();

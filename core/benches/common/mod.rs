@@ -194,3 +194,13 @@ pub fn pin_main() -> &'static str {
         "NOT pinned (sched_setaffinity refused)"
     }
 }
+
+/// The start of a benchmark's `main`: reads the run lengths, pins the main
+/// thread and prints the header line (`title`, the runs per row, the
+/// pinning). Returns [`run_lengths`]'s figures.
+pub fn start(title: &str) -> (u64, u64, usize) {
+    let (iters, msgs, reps) = run_lengths();
+    let pinning = pin_main();
+    println!("{title}, {reps} runs each, median; threads {pinning}");
+    (iters, msgs, reps)
+}

@@ -312,24 +312,29 @@ pub struct Control<'a> {
 }
 
 /// The control area is missing or inconsistent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum ControlError {
     /// The area is not inside the segment.
+    #[error("segment control area: {0}")]
     Resolve(ResolveError),
     /// The creator has not finished writing the header (yet).
+    #[error("segment header not written yet")]
     NotReady,
     /// Written by an incompatible version.
+    #[error("segment written by control version {found}, this build speaks {CONTROL_VERSION}")]
     BadVersion {
         /// Version found.
         found: u32,
     },
     /// A field has an impossible value.
+    #[error("segment header corrupted: bad {what}")]
     Corrupted {
         /// Which field.
         what: &'static str,
     },
     /// A rank index beyond the job's size.
+    #[error("rank {rank} is not in this segment ({nprocs} ranks)")]
     NoSuchRank {
         /// The rank asked for.
         rank: u32,
@@ -338,30 +343,7 @@ pub enum ControlError {
     },
 }
 
-impl From<ResolveError> for ControlError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
-
-impl fmt::Display for ControlError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Resolve(e) => write!(f, "segment control area: {e}"),
-            Self::NotReady => write!(f, "segment header not written yet"),
-            Self::BadVersion { found } => write!(
-                f,
-                "segment written by control version {found}, this build speaks {CONTROL_VERSION}"
-            ),
-            Self::Corrupted { what } => write!(f, "segment header corrupted: bad {what}"),
-            Self::NoSuchRank { rank, nprocs } => {
-                write!(f, "rank {rank} is not in this segment ({nprocs} ranks)")
-            }
-        }
-    }
-}
-
-impl core::error::Error for ControlError {}
+wrap_from!(ControlError { Resolve(ResolveError) });
 
 impl<'a> Control<'a> {
     /// The control area at the start of `segment` (no validation beyond

@@ -372,6 +372,40 @@ where
         })
     }
 
+    /// [`Self::attach`] with storage of the lengths [`Self::storage_sizes`]
+    /// names, collected from fresh entries: for storage types that can be
+    /// built from an iterator, such as `Vec`.
+    pub fn attach_collected(
+        segment: &Region<'a>,
+        layout: &SegmentLayout,
+        params: &SmParams,
+        me: u32,
+        nprocs: u32,
+        reserve: R,
+    ) -> Result<Self, SetupError>
+    where
+        P: FromIterator<PeerSlot<'a>>,
+        C: FromIterator<Option<Consumer<'a>>>,
+        D: FromIterator<FragDesc>,
+        Q: FromIterator<u64>,
+    {
+        let sizes = Self::storage_sizes(layout, nprocs).ok_or(SetupError::Mismatch {
+            what: "storage size overflows",
+        })?;
+        Self::attach(
+            segment,
+            layout,
+            params,
+            me,
+            nprocs,
+            (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
+            (0..sizes.consumers).map(|_| None).collect(),
+            (0..sizes.descs).map(|_| FragDesc::new()).collect(),
+            (0..sizes.pending).map(|_| 0).collect(),
+            reserve,
+        )
+    }
+
     /// Capacity of one peer's pending queue (see the module docs).
     pub fn pending_capacity(layout: &SegmentLayout) -> Option<u32> {
         layout

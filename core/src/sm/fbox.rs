@@ -297,27 +297,32 @@ unsafe impl ShmSafe for ReaderLine {}
 unsafe impl ShmSafe for FboxHeader {}
 
 /// A box could not be initialised or attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum FboxError {
     /// The size is not a power of two in [`MIN_SIZE`]..=[`MAX_SIZE`].
+    #[error("fast box size {size} is not a power of two between {MIN_SIZE} and {MAX_SIZE}")]
     InvalidSize {
         /// The size found or asked for.
         size: u32,
     },
     /// The box's memory is not inside the region or not aligned.
+    #[error("fast box memory: {0}")]
     Resolve(ResolveError),
     /// No initialised box at this offset.
+    #[error("no initialised fast box here (magic {found:#010x})")]
     BadMagic {
         /// The magic found.
         found: u32,
     },
     /// The box was laid out by an incompatible version.
+    #[error("fast box layout version {found}, expected {VERSION}")]
     BadVersion {
         /// The version found.
         found: u32,
     },
     /// The box was initialised for another sender.
+    #[error("fast box is for sender {found}, not for sender {expected}")]
     WrongSender {
         /// The sender attaching.
         expected: u32,
@@ -325,57 +330,28 @@ pub enum FboxError {
         found: u32,
     },
     /// The box already has its writer (a box has one for its whole life).
+    #[error("the fast box already has its writer")]
     WriterClaimed,
     /// The box's reader was claimed already.
+    #[error("the fast box already has its reader")]
     ReaderClaimed,
     /// The reader's tail is not at the start: the box was used already.
+    #[error("fast box was used already (reader at byte {tail})")]
     NotFresh {
         /// The tail found.
         tail: u64,
     },
 }
 
-impl From<ResolveError> for FboxError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
-
-impl fmt::Display for FboxError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::InvalidSize { size } => write!(
-                f,
-                "fast box size {size} is not a power of two between {MIN_SIZE} and {MAX_SIZE}"
-            ),
-            Self::Resolve(e) => write!(f, "fast box memory: {e}"),
-            Self::BadMagic { found } => {
-                write!(f, "no initialised fast box here (magic {found:#010x})")
-            }
-            Self::BadVersion { found } => {
-                write!(f, "fast box layout version {found}, expected {VERSION}")
-            }
-            Self::WrongSender { expected, found } => write!(
-                f,
-                "fast box is for sender {found}, not for sender {expected}"
-            ),
-            Self::WriterClaimed => write!(f, "the fast box already has its writer"),
-            Self::ReaderClaimed => write!(f, "the fast box already has its reader"),
-            Self::NotFresh { tail } => {
-                write!(f, "fast box was used already (reader at byte {tail})")
-            }
-        }
-    }
-}
-
-impl core::error::Error for FboxError {}
+wrap_from!(FboxError { Resolve(ResolveError) });
 
 /// A box was found corrupt. Final: the handle that found it returns it from
 /// then on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Corruption {
     /// A record header has reserved bits set.
+    #[error("fast box record at byte {pos}: header {word:#018x} has reserved bits set")]
     ReservedBits {
         /// Byte offset of the record in the box's data.
         pos: u32,
@@ -383,6 +359,7 @@ pub enum Corruption {
         word: u64,
     },
     /// A record header has an unknown kind.
+    #[error("fast box record at byte {pos}: unknown kind {kind}")]
     BadKind {
         /// Byte offset of the record.
         pos: u32,
@@ -390,6 +367,7 @@ pub enum Corruption {
         kind: u8,
     },
     /// A message's tag exceeds [`MAX_TAG`].
+    #[error("fast box record at byte {pos}: tag {tag} exceeds {MAX_TAG}")]
     BadTag {
         /// Byte offset of the record.
         pos: u32,
@@ -397,6 +375,7 @@ pub enum Corruption {
         tag: u32,
     },
     /// A record's sequence number is not the next one.
+    #[error("fast box record at byte {pos}: sequence number {found}, expected {expected}")]
     Sequence {
         /// Byte offset of the record.
         pos: u32,
@@ -406,6 +385,7 @@ pub enum Corruption {
         found: u32,
     },
     /// A message is longer than a box record may be.
+    #[error("fast box record at byte {pos}: length {len} exceeds the box's limit {max}")]
     TooLong {
         /// Byte offset of the record.
         pos: u32,
@@ -415,6 +395,9 @@ pub enum Corruption {
         max: u32,
     },
     /// A message would reach past the end of the box.
+    #[error(
+        "fast box record at byte {pos}: length {len} reaches past the end of the {size}-byte box"
+    )]
     CrossesEnd {
         /// Byte offset of the record.
         pos: u32,
@@ -424,6 +407,7 @@ pub enum Corruption {
         size: u32,
     },
     /// A wrap record with non-zero length or tag, or at the box's start.
+    #[error("fast box record at byte {pos}: invalid wrap record {word:#018x}")]
     BadWrap {
         /// Byte offset of the record.
         pos: u32,
@@ -432,16 +416,19 @@ pub enum Corruption {
     },
     /// A drain found more records than the box can hold: the writer kept
     /// writing while it had to send by the ring (the hand-off rule).
+    #[error("fast box still had records after draining {records}: its writer used it while ring messages were unacknowledged")]
     DrainOverrun {
         /// Records drained before giving up.
         records: u32,
     },
     /// The reader's tail is not 8-byte aligned.
+    #[error("fast box reader's tail {tail} is not 8-byte aligned")]
     TailMisaligned {
         /// The tail found.
         tail: u64,
     },
     /// The reader's tail went backwards.
+    #[error("fast box reader's tail went back from {previous} to {tail}")]
     TailBackwards {
         /// The tail found.
         tail: u64,
@@ -449,6 +436,7 @@ pub enum Corruption {
         previous: u64,
     },
     /// The reader's tail is beyond what the writer has written.
+    #[error("fast box reader's tail {tail} is beyond the writer's head {head}")]
     TailBeyondHead {
         /// The tail found.
         tail: u64,
@@ -459,78 +447,22 @@ pub enum Corruption {
     /// names another rank or no box of the receiver's pool, or the box it
     /// names cannot be attached (not initialised for us, claimed already,
     /// used already).
+    #[error("box directory word {word:#018x} does not offer a fresh box of the receiver's pool")]
     BadOffer {
         /// The directory word.
         word: u64,
     },
 }
 
-impl fmt::Display for Corruption {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::ReservedBits { pos, word } => write!(
-                f,
-                "fast box record at byte {pos}: header {word:#018x} has reserved bits set"
-            ),
-            Self::BadKind { pos, kind } => {
-                write!(f, "fast box record at byte {pos}: unknown kind {kind}")
-            }
-            Self::BadTag { pos, tag } => write!(
-                f,
-                "fast box record at byte {pos}: tag {tag} exceeds {MAX_TAG}"
-            ),
-            Self::Sequence {
-                pos,
-                expected,
-                found,
-            } => write!(
-                f,
-                "fast box record at byte {pos}: sequence number {found}, expected {expected}"
-            ),
-            Self::TooLong { pos, len, max } => write!(
-                f,
-                "fast box record at byte {pos}: length {len} exceeds the box's limit {max}"
-            ),
-            Self::CrossesEnd { pos, len, size } => write!(
-                f,
-                "fast box record at byte {pos}: length {len} reaches past the end of the {size}-byte box"
-            ),
-            Self::BadWrap { pos, word } => write!(
-                f,
-                "fast box record at byte {pos}: invalid wrap record {word:#018x}"
-            ),
-            Self::DrainOverrun { records } => write!(
-                f,
-                "fast box still had records after draining {records}: its writer used it while ring messages were unacknowledged"
-            ),
-            Self::TailMisaligned { tail } => {
-                write!(f, "fast box reader's tail {tail} is not 8-byte aligned")
-            }
-            Self::BadOffer { word } => write!(
-                f,
-                "box directory word {word:#018x} does not offer a fresh box of the receiver's pool"
-            ),
-            Self::TailBackwards { tail, previous } => write!(
-                f,
-                "fast box reader's tail went back from {previous} to {tail}"
-            ),
-            Self::TailBeyondHead { tail, head } => write!(
-                f,
-                "fast box reader's tail {tail} is beyond the writer's head {head}"
-            ),
-        }
-    }
-}
-
-impl core::error::Error for Corruption {}
-
 /// A message did not go into the box; nothing was written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SendError {
     /// Not enough room until the reader catches up: send by the ring.
+    #[error("fast box full")]
     Full,
     /// Longer than a box record may be: send by the ring.
+    #[error("payload of {len} bytes exceeds the fast box limit of {max}")]
     TooLarge {
         /// Payload bytes given.
         len: usize,
@@ -539,32 +471,15 @@ pub enum SendError {
     },
     /// Ring messages to this peer are not all acknowledged yet (the
     /// hand-off rule): send by the ring.
+    #[error("{in_flight} ring messages to this peer are unacknowledged; the fast box must wait")]
     RingBusy {
         /// Ring messages in flight, as the caller said.
         in_flight: u32,
     },
     /// The box was found corrupt (now or before): fail the peer.
+    #[error(transparent)]
     Corrupt(Corruption),
 }
-
-impl fmt::Display for SendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Full => write!(f, "fast box full"),
-            Self::TooLarge { len, max } => write!(
-                f,
-                "payload of {len} bytes exceeds the fast box limit of {max}"
-            ),
-            Self::RingBusy { in_flight } => write!(
-                f,
-                "{in_flight} ring messages to this peer are unacknowledged; the fast box must wait"
-            ),
-            Self::Corrupt(c) => write!(f, "{c}"),
-        }
-    }
-}
-
-impl core::error::Error for SendError {}
 
 /// Geometry and initialisation of boxes (no instances: the handles are
 /// [`FboxReader`] and [`FboxWriter`]).

@@ -125,15 +125,20 @@ unsafe impl ShmSafe for Meta {}
 unsafe impl ShmSafe for FifoHeader {}
 
 /// Why a ring could not be initialised, attached or claimed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum FifoError {
     /// The size is not a power of two in `[MIN_SIZE, MAX_SIZE]`.
+    #[error("FIFO size {size} is not a power of two between {MIN_SIZE} and {MAX_SIZE}")]
     InvalidSize {
         /// The size found or asked for.
         size: u32,
     },
     /// `lazy_free` is not in `[1, size / 2]`.
+    #[error(
+        "FIFO lazy-free count {lazy_free} is not between 1 and {} (half of size {size})",
+        .size / 2
+    )]
     InvalidLazyFree {
         /// The value found or asked for.
         lazy_free: u32,
@@ -141,20 +146,25 @@ pub enum FifoError {
         size: u32,
     },
     /// The ring's memory is not inside the region or not aligned.
+    #[error("FIFO memory: {0}")]
     Resolve(ResolveError),
     /// No initialised ring at this offset (or it was overwritten).
+    #[error("no initialised FIFO here (magic {found:#010x})")]
     BadMagic {
         /// The magic found.
         found: u32,
     },
     /// The ring was laid out by an incompatible version.
+    #[error("FIFO layout version {found}, expected {VERSION}")]
     BadVersion {
         /// The version found.
         found: u32,
     },
     /// Another consumer holds the ring.
+    #[error("the FIFO already has a consumer")]
     AlreadyClaimed,
     /// The reader's persisted state is inconsistent (`freed > tail`).
+    #[error("FIFO reader state corrupted: freed {freed} is beyond tail {tail}")]
     CorruptedReaderState {
         /// Freed counter found.
         freed: u64,
@@ -163,41 +173,7 @@ pub enum FifoError {
     },
 }
 
-impl From<ResolveError> for FifoError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
-
-impl fmt::Display for FifoError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::InvalidSize { size } => write!(
-                f,
-                "FIFO size {size} is not a power of two between {MIN_SIZE} and {MAX_SIZE}"
-            ),
-            Self::InvalidLazyFree { lazy_free, size } => write!(
-                f,
-                "FIFO lazy-free count {lazy_free} is not between 1 and {} (half of size {size})",
-                size / 2
-            ),
-            Self::Resolve(e) => write!(f, "FIFO memory: {e}"),
-            Self::BadMagic { found } => {
-                write!(f, "no initialised FIFO here (magic {found:#010x})")
-            }
-            Self::BadVersion { found } => {
-                write!(f, "FIFO layout version {found}, expected {VERSION}")
-            }
-            Self::AlreadyClaimed => write!(f, "the FIFO already has a consumer"),
-            Self::CorruptedReaderState { freed, tail } => write!(
-                f,
-                "FIFO reader state corrupted: freed {freed} is beyond tail {tail}"
-            ),
-        }
-    }
-}
-
-impl core::error::Error for FifoError {}
+wrap_from!(FifoError { Resolve(ResolveError) });
 
 /// What [`Consumer::audit`] found wrong with the ring's shared state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,13 +233,15 @@ impl fmt::Display for RingFault {
 }
 
 /// A value could not be pushed; it is handed back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PushError {
     /// The ring is full (the seed's `OMPI_ERR_OUT_OF_RESOURCE`): retry after
     /// the reader has made room.
+    #[error("FIFO full")]
     Full(u64),
     /// The value is the [`FREE`] sentinel, which cannot be stored.
+    #[error("value {0:#x} is the FREE sentinel")]
     InvalidValue(u64),
 }
 
@@ -275,17 +253,6 @@ impl PushError {
         }
     }
 }
-
-impl fmt::Display for PushError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Full(_) => write!(f, "FIFO full"),
-            Self::InvalidValue(v) => write!(f, "value {v:#x} is the FREE sentinel"),
-        }
-    }
-}
-
-impl core::error::Error for PushError {}
 
 /// A validated view of a ring in a region; hands out [`Producer`]s and the
 /// one [`Consumer`].

@@ -32,7 +32,6 @@
 //! receiver's limit) and return a typed [`FragError`].
 #![allow(unsafe_code)]
 
-use core::fmt;
 use core::mem::size_of;
 
 use crate::shm::{OffsetError, Region, ResolveError, SegmentTable, ShmOffset, ShmSafe};
@@ -76,17 +75,20 @@ pub struct Slot {
 }
 
 /// A slot value could not be decoded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SlotError {
     /// The value is the FIFO's FREE sentinel.
+    #[error("slot holds the FREE sentinel")]
     Free,
     /// The reserved bit 63 is set.
+    #[error("slot value {raw:#018x} has the reserved bit set")]
     ReservedBit {
         /// The raw slot value.
         raw: u64,
     },
     /// PUT or GET, which this version does not carry in slots.
+    #[error("slot value {raw:#018x} has unsupported type {kind:?}")]
     UnsupportedType {
         /// The type found.
         kind: FragType,
@@ -94,30 +96,12 @@ pub enum SlotError {
         raw: u64,
     },
     /// Encoding: the fragment offset is not [`FRAG_ALIGN`]-aligned.
+    #[error("fragment {frag:?} is not {FRAG_ALIGN}-byte aligned")]
     Misaligned {
         /// The offending offset.
         frag: ShmOffset,
     },
 }
-
-impl fmt::Display for SlotError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Free => write!(f, "slot holds the FREE sentinel"),
-            Self::ReservedBit { raw } => {
-                write!(f, "slot value {raw:#018x} has the reserved bit set")
-            }
-            Self::UnsupportedType { kind, raw } => {
-                write!(f, "slot value {raw:#018x} has unsupported type {kind:?}")
-            }
-            Self::Misaligned { frag } => {
-                write!(f, "fragment {frag:?} is not {FRAG_ALIGN}-byte aligned")
-            }
-        }
-    }
-}
-
-impl core::error::Error for SlotError {}
 
 impl Slot {
     /// A slot for `frag`; fails if the offset is not [`FRAG_ALIGN`]-aligned.
@@ -332,14 +316,17 @@ impl FragHeader {
 }
 
 /// A fragment read from shared memory failed validation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum FragError {
     /// The slot value itself is bad.
+    #[error("bad slot: {0}")]
     Slot(SlotError),
     /// The fragment (or its payload) is not inside its owner's region.
+    #[error("bad fragment offset: {0}")]
     Resolve(ResolveError),
     /// The header names another owner than the slot's offset.
+    #[error("fragment header names owner {header_owner}, slot names {slot_owner}")]
     OwnerMismatch {
         /// Owner in the slot.
         slot_owner: u16,
@@ -347,6 +334,7 @@ pub enum FragError {
         header_owner: u32,
     },
     /// The header's capacity is larger than any fragment may be.
+    #[error("fragment capacity {capacity} exceeds the limit {max}")]
     CapacityTooLarge {
         /// Capacity in the header.
         capacity: u32,
@@ -354,6 +342,7 @@ pub enum FragError {
         max: u32,
     },
     /// The payload length exceeds the fragment's capacity.
+    #[error("fragment length {len} exceeds its capacity {capacity}")]
     LengthExceedsCapacity {
         /// Length in the header.
         len: u32,
@@ -361,12 +350,17 @@ pub enum FragError {
         capacity: u32,
     },
     /// The tag does not fit the 8-bit tag space.
+    #[error("fragment tag {tag} exceeds {MAX_TAG}")]
     BadTag {
         /// Tag in the header.
         tag: u32,
     },
     /// The check word does not match the other fields: the header was
     /// changed after its owner wrote it.
+    #[error(
+        "fragment header changed after its owner wrote it (check word {stored:#010x}, \
+                 fields give {computed:#010x})"
+    )]
     BadCheck {
         /// The check word in the header.
         stored: u32,
@@ -375,47 +369,7 @@ pub enum FragError {
     },
 }
 
-impl From<SlotError> for FragError {
-    fn from(e: SlotError) -> Self {
-        Self::Slot(e)
-    }
-}
-
-impl From<ResolveError> for FragError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
-
-impl fmt::Display for FragError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Slot(e) => write!(f, "bad slot: {e}"),
-            Self::Resolve(e) => write!(f, "bad fragment offset: {e}"),
-            Self::OwnerMismatch {
-                slot_owner,
-                header_owner,
-            } => write!(
-                f,
-                "fragment header names owner {header_owner}, slot names {slot_owner}"
-            ),
-            Self::CapacityTooLarge { capacity, max } => {
-                write!(f, "fragment capacity {capacity} exceeds the limit {max}")
-            }
-            Self::LengthExceedsCapacity { len, capacity } => {
-                write!(f, "fragment length {len} exceeds its capacity {capacity}")
-            }
-            Self::BadTag { tag } => write!(f, "fragment tag {tag} exceeds {MAX_TAG}"),
-            Self::BadCheck { stored, computed } => write!(
-                f,
-                "fragment header changed after its owner wrote it (check word {stored:#010x}, \
-                 fields give {computed:#010x})"
-            ),
-        }
-    }
-}
-
-impl core::error::Error for FragError {}
+wrap_from!(FragError { Slot(SlotError), Resolve(ResolveError) });
 
 /// A validated message: a fragment's header snapshot and its payload
 /// bytes, or a record of a fast box ([`crate::sm::fbox`]) seen the same

@@ -78,8 +78,6 @@
 //! [`SizeError::Overflow`] (the seed's `OMPI_ERR_VALUE_OUT_OF_BOUNDS`), never
 //! a wrapped size.
 
-use core::fmt;
-
 use crate::params::{ParamError, ParamKey};
 use crate::sm::fbox::Fbox;
 use crate::sm::fifo::{fifo_map_num, Fifo};
@@ -122,15 +120,17 @@ pub const REGTAB_BYTES: usize = crate::sm::regtab::TABLE_BYTES;
 const _: () = assert!(REGTAB_BYTES % CACHE_LINE == 0);
 
 /// Why a segment could not be sized or an offset computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SizeError {
     /// The size of `what` would exceed `isize::MAX` bytes.
+    #[error("shared segment too large: the size of the {what} exceeds the address space")]
     Overflow {
         /// The quantity that overflowed ("segment", "eager fragments", ...).
         what: &'static str,
     },
     /// An index is out of range.
+    #[error("{what} {index} out of range (there are {limit})")]
     IndexOutOfRange {
         /// What is indexed ("rank", "ring", ...).
         what: &'static str,
@@ -142,30 +142,12 @@ pub enum SizeError {
     /// The parameters were not verified
     /// ([`Params::verify`](crate::params::Params::verify)) or
     /// `max_procs` is 0.
+    #[error("sm parameters not verified: {what}")]
     InvalidParams {
         /// The rule that does not hold.
         what: &'static str,
     },
 }
-
-impl fmt::Display for SizeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            SizeError::Overflow { what } => write!(
-                f,
-                "shared segment too large: the size of the {what} exceeds the address space"
-            ),
-            SizeError::IndexOutOfRange { what, index, limit } => {
-                write!(f, "{what} {index} out of range (there are {limit})")
-            }
-            SizeError::InvalidParams { what } => {
-                write!(f, "sm parameters not verified: {what}")
-            }
-        }
-    }
-}
-
-impl core::error::Error for SizeError {}
 
 /// The sizes and offsets of one node's shared segment (see the module
 /// documentation for the layout). All byte quantities fit in `isize`.
@@ -238,6 +220,14 @@ fn fits_isize(v: usize, what: &'static str) -> Result<usize, SizeError> {
     } else {
         Err(overflow(what))
     }
+}
+
+/// Offset of element `i` of an array of `size`-byte elements at `start`;
+/// past the address space is an error.
+fn element(start: usize, size: usize, i: usize) -> Result<usize, SizeError> {
+    size.checked_mul(i)
+        .and_then(|o| o.checked_add(start))
+        .ok_or(overflow("segment"))
 }
 
 fn check_index(what: &'static str, index: u32, limit: u32) -> Result<usize, SizeError> {
@@ -426,20 +416,14 @@ impl SegmentLayout {
     /// Offset of `rank`'s part.
     pub fn part_offset(&self, rank: u32) -> Result<usize, SizeError> {
         let rank = check_index("rank", rank, self.max_procs)?;
-        self.part_bytes
-            .checked_mul(rank)
-            .and_then(|o| o.checked_add(self.control_bytes))
-            .ok_or(overflow("segment"))
+        element(self.control_bytes, self.part_bytes, rank)
     }
 
     /// Offset of receive ring `ring` of `rank`.
     pub fn ring_offset(&self, rank: u32, ring: u32) -> Result<usize, SizeError> {
         let part = self.part_offset(rank)?;
         let ring = check_index("ring", ring, self.rings_per_rank)?;
-        self.ring_bytes
-            .checked_mul(ring)
-            .and_then(|o| o.checked_add(part))
-            .ok_or(overflow("segment"))
+        element(part, self.ring_bytes, ring)
     }
 
     /// Offset of `rank`'s region table ([`REGTAB_BYTES`], just after its
@@ -447,10 +431,7 @@ impl SegmentLayout {
     pub fn regtab_offset(&self, rank: u32) -> Result<usize, SizeError> {
         let part = self.part_offset(rank)?;
         let rings = usize::try_from(self.rings_per_rank).map_err(|_| overflow("segment"))?;
-        self.ring_bytes
-            .checked_mul(rings)
-            .and_then(|o| o.checked_add(part))
-            .ok_or(overflow("segment"))
+        element(part, self.ring_bytes, rings)
     }
 
     /// Offset of the word of `sender` in `receiver`'s box directory (see
@@ -465,9 +446,7 @@ impl SegmentLayout {
         }
         let start = self.fbox_start(receiver)?;
         let s = check_index("sender", sender, self.max_procs)?;
-        s.checked_mul(8)
-            .and_then(|o| o.checked_add(start))
-            .ok_or(overflow("segment"))
+        element(start, 8, s)
     }
 
     /// Offset of box `k` of `rank`'s box pool; an error without boxes.
@@ -477,10 +456,7 @@ impl SegmentLayout {
             .checked_add(self.fbox_dir_bytes)
             .ok_or(overflow("segment"))?;
         let k = check_index("fast box", k, self.fbox_pool)?;
-        self.fbox_bytes
-            .checked_mul(k)
-            .and_then(|o| o.checked_add(start))
-            .ok_or(overflow("segment"))
+        element(start, self.fbox_bytes, k)
     }
 
     /// Which box of `rank`'s pool starts at `offset` (an offset in the
@@ -512,26 +488,16 @@ impl SegmentLayout {
     pub fn eager_frag_offset(&self, rank: u32, i: u32) -> Result<usize, SizeError> {
         let start = self.eager_start(rank)?;
         let i = check_index("eager fragment", i, self.eager_frags)?;
-        self.eager_frag_bytes
-            .checked_mul(i)
-            .and_then(|o| o.checked_add(start))
-            .ok_or(overflow("segment"))
+        element(start, self.eager_frag_bytes, i)
     }
 
     /// Offset of max-size fragment `i` of `rank`.
     pub fn max_frag_offset(&self, rank: u32, i: u32) -> Result<usize, SizeError> {
         let eager_start = self.eager_start(rank)?;
         let eager = usize::try_from(self.eager_frags).map_err(|_| overflow("segment"))?;
-        let start = self
-            .eager_frag_bytes
-            .checked_mul(eager)
-            .and_then(|o| o.checked_add(eager_start))
-            .ok_or(overflow("segment"))?;
+        let start = element(eager_start, self.eager_frag_bytes, eager)?;
         let i = check_index("max-size fragment", i, self.max_frags)?;
-        self.max_frag_bytes
-            .checked_mul(i)
-            .and_then(|o| o.checked_add(start))
-            .ok_or(overflow("segment"))
+        element(start, self.max_frag_bytes, i)
     }
 
     /// Offset of `rank`'s box directory (just after its region table; its

@@ -441,6 +441,24 @@ impl Default for SmParams {
 }
 
 impl SmParams {
+    /// Defaults with rings of `fifo_size` slots (lazy free every quarter
+    /// ring, at least every slot) and small fragments (64-byte eager ones and first fragments,
+    /// 256-byte max-size ones; 2 to start with, 4 more at a time): a job
+    /// that reaches full rings and empty pools in few messages, for the
+    /// engine's tests, fuzz targets and loom models.
+    #[doc(hidden)]
+    pub fn small_for_tests(fifo_size: u32) -> Self {
+        let mut p = Self::new();
+        p.fifo_size = fifo_size;
+        p.fifo_lazy_free = (fifo_size / 4).max(1);
+        p.eager_limit = 64;
+        p.rndv_eager_limit = 64;
+        p.max_send_size = 256;
+        p.free_list_num = 2;
+        p.free_list_inc = 4;
+        p
+    }
+
     /// The seed's defaults, all with source
     /// [`ParamSource::Default`](crate::params::ParamSource::Default).
     pub const fn new() -> Self {
@@ -658,27 +676,14 @@ impl Params for SmParams {
                 &[],
             )?;
         }
-        // Seed open: the number of rings is a power of two.
-        let nfifos = next_pow2(i64::from(self.num_fifos));
-        if nfifos != i64::from(self.num_fifos) {
-            self.adjust(
-                out,
-                ParamId::NumFifos,
-                nfifos,
-                "rounded up to a power of two",
-                &[],
-            )?;
-        }
-        // Seed sm_fifo_init: the ring size is a power of two.
-        let size = next_pow2(i64::from(self.fifo_size));
-        if size != i64::from(self.fifo_size) {
-            self.adjust(
-                out,
-                ParamId::FifoSize,
-                size,
-                "rounded up to a power of two",
-                &[],
-            )?;
+        // Seed open: the number of rings is a power of two; seed
+        // sm_fifo_init: so is the ring size.
+        for id in [ParamId::NumFifos, ParamId::FifoSize] {
+            let value = self.get(id);
+            let rounded = next_pow2(value);
+            if rounded != value {
+                self.adjust(out, id, rounded, "rounded up to a power of two", &[])?;
+            }
         }
         // Seed open: 1 <= lazy_free <= fifo_size / 2.
         let half = i64::from(self.fifo_size >> 1);

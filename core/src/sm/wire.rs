@@ -65,8 +65,6 @@
 //! id and range, a request id, the order of chunks) is the adapter's to
 //! check. All malformed input is a typed [`WireError`], never a panic.
 
-use core::fmt;
-
 use crate::rma::RmaStatus;
 
 /// Largest user tag (chunked and rendezvous messages carry user messages
@@ -151,16 +149,18 @@ mod field {
 }
 
 /// Why a message a peer wrote was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
 pub enum WireError {
     /// A tag above [`MAX_USER_TAG`] where only user messages travel.
+    #[error("tag {found}, not a user tag (0..={MAX_USER_TAG})")]
     BadTag {
         /// The tag received.
         found: u8,
     },
     /// Fewer bytes than the format has.
+    #[error("truncated: {got} bytes, {needed} needed")]
     Truncated {
         /// The format's length.
         needed: usize,
@@ -168,6 +168,7 @@ pub enum WireError {
         got: usize,
     },
     /// A message whose length is not its format's.
+    #[error("{len} bytes, not {expected}")]
     BadLength {
         /// The message's length.
         len: usize,
@@ -175,6 +176,7 @@ pub enum WireError {
         expected: usize,
     },
     /// A length above the receiver's limit.
+    #[error("length {len}, limit is {max}")]
     TooLong {
         /// The length received.
         len: u64,
@@ -182,11 +184,13 @@ pub enum WireError {
         max: u64,
     },
     /// A reserved byte is not zero.
+    #[error("reserved byte {at} is not zero")]
     ReservedNotZero {
         /// Its offset in the format.
         at: usize,
     },
     /// An offset past the length it lies within.
+    #[error("offset {at} past length {len}")]
     OutOfRange {
         /// The offset received.
         at: u64,
@@ -194,6 +198,7 @@ pub enum WireError {
         len: u64,
     },
     /// An address range that wraps around the address space.
+    #[error("address range {addr:#x}+{len} wraps around")]
     Overflow {
         /// The start address received.
         addr: u64,
@@ -201,34 +206,18 @@ pub enum WireError {
         len: u64,
     },
     /// An answer's status code is not an [`RmaStatus`].
+    #[error("unknown status code {found}")]
     BadStatus {
         /// The code received.
         found: u32,
     },
     /// A get request's mode is not one of [`GET_BY_FRAGMENTS`],
     /// [`GET_BY_SINGLE_COPY`] and [`GET_SPLIT`].
+    #[error("unknown get mode {found}")]
     BadGetMode {
         /// The mode received.
         found: u64,
     },
-}
-
-impl core::error::Error for WireError {}
-
-impl fmt::Display for WireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Truncated { needed, got } => write!(f, "truncated: {got} bytes, {needed} needed"),
-            Self::BadLength { len, expected } => write!(f, "{len} bytes, not {expected}"),
-            Self::BadTag { found } => write!(f, "tag {found}, not a user tag (0..={MAX_USER_TAG})"),
-            Self::TooLong { len, max } => write!(f, "length {len}, limit is {max}"),
-            Self::ReservedNotZero { at } => write!(f, "reserved byte {at} is not zero"),
-            Self::OutOfRange { at, len } => write!(f, "offset {at} past length {len}"),
-            Self::Overflow { addr, len } => write!(f, "address range {addr:#x}+{len} wraps around"),
-            Self::BadStatus { found } => write!(f, "unknown status code {found}"),
-            Self::BadGetMode { found } => write!(f, "unknown get mode {found}"),
-        }
-    }
 }
 
 fn le<const N: usize>(data: &[u8], at: Field) -> [u8; N] {

@@ -12,33 +12,22 @@ use core::fmt;
 use core::net::SocketAddr;
 
 /// Why a peer's address record is refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum AddrRecordError {
     /// The record is not UTF-8 text.
+    #[error("the address record is not UTF-8 text")]
     NotText,
     /// The record holds no address.
+    #[error("the address record holds no address")]
     Empty,
     /// Entry `index` (0-based) is not an `ip:port` address.
+    #[error("entry {index} of the address record is not an ip:port")]
     BadEntry {
         /// Position of the entry in the record.
         index: usize,
     },
 }
-
-impl fmt::Display for AddrRecordError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::NotText => f.write_str("the address record is not UTF-8 text"),
-            Self::Empty => f.write_str("the address record holds no address"),
-            Self::BadEntry { index } => {
-                write!(f, "entry {index} of the address record is not an ip:port")
-            }
-        }
-    }
-}
-
-impl core::error::Error for AddrRecordError {}
 
 /// A validated address record (borrowing the record's bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,21 +102,17 @@ mod tests {
         assert_eq!(AddrRecord::parse(b" \n"), Err(AddrRecordError::Empty));
         assert_eq!(AddrRecord::parse(b"\xff:1"), Err(AddrRecordError::NotText));
         // One good entry does not excuse a bad one (it used to be skipped).
-        assert_eq!(
-            AddrRecord::parse(b"127.0.0.1:1024,garbage"),
-            Err(AddrRecordError::BadEntry { index: 1 })
-        );
-        assert_eq!(
-            AddrRecord::parse(b"127.0.0.1:1024,"),
-            Err(AddrRecordError::BadEntry { index: 1 })
-        );
-        assert_eq!(
-            AddrRecord::parse(b"127.0.0.1"),
-            Err(AddrRecordError::BadEntry { index: 0 })
-        );
-        assert_eq!(
-            AddrRecord::parse(b"127.0.0.1:65536"),
-            Err(AddrRecordError::BadEntry { index: 0 })
-        );
+        for (record, index) in [
+            (&b"127.0.0.1:1024,garbage"[..], 1),
+            (b"127.0.0.1:1024,", 1),
+            (b"127.0.0.1", 0),
+            (b"127.0.0.1:65536", 0),
+        ] {
+            assert_eq!(
+                AddrRecord::parse(record),
+                Err(AddrRecordError::BadEntry { index }),
+                "{record:?}"
+            );
+        }
     }
 }

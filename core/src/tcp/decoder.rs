@@ -95,6 +95,22 @@ enum Stage {
     End,
 }
 
+impl Stage {
+    /// Where a frame whose RMA sub-header (if any) is delivered stands
+    /// with `remaining` payload bytes still to come: at its end when none.
+    fn rest_of(frame: FrameRepr, remaining: u32) -> Self {
+        if remaining == 0 {
+            Stage::End
+        } else {
+            Stage::Payload {
+                frame,
+                remaining,
+                rma_pending: false,
+            }
+        }
+    }
+}
+
 /// The incremental decoder of one connection's byte stream.
 ///
 /// The read-ahead buffer `B` is any byte storage: `&mut [u8]` (static
@@ -253,15 +269,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Decoder<B> {
                 self.start += n;
                 // n <= remaining, so this cannot underflow or truncate.
                 let remaining = remaining - n as u32;
-                self.stage = if remaining == 0 {
-                    Stage::End
-                } else {
-                    Stage::Payload {
-                        frame,
-                        remaining,
-                        rma_pending: false,
-                    }
-                };
+                self.stage = Stage::rest_of(frame, remaining);
                 Some(Ok(Event::Payload(&self.buf.as_ref()[from..from + n])))
             }
             Stage::End => {
@@ -349,15 +357,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Decoder<B> {
         } = self.stage
         {
             let remaining = remaining - n;
-            self.stage = if remaining == 0 {
-                Stage::End
-            } else {
-                Stage::Payload {
-                    frame,
-                    remaining,
-                    rma_pending: false,
-                }
-            };
+            self.stage = Stage::rest_of(frame, remaining);
         }
     }
 
@@ -596,6 +596,28 @@ mod tests {
         rank: 3,
     };
 
+    /// Cut points in a stream of `len` bytes, ascending, drawn from a
+    /// generator seeded `seed`: each one `1..span` bytes after the one
+    /// before, `span` being `long` one time in `long_one_in` and `short`
+    /// otherwise.
+    fn random_cuts(len: usize, seed: u64, long_one_in: u64, long: u64, short: u64) -> Vec<usize> {
+        let mut rng = Rng(seed);
+        let mut cuts = Vec::new();
+        let mut at = 0;
+        loop {
+            let span = if rng.below(long_one_in) == 0 {
+                long
+            } else {
+                short
+            };
+            at += 1 + rng.below(span) as usize;
+            if at >= len {
+                return cuts;
+            }
+            cuts.push(at);
+        }
+    }
+
     /// A handshake and `frames` random frames (sizes `0..max_size`), plus
     /// the events they must decode to.
     fn stream(seed: u64, frames: usize, max_size: u64) -> (Vec<u8>, Vec<Owned>) {
@@ -680,17 +702,7 @@ mod tests {
         let (frames, max_size) = if cfg!(miri) { (6, 200) } else { (50, 3000) };
         let (bytes, expected) = stream(0x9e37_79b9_7f4a_7c15, frames, max_size);
         let one_by_one: Vec<usize> = (1..bytes.len()).collect();
-        let mut rng = Rng(12345);
-        let mut random = Vec::new();
-        let mut at = 0;
-        loop {
-            let span = if rng.below(4) == 0 { 5000 } else { 40 };
-            at += 1 + rng.below(span) as usize;
-            if at >= bytes.len() {
-                break;
-            }
-            random.push(at);
-        }
+        let random = random_cuts(bytes.len(), 12345, 4, 5000, 40);
         for buf_len in [MIN_BUFFER, DEFAULT_BUFFER] {
             for cuts in [&[][..], &one_by_one[..], &random[..]] {
                 assert_eq!(
@@ -732,17 +744,7 @@ mod tests {
     fn whole_frames_mixed_with_events_give_the_same_events() {
         let (frames, max_size) = if cfg!(miri) { (6, 200) } else { (60, 3000) };
         let (bytes, expected) = stream(0x2545_f491_4f6c_dd1d, frames, max_size);
-        let mut rng = Rng(777);
-        let mut random = Vec::new();
-        let mut at = 0;
-        loop {
-            let span = if rng.below(3) == 0 { 6000 } else { 30 };
-            at += 1 + rng.below(span) as usize;
-            if at >= bytes.len() {
-                break;
-            }
-            random.push(at);
-        }
+        let random = random_cuts(bytes.len(), 777, 3, 6000, 30);
         for buf_len in [MIN_BUFFER, DEFAULT_BUFFER] {
             for (i, cuts) in [&[][..], &random[..]].into_iter().enumerate() {
                 assert_eq!(

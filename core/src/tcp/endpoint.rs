@@ -66,8 +66,6 @@
 //! side fails ([`FailReason::HandshakeRefused`], or
 //! [`FailReason::HandshakeTimeout`] if it has the higher rank).
 
-use core::fmt;
-
 use super::wire::{HandshakeRepr, WireError};
 
 /// The default handshake timeout (milliseconds).
@@ -86,18 +84,23 @@ pub const RETRY_MAX_MS: u64 = 1_000;
 pub struct ConnId(pub u32);
 
 /// Why an endpoint failed. Final: the peer is reported as failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum FailReason {
     /// Our connect attempt failed (refused, unreachable).
+    #[error("connect failed")]
     ConnectFailed,
     /// Our connect attempt did not complete within the handshake timeout.
+    #[error("connect timed out")]
     ConnectTimeout,
     /// The handshake did not complete within the handshake timeout.
+    #[error("handshake timed out")]
     HandshakeTimeout,
     /// The peer closed our connection without answering our handshake.
+    #[error("peer closed the connection without answering the handshake")]
     HandshakeRefused,
     /// The peer answered our handshake as someone else.
+    #[error("peer answered as rank {rank} of job {job:#018x}, not the expected process")]
     BadIdentity {
         /// The job hash it sent.
         job: u64,
@@ -105,52 +108,26 @@ pub enum FailReason {
         rank: u32,
     },
     /// The connection ended without a FIN.
+    #[error("connection lost in the middle of a frame")]
     ConnectionLost {
         /// The stream ended inside a frame.
         mid_frame: bool,
     },
     /// The socket reported an error.
+    #[error("socket error")]
     SocketError,
     /// The peer sent bytes that do not parse.
+    #[error("protocol error: {0}")]
     Protocol(WireError),
 }
 
-impl fmt::Display for FailReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::ConnectFailed => write!(f, "connect failed"),
-            Self::ConnectTimeout => write!(f, "connect timed out"),
-            Self::HandshakeTimeout => write!(f, "handshake timed out"),
-            Self::HandshakeRefused => {
-                write!(
-                    f,
-                    "peer closed the connection without answering the handshake"
-                )
-            }
-            Self::BadIdentity { job, rank } => write!(
-                f,
-                "peer answered as rank {rank} of job {job:#018x}, not the expected process"
-            ),
-            Self::ConnectionLost { mid_frame: false } => {
-                write!(f, "connection lost (EOF without FIN)")
-            }
-            Self::ConnectionLost { mid_frame: true } => {
-                write!(f, "connection lost in the middle of a frame")
-            }
-            Self::SocketError => write!(f, "socket error"),
-            Self::Protocol(e) => write!(f, "protocol error: {e}"),
-        }
-    }
-}
-
-impl core::error::Error for FailReason {}
-
 /// Why an incoming connection is refused (a one-line log; the adapter
 /// closes the socket).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum RejectReason {
     /// The handshake names another job.
+    #[error("handshake from job {found:#018x}, this is job {expected:#018x}")]
     WrongJob {
         /// Our job hash.
         expected: u64,
@@ -158,6 +135,7 @@ pub enum RejectReason {
         found: u64,
     },
     /// The handshake names a rank outside the job.
+    #[error("handshake from rank {rank}, the job has {nprocs} ranks")]
     RankOutOfRange {
         /// The rank received.
         rank: u32,
@@ -165,11 +143,13 @@ pub enum RejectReason {
         nprocs: u32,
     },
     /// The handshake names our own rank.
+    #[error("handshake claims our own rank {rank}")]
     OwnRank {
         /// The rank received (ours).
         rank: u32,
     },
     /// The handshake was routed to the endpoint of another peer.
+    #[error("handshake from rank {found} given to the endpoint of rank {expected}")]
     WrongPeer {
         /// The endpoint's peer.
         expected: u32,
@@ -178,47 +158,21 @@ pub enum RejectReason {
     },
     /// Simultaneous connect: the connection started by rank `winner` (the
     /// lower one) is kept.
+    #[error("simultaneous connect: keeping the connection started by rank {winner}")]
     TieBreak {
         /// The rank whose connection is kept.
         winner: u32,
     },
     /// A connection with this peer is already established.
+    #[error("already connected to this peer")]
     AlreadyConnected,
     /// The peer has been declared failed.
+    #[error("peer already failed: {0}")]
     PeerFailed(FailReason),
     /// The peer did not identify itself within the handshake timeout.
+    #[error("no handshake within the timeout")]
     HandshakeTimeout,
 }
-
-impl fmt::Display for RejectReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::WrongJob { expected, found } => write!(
-                f,
-                "handshake from job {found:#018x}, this is job {expected:#018x}"
-            ),
-            Self::RankOutOfRange { rank, nprocs } => {
-                write!(f, "handshake from rank {rank}, the job has {nprocs} ranks")
-            }
-            Self::OwnRank { rank } => write!(f, "handshake claims our own rank {rank}"),
-            Self::WrongPeer { expected, found } => {
-                write!(
-                    f,
-                    "handshake from rank {found} given to the endpoint of rank {expected}"
-                )
-            }
-            Self::TieBreak { winner } => write!(
-                f,
-                "simultaneous connect: keeping the connection started by rank {winner}"
-            ),
-            Self::AlreadyConnected => write!(f, "already connected to this peer"),
-            Self::PeerFailed(r) => write!(f, "peer already failed: {r}"),
-            Self::HandshakeTimeout => write!(f, "no handshake within the timeout"),
-        }
-    }
-}
-
-impl core::error::Error for RejectReason {}
 
 /// The state of an [`Endpoint`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -910,6 +864,21 @@ mod tests {
     }
 
     /// Rank `me`'s endpoint of `peer`, connected over our outgoing `conn`.
+    /// The decision accepting `conn`, answering `reply` and dropping
+    /// `close_ours`.
+    fn accept(conn: ConnId, reply: HandshakeRepr, close_ours: Option<ConnId>) -> IncomingDecision {
+        IncomingDecision::Accept {
+            conn,
+            reply,
+            close_ours,
+        }
+    }
+
+    /// The action failing the peer for `reason`, closing `close`.
+    fn fail(close: Option<ConnId>, reason: FailReason) -> Action {
+        Action::Fail { close, reason }
+    }
+
     fn connected(me: u32, peer: u32, conn: ConnId) -> Endpoint {
         let mut e = Endpoint::new(me, peer, job(), T);
         assert_eq!(e.on_send_request(0), SendDecision::QueueAndConnect);
@@ -984,14 +953,7 @@ mod tests {
         ));
         // Rank 2 gets rank 1's handshake on A: the lower rank's wins.
         let d2 = e2.on_incoming(A, hs(1));
-        assert_eq!(
-            d2,
-            IncomingDecision::Accept {
-                conn: A,
-                reply: hs(2),
-                close_ours: Some(B)
-            }
-        );
+        assert_eq!(d2, accept(A, hs(2), Some(B)));
         assert_eq!(d2.flush_queue(), Some(A));
         // Rank 1 gets rank 2's handshake on B: refused, ours goes on.
         let d1 = e1.on_incoming(B, hs(2));
@@ -1026,14 +988,7 @@ mod tests {
         // waits for rank 1's connection instead of failing.
         assert_eq!(e2.on_eof(B, false), Action::Close { conn: B });
         assert_eq!(e2.state(), EndpointState::Connecting);
-        assert_eq!(
-            e2.on_incoming(A, hs(1)),
-            IncomingDecision::Accept {
-                conn: A,
-                reply: hs(2),
-                close_ours: None
-            }
-        );
+        assert_eq!(e2.on_incoming(A, hs(1)), accept(A, hs(2), None));
         assert_eq!(e1.on_handshake(A, hs(2)), Action::FlushQueue { conn: A });
         assert_agree(&e1, &e2, A);
     }
@@ -1043,14 +998,7 @@ mod tests {
         let (mut e1, mut e2) = both_start();
         e1.on_connected(A, 1);
         // Rank 2's own connect is still in flight when A's handshake comes.
-        assert_eq!(
-            e2.on_incoming(A, hs(1)),
-            IncomingDecision::Accept {
-                conn: A,
-                reply: hs(2),
-                close_ours: None
-            }
-        );
+        assert_eq!(e2.on_incoming(A, hs(1)), accept(A, hs(2), None));
         // ... then it connects: no longer wanted.
         assert_eq!(e2.on_connected(B, 2), Action::Close { conn: B });
         assert_eq!(e1.on_handshake(A, hs(2)), Action::FlushQueue { conn: A });
@@ -1127,19 +1075,20 @@ mod tests {
         assert_eq!(e.on_send_request(5), SendDecision::QueueAndConnect);
     }
 
+    /// An endpoint connected on `c` whose connection ends (`mid_frame` or
+    /// between frames) without a FIN: checks that this fails the peer,
+    /// closing the connection; gives the endpoint and the reason.
+    fn lost_by_eof(c: ConnId, mid_frame: bool) -> (Endpoint, FailReason) {
+        let mut e = connected(0, 1, c);
+        let lost = FailReason::ConnectionLost { mid_frame };
+        assert_eq!(e.on_eof(c, mid_frame), fail(Some(c), lost));
+        assert_eq!(e.state(), EndpointState::Failed(lost));
+        (e, lost)
+    }
+
     #[test]
     fn eof_without_fin_is_a_failure() {
-        let c = ConnId(1);
-        let mut e = connected(0, 1, c);
-        let lost = FailReason::ConnectionLost { mid_frame: false };
-        assert_eq!(
-            e.on_eof(c, false),
-            Action::Fail {
-                close: Some(c),
-                reason: lost
-            }
-        );
-        assert_eq!(e.state(), EndpointState::Failed(lost));
+        let (mut e, lost) = lost_by_eof(ConnId(1), false);
         assert_eq!(e.on_send_request(0), SendDecision::Refuse(lost));
         // Failed is final: no reconnect, incoming refused.
         assert!(matches!(
@@ -1156,16 +1105,7 @@ mod tests {
     #[test]
     fn eof_mid_frame_is_a_failure() {
         let c = ConnId(1);
-        let mut e = connected(0, 1, c);
-        let reason = FailReason::ConnectionLost { mid_frame: true };
-        assert_eq!(
-            e.on_eof(c, true),
-            Action::Fail {
-                close: Some(c),
-                reason
-            }
-        );
-        assert_eq!(e.state(), EndpointState::Failed(reason));
+        lost_by_eof(c, true);
         let mut e = connected(0, 1, c);
         assert!(matches!(
             e.on_error(c),
@@ -1178,10 +1118,7 @@ mod tests {
         let err = WireError::BadType { found: 9 };
         assert_eq!(
             e.on_protocol_error(c, err),
-            Action::Fail {
-                close: Some(c),
-                reason: FailReason::Protocol(err)
-            }
+            fail(Some(c), FailReason::Protocol(err))
         );
     }
 
@@ -1272,13 +1209,7 @@ mod tests {
     fn an_unanswered_connect_fails_once_the_window_has_passed() {
         let mut e = Endpoint::new(0, 1, job(), T).with_connect_retry(T / 2);
         e.on_send_request(0);
-        assert_eq!(
-            e.on_timer(T),
-            Action::Fail {
-                close: None,
-                reason: FailReason::ConnectTimeout
-            }
-        );
+        assert_eq!(e.on_timer(T), fail(None, FailReason::ConnectTimeout));
     }
 
     #[test]
@@ -1325,13 +1256,7 @@ mod tests {
         e.on_connected(c, 10);
         assert_eq!(e.on_timer(10 + T - 1), Action::None);
         let reason = FailReason::HandshakeTimeout;
-        assert_eq!(
-            e.on_timer(10 + T),
-            Action::Fail {
-                close: Some(c),
-                reason
-            }
-        );
+        assert_eq!(e.on_timer(10 + T), fail(Some(c), reason));
         assert_eq!(e.state(), EndpointState::Failed(reason));
         // A late reply changes nothing.
         assert_eq!(e.on_handshake(c, hs(1)), Action::Close { conn: c });
@@ -1339,13 +1264,7 @@ mod tests {
         // A connect that never completes.
         let mut e = Endpoint::new(0, 1, job(), T);
         e.on_send_request(0);
-        assert_eq!(
-            e.on_timer(T),
-            Action::Fail {
-                close: None,
-                reason: FailReason::ConnectTimeout
-            }
-        );
+        assert_eq!(e.on_timer(T), fail(None, FailReason::ConnectTimeout));
         assert_eq!(e.on_connected(c, T + 1), Action::Close { conn: c });
     }
 
@@ -1356,10 +1275,7 @@ mod tests {
         e.on_send_request(0);
         assert_eq!(
             e.on_connect_failed(c, 5),
-            Action::Fail {
-                close: Some(c),
-                reason: FailReason::ConnectFailed
-            }
+            fail(Some(c), FailReason::ConnectFailed)
         );
         // Lower rank: a peer closing our connection unanswered is a failure.
         let mut e = Endpoint::new(0, 1, job(), T);
@@ -1367,10 +1283,7 @@ mod tests {
         e.on_connected(c, 0);
         assert_eq!(
             e.on_eof(c, false),
-            Action::Fail {
-                close: Some(c),
-                reason: FailReason::HandshakeRefused
-            }
+            fail(Some(c), FailReason::HandshakeRefused)
         );
         // Higher rank: it waits for the peer's connection, until the deadline.
         let mut e = Endpoint::new(1, 0, job(), T);
@@ -1398,13 +1311,7 @@ mod tests {
                 job: reply.job,
                 rank: reply.rank,
             };
-            assert_eq!(
-                e.on_handshake(c, reply),
-                Action::Fail {
-                    close: Some(c),
-                    reason
-                }
-            );
+            assert_eq!(e.on_handshake(c, reply), fail(Some(c), reason));
             assert_eq!(e.state(), EndpointState::Failed(reason));
         }
     }

@@ -111,6 +111,21 @@ pub struct Instance<'a> {
     pub latency: u32,
 }
 
+impl Instance<'_> {
+    /// An unset entry (no interface, unspecified address, all zero): what
+    /// the slots of an output buffer for [`select`] may start as.
+    pub const EMPTY: Instance<'static> = Instance {
+        if_name: "",
+        index: 0,
+        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        addr_v4: None,
+        addr_v6: None,
+        link: 0,
+        bandwidth: 0,
+        latency: 0,
+    };
+}
+
 /// Why an interface that `if_include` names is not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -243,11 +258,7 @@ pub enum SelectError {
     },
 }
 
-impl From<ParamError> for SelectError {
-    fn from(e: ParamError) -> Self {
-        SelectError::Param(e)
-    }
-}
+wrap_from!(SelectError { Param(ParamError) });
 
 impl fmt::Display for SelectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -611,24 +622,13 @@ mod tests {
         ]
     }
 
-    const EMPTY: Instance<'static> = Instance {
-        if_name: "",
-        index: 0,
-        addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        addr_v4: None,
-        addr_v6: None,
-        link: 0,
-        bandwidth: 0,
-        latency: 0,
-    };
-
     /// Runs selection with room for 8 instances; the names selected (one
     /// per instance) and the warnings.
     fn run<'a>(
         ifaces: &'a [Interface<'a>],
         params: &'a TcpParams,
     ) -> Result<(Vec<Instance<'a>>, Vec<Warning<'a>>), SelectError> {
-        let mut out = [EMPTY; 8];
+        let mut out = [Instance::EMPTY; 8];
         let mut warnings = Vec::new();
         let n = select(ifaces, params, &mut out, |w| warnings.push(w))?;
         Ok((out[..n].to_vec(), warnings))
@@ -817,7 +817,7 @@ mod tests {
         assert_eq!(shl_saturating(1 << 31, 1), u32::MAX);
         assert_eq!(shl_saturating(1, 31), 1 << 31);
 
-        let mut out = [EMPTY; 3];
+        let mut out = [Instance::EMPTY; 3];
         assert_eq!(
             select(&ifs, &p, &mut out, |_| {}),
             Err(SelectError::OutputFull {

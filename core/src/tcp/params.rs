@@ -318,17 +318,7 @@ pub enum TcpParam {
     Text(TextParamId),
 }
 
-impl From<TcpParamId> for TcpParam {
-    fn from(id: TcpParamId) -> Self {
-        TcpParam::Num(id)
-    }
-}
-
-impl From<TextParamId> for TcpParam {
-    fn from(id: TextParamId) -> Self {
-        TcpParam::Text(id)
-    }
-}
+wrap_from!(TcpParam { Num(TcpParamId), Text(TextParamId) });
 
 impl TcpParam {
     /// Every parameter in the seed's registration order (`links`,

@@ -64,63 +64,52 @@ const ABSENT: u32 = u32::MAX;
 const OP_REFUSED: u8 = 0xFF;
 
 /// A protocol violation or a misuse of the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum KvError {
     /// A frame announced a body of this length (0 or above [`MAX_BODY`]).
+    #[error("frame length {0} is not 1..={MAX_BODY}")]
     BadLength(u32),
     /// A body ended before its fields did, or had bytes left over.
+    #[error("frame body does not match its fields")]
     Truncated,
     /// Unknown operation code.
+    #[error("unknown operation {0:#04x}")]
     UnknownOp(u8),
     /// HELLO with the wrong magic.
+    #[error("wrong magic (not a btl wire-up client)")]
     BadMagic,
     /// HELLO or WELCOME with a version this code does not speak.
+    #[error("protocol version {0} (this is {VERSION})")]
     BadVersion(u16),
     /// A key is not 1–64 characters of `[A-Za-z0-9._-]`.
+    #[error("key is not 1 to 64 characters of [A-Za-z0-9._-]")]
     BadKey,
     /// A job name is not 1–64 characters of `[A-Za-z0-9._-]`.
+    #[error("job is not 1 to 64 characters of [A-Za-z0-9._-]")]
     BadJob,
     /// A value is longer than [`MAX_VALUE`].
+    #[error("value longer than {MAX_VALUE} bytes")]
     ValueTooLarge,
     /// A rank is not below the job size, or the size is 0.
+    #[error("rank not below the job size (or size 0)")]
     BadRank,
     /// A WAITING list longer than [`MAX_LIST`] or its count.
+    #[error("malformed list of ranks")]
     BadList,
     /// A REFUSED message is not UTF-8.
+    #[error("message is not UTF-8")]
     BadText,
     /// The output buffer is too small for the frame.
+    #[error("output buffer too small")]
     BufferTooSmall,
     /// A response that does not answer the outstanding request.
+    #[error("response {0:#04x} does not answer the request")]
     Unexpected(u8),
     /// A request while another is outstanding (or before HELLO).
+    #[error("a request is already outstanding")]
     Busy,
 }
-
-impl fmt::Display for KvError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::BadLength(n) => write!(f, "frame length {n} is not 1..={MAX_BODY}"),
-            Self::Truncated => f.write_str("frame body does not match its fields"),
-            Self::UnknownOp(op) => write!(f, "unknown operation {op:#04x}"),
-            Self::BadMagic => f.write_str("wrong magic (not a btl wire-up client)"),
-            Self::BadVersion(v) => write!(f, "protocol version {v} (this is {VERSION})"),
-            Self::BadKey => f.write_str("key is not 1 to 64 characters of [A-Za-z0-9._-]"),
-            Self::BadJob => f.write_str("job is not 1 to 64 characters of [A-Za-z0-9._-]"),
-            Self::ValueTooLarge => write!(f, "value longer than {MAX_VALUE} bytes"),
-            Self::BadRank => f.write_str("rank not below the job size (or size 0)"),
-            Self::BadList => f.write_str("malformed list of ranks"),
-            Self::BadText => f.write_str("message is not UTF-8"),
-            Self::BufferTooSmall => f.write_str("output buffer too small"),
-            Self::Unexpected(op) => {
-                write!(f, "response {op:#04x} does not answer the request")
-            }
-            Self::Busy => f.write_str("a request is already outstanding"),
-        }
-    }
-}
-
-impl core::error::Error for KvError {}
 
 /// Why the service refused a request (REFUSED's code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -586,6 +575,18 @@ impl Writer<'_> {
     }
 }
 
+/// The body of a GET (`rank`: whose value) or a GET_ALL (`rank`: the
+/// first rank answered): `op`, the rank and the key, once the key is seen
+/// valid.
+fn rank_and_key(w: &mut Writer<'_>, op: u8, rank: u32, key: &str) -> Result<(), KvError> {
+    if !valid_key(key) {
+        return Err(KvError::BadKey);
+    }
+    w.u8(op)?;
+    w.u32(rank)?;
+    w.short_str(key)
+}
+
 /// Writes a request frame into `out` (fields are validated as the
 /// service will); returns the frame's length.
 pub fn encode_request(req: &Request<'_>, out: &mut [u8]) -> Result<usize, KvError> {
@@ -616,23 +617,9 @@ pub fn encode_request(req: &Request<'_>, out: &mut [u8]) -> Result<usize, KvErro
             w.bytes(value)
         }
         Request::Fence => w.u8(OP_FENCE),
-        Request::Get { rank, key } => {
-            if !valid_key(key) {
-                return Err(KvError::BadKey);
-            }
-            w.u8(OP_GET)?;
-            w.u32(rank)?;
-            w.short_str(key)
-        }
+        Request::Get { rank, key } => rank_and_key(w, OP_GET, rank, key),
         Request::Who => w.u8(OP_WHO),
-        Request::GetAll { first, key } => {
-            if !valid_key(key) {
-                return Err(KvError::BadKey);
-            }
-            w.u8(OP_GET_ALL)?;
-            w.u32(first)?;
-            w.short_str(key)
-        }
+        Request::GetAll { first, key } => rank_and_key(w, OP_GET_ALL, first, key),
     })
 }
 

@@ -2,8 +2,6 @@
 //! is blamed on ([`Blame`]), setting up ([`SetupError`]) and sending
 //! ([`SendError`]).
 
-use core::fmt;
-
 use crate::shm::ResolveError;
 use crate::sm::control::Structure;
 use crate::sm::fbox::{Corruption, FboxError};
@@ -12,10 +10,11 @@ use crate::sm::frag::{FragError, SlotError};
 use crate::sm::layout::SizeError;
 
 /// Something a peer wrote into our rings or its fragments was invalid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PeerError {
     /// A slot value read from our ring could not be decoded.
+    #[error("ring {ring}: {error}")]
     BadSlot {
         /// Our ring it was read from.
         ring: u32,
@@ -24,6 +23,7 @@ pub enum PeerError {
     },
     /// A SEND (its owner) or an ACK (its sender) named a rank that cannot
     /// write into the ring it was read from.
+    #[error("ring {ring}: a slot names rank {owner}, who cannot write here")]
     BadSender {
         /// Our ring.
         ring: u32,
@@ -31,6 +31,7 @@ pub enum PeerError {
         owner: u32,
     },
     /// A SEND's fragment failed validation.
+    #[error("fragment from rank {peer}: {error}")]
     BadFragment {
         /// The sender.
         peer: u32,
@@ -39,6 +40,10 @@ pub enum PeerError {
     },
     /// A SEND's sequence number was not the next one from its sender: a
     /// replayed, duplicated or lost SEND.
+    #[error(
+        "fragment from rank {peer} has sequence number {found}, expected {expected} \
+                 (a SEND replayed, duplicated or lost)"
+    )]
     BadSequence {
         /// The sender.
         peer: u32,
@@ -48,6 +53,7 @@ pub enum PeerError {
         found: u32,
     },
     /// An ACK named a fragment that is not ours or not a fragment start.
+    #[error("ACK from rank {peer} for offset {offset:#x}, which is not one of our fragments")]
     UnknownAck {
         /// The rank that sent it.
         peer: u32,
@@ -55,6 +61,7 @@ pub enum PeerError {
         offset: u64,
     },
     /// An ACK for a fragment that was not in flight (duplicate or forged).
+    #[error("ACK from rank {peer} for our fragment at {offset:#x}, which was not in flight")]
     UnexpectedAck {
         /// The rank that sent it.
         peer: u32,
@@ -62,6 +69,10 @@ pub enum PeerError {
         offset: u64,
     },
     /// An ACK from one rank for a fragment in flight to another (forged).
+    #[error(
+        "ACK from rank {peer} for our fragment at {offset:#x}, which was sent to rank \
+                 {sent_to}"
+    )]
     ForgedAck {
         /// The rank the ACK names as its sender.
         peer: u32,
@@ -72,6 +83,10 @@ pub enum PeerError {
     },
     /// An ACK out of turn: an older fragment in flight to the same rank was
     /// not acknowledged yet (an ACK was lost, or this one forged).
+    #[error(
+        "ACK from rank {peer} for our fragment at {offset:#x} out of turn (an older \
+                 one was not acknowledged)"
+    )]
     AckOutOfOrder {
         /// The rank that sent it.
         peer: u32,
@@ -79,12 +94,14 @@ pub enum PeerError {
         offset: u64,
     },
     /// A peer's pending queue overflowed: it sent a fragment twice.
+    #[error("pending queue to rank {peer} overflowed (duplicate fragments)")]
     PendingOverflow {
         /// The peer.
         peer: u32,
     },
     /// One of our rings' shared state is inconsistent
     /// ([`SmEngine::audit_rings`](super::SmEngine::audit_rings)).
+    #[error("ring {ring}: {fault}")]
     Ring {
         /// Our ring.
         ring: u32,
@@ -94,6 +111,7 @@ pub enum PeerError {
     /// A fast box shared with this peer is corrupt: a record header in its
     /// box in our part (it writes them), or the tail of our box in its
     /// part (it writes that).
+    #[error("fast box shared with rank {peer}: {error}")]
     FastBox {
         /// The peer.
         peer: u32,
@@ -153,73 +171,15 @@ pub enum Blame {
     },
 }
 
-impl fmt::Display for PeerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::BadSlot { ring, error } => write!(f, "ring {ring}: {error}"),
-            Self::BadSender { ring, owner } => {
-                write!(
-                    f,
-                    "ring {ring}: a slot names rank {owner}, who cannot write here"
-                )
-            }
-            Self::BadFragment { peer, error } => write!(f, "fragment from rank {peer}: {error}"),
-            Self::BadSequence {
-                peer,
-                expected,
-                found,
-            } => write!(
-                f,
-                "fragment from rank {peer} has sequence number {found}, expected {expected} \
-                 (a SEND replayed, duplicated or lost)"
-            ),
-            Self::UnknownAck { peer, offset } => write!(
-                f,
-                "ACK from rank {peer} for offset {offset:#x}, which is not one of our fragments"
-            ),
-            Self::UnexpectedAck { peer, offset } => {
-                write!(
-                    f,
-                    "ACK from rank {peer} for our fragment at {offset:#x}, which was not in flight"
-                )
-            }
-            Self::ForgedAck {
-                peer,
-                offset,
-                sent_to,
-            } => write!(
-                f,
-                "ACK from rank {peer} for our fragment at {offset:#x}, which was sent to rank \
-                 {sent_to}"
-            ),
-            Self::AckOutOfOrder { peer, offset } => write!(
-                f,
-                "ACK from rank {peer} for our fragment at {offset:#x} out of turn (an older \
-                 one was not acknowledged)"
-            ),
-            Self::PendingOverflow { peer } => {
-                write!(
-                    f,
-                    "pending queue to rank {peer} overflowed (duplicate fragments)"
-                )
-            }
-            Self::Ring { ring, fault } => write!(f, "ring {ring}: {fault}"),
-            Self::FastBox { peer, error } => {
-                write!(f, "fast box shared with rank {peer}: {error}")
-            }
-        }
-    }
-}
-
-impl core::error::Error for PeerError {}
-
 /// Setting up the engine failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SetupError {
     /// The layout could not be computed or indexed.
+    #[error("segment layout: {0}")]
     Size(SizeError),
     /// A ring could not be initialised or attached.
+    #[error("ring {ring} of rank {rank}: {error}")]
     Fifo {
         /// Whose ring.
         rank: u32,
@@ -229,6 +189,7 @@ pub enum SetupError {
         error: FifoError,
     },
     /// A fast box could not be initialised or attached.
+    #[error("fast box from rank {sender} in the part of rank {receiver}: {error}")]
     Fbox {
         /// Whose part the box is in (the receiver).
         receiver: u32,
@@ -238,72 +199,43 @@ pub enum SetupError {
         error: FboxError,
     },
     /// A part or fragment is outside the segment.
+    #[error("segment: {0}")]
     Resolve(ResolveError),
     /// The memory for the first fragments could not be reserved
     /// ([`Reserve`](super::Reserve)).
+    #[error("no memory for the first {bytes} bytes of fragments of our part of the segment")]
     OutOfMemory {
         /// Bytes asked for.
         bytes: u64,
     },
     /// `me`, `nprocs` or the storage sizes do not fit the layout.
+    #[error("engine set-up: {what}")]
     Mismatch {
         /// What does not fit.
         what: &'static str,
     },
 }
 
-impl From<SizeError> for SetupError {
-    fn from(e: SizeError) -> Self {
-        Self::Size(e)
-    }
-}
-
-impl From<ResolveError> for SetupError {
-    fn from(e: ResolveError) -> Self {
-        Self::Resolve(e)
-    }
-}
-
-impl fmt::Display for SetupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Size(e) => write!(f, "segment layout: {e}"),
-            Self::Fifo { rank, ring, error } => write!(f, "ring {ring} of rank {rank}: {error}"),
-            Self::Fbox {
-                receiver,
-                sender,
-                error,
-            } => write!(
-                f,
-                "fast box from rank {sender} in the part of rank {receiver}: {error}"
-            ),
-            Self::Resolve(e) => write!(f, "segment: {e}"),
-            Self::OutOfMemory { bytes } => write!(
-                f,
-                "no memory for the first {bytes} bytes of fragments of our part of the segment"
-            ),
-            Self::Mismatch { what } => write!(f, "engine set-up: {what}"),
-        }
-    }
-}
-
-impl core::error::Error for SetupError {}
+wrap_from!(SetupError { Size(SizeError), Resolve(ResolveError) });
 
 /// A send could not be started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SendError {
     /// No such peer (or it is this rank).
+    #[error("no local peer {peer}")]
     InvalidPeer {
         /// The peer asked for.
         peer: u32,
     },
     /// The peer was declared failed.
+    #[error("local peer {peer} has failed")]
     PeerFailed {
         /// The peer.
         peer: u32,
     },
     /// The payload is larger than a max-size fragment.
+    #[error("payload of {len} bytes exceeds the fragment limit of {max}")]
     TooLarge {
         /// Payload length.
         len: usize,
@@ -311,30 +243,13 @@ pub enum SendError {
         max: u32,
     },
     /// Every fragment is in flight: call `progress` and retry.
+    #[error("no free fragment (all in flight)")]
     NoFragment,
     /// The peer's pending queue is full (it stopped reading): progress,
     /// check its liveness, retry.
+    #[error("pending queue to local peer {peer} is full")]
     Backlog {
         /// The peer.
         peer: u32,
     },
 }
-
-impl fmt::Display for SendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::InvalidPeer { peer } => write!(f, "no local peer {peer}"),
-            Self::PeerFailed { peer } => write!(f, "local peer {peer} has failed"),
-            Self::TooLarge { len, max } => {
-                write!(
-                    f,
-                    "payload of {len} bytes exceeds the fragment limit of {max}"
-                )
-            }
-            Self::NoFragment => write!(f, "no free fragment (all in flight)"),
-            Self::Backlog { peer } => write!(f, "pending queue to local peer {peer} is full"),
-        }
-    }
-}
-
-impl core::error::Error for SendError {}

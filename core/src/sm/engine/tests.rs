@@ -16,14 +16,7 @@ use std::vec::Vec;
 type Eng<'a> = SmEngine<'a, Vec<PeerSlot<'a>>, Vec<Option<Consumer<'a>>>, Vec<FragDesc>, Vec<u64>>;
 
 fn small_params(fifo_size: u32) -> SmParams {
-    let mut p = SmParams::default();
-    p.fifo_size = fifo_size;
-    p.fifo_lazy_free = (fifo_size / 4).max(1);
-    p.eager_limit = 64;
-    p.rndv_eager_limit = 64;
-    p.max_send_size = 256;
-    p.free_list_num = 2;
-    p.free_list_inc = 4;
+    let mut p = SmParams::small_for_tests(fifo_size);
     // Pools of a fixed room (8 eager fragments, 6 max-size ones) whatever
     // the number of ranks: the default rule (layout tests) shares eager
     // fragments among the peers.
@@ -73,26 +66,13 @@ impl Job {
 }
 
 fn engines<'a>(region: &Region<'a>, job: &JobShape) -> Vec<Eng<'a>> {
-    let sizes = Eng::storage_sizes(&job.layout, job.nprocs).unwrap();
     for r in 0..job.nprocs {
         // SAFETY: single-threaded test; nothing else touches the parts.
         unsafe { init_part(region, &job.layout, &job.params, r) }.unwrap();
     }
     let mut e: Vec<Eng<'a>> = (0..job.nprocs)
         .map(|me| {
-            Eng::attach(
-                region,
-                &job.layout,
-                &job.params,
-                me,
-                job.nprocs,
-                (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-                (0..sizes.consumers).map(|_| None).collect(),
-                vec![FragDesc::new(); sizes.descs],
-                vec![0; sizes.pending],
-                Backed,
-            )
-            .unwrap()
+            Eng::attach_collected(region, &job.layout, &job.params, me, job.nprocs, Backed).unwrap()
         })
         .collect();
     if job.layout.fbox_pool > 0 && job.params.fbox_threshold == 1 {
@@ -1186,20 +1166,9 @@ fn hand_over_in_two_threads(params: SmParams) {
                 // hands it over (SEND published by a release push, ACK
                 // likewise), and nothing else writes the memory.
                 let region = unsafe { mem.region() };
-                let sizes = Eng::storage_sizes(&shape.layout, 2).unwrap();
-                let mut e = Eng::attach(
-                    &region,
-                    &shape.layout,
-                    &shape.params,
-                    me,
-                    2,
-                    (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-                    (0..sizes.consumers).map(|_| None).collect(),
-                    vec![FragDesc::new(); sizes.descs],
-                    vec![0; sizes.pending],
-                    Backed,
-                )
-                .unwrap();
+                let mut e =
+                    Eng::attach_collected(&region, &shape.layout, &shape.params, me, 2, Backed)
+                        .unwrap();
                 let mut rec = Rec::default();
                 let (mut sent, mut spins) = (0u32, 0u64);
                 loop {
@@ -1280,17 +1249,12 @@ fn budget_engine<'a>(
     me: u32,
     left: u64,
 ) -> Result<BudgetEng<'a>, SetupError> {
-    let sizes = BudgetEng::storage_sizes(&job.layout, job.nprocs).unwrap();
-    BudgetEng::attach(
+    BudgetEng::attach_collected(
         region,
         &job.layout,
         &job.params,
         me,
         job.nprocs,
-        (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-        (0..sizes.consumers).map(|_| None).collect(),
-        vec![FragDesc::new(); sizes.descs],
-        vec![0; sizes.pending],
         Budget {
             left,
             asked: Vec::new(),
