@@ -10,6 +10,8 @@
 #                                             # for Open MPI 5 into target/ompi5
 #   bash scripts/ompi5-env.sh test [GROUPS]   # scripts/ompi-test.sh inside, over
 #                                             # those components (the ompi5 step)
+#   bash scripts/ompi5-env.sh bench           # scripts/ompi-bench.sh inside (REPS,
+#                                             # SIZES, MIN, LAT_RUNS pass through)
 #   bash scripts/ompi5-env.sh unmount         # undo mounts a killed run left
 #
 # The tree is made once, in two steps with a stamp each: debootstrap's base
@@ -218,6 +220,21 @@ test)
   inside_target=/btl/${target#"$repo"/}
   bash "$0" run -- env CARGO_TARGET_DIR="$inside_target" OMPI_COMPONENTS_PREBUILT="$inside_target/ompi5" \
     CI="${CI:-}" OMPI_TESTS="${*:-${OMPI_TESTS:-basic kill mpi4py hosts}}" bash scripts/ompi-test.sh
+  ;;
+bench)
+  shift
+  bash "$0" components
+  # The anchors' ping-pong lives beside the checkout, which is all the tree
+  # sees: a copy goes into the target directory.
+  pp=${MPI_PINGPONG:-$repo/../shared/anchors/mpi_pingpong.c}
+  [ -f "$pp" ] || die "bench: $pp not found (set MPI_PINGPONG)"
+  mkdir -p "$target/ompi5-bench"
+  cp "$pp" "$target/ompi5-bench/mpi_pingpong.c"
+  inside_target=/btl/${target#"$repo"/}
+  bash "$0" run -- env CARGO_TARGET_DIR="$inside_target" OMPI_COMPONENTS_PREBUILT="$inside_target/ompi5" \
+    MPI_PINGPONG="$inside_target/ompi5-bench/mpi_pingpong.c" REPS="${REPS:-3}" \
+    SIZES="${SIZES:-8 4096 65536 1048576 4194304}" MIN="${MIN:-}" LAT_RUNS="${LAT_RUNS:-30}" \
+    bash scripts/ompi-bench.sh
   ;;
 unmount)
   unmount_tree
