@@ -967,6 +967,47 @@ fn barriers(w: &mut World<'_>, tcp: bool) -> R<String> {
     ))
 }
 
+/// A large message whose wait gave up (the receiver was busy for longer
+/// than rank 0's 1 s timeout) stays ahead of what rank 0 sends next, its
+/// memory kept: rank 1 gets it whole, then the next one (with
+/// `cma_measure` 0, so single copy carries both, split once rank 1 has a
+/// landing buffer).
+fn cancelsend(w: &mut World<'_>) -> R<String> {
+    let len = (1 << 20) + 1;
+    // A first message with both ranks receiving, so that rank 1 maps its
+    // landing buffer and the next ones can be split.
+    if w.rank() == 0 {
+        w.send(1, TAG_DATA, &pattern(0, 0, len)).map_err(e)?;
+        w.barrier().map_err(e)?;
+    } else {
+        receive_in_order(w, "the first message", 1, |i| pattern(0, i, len))?;
+    }
+    if w.rank() == 1 {
+        // Busy, no progress: rank 0's wait times out and cancels.
+        std::thread::sleep(Duration::from_secs(3));
+        return receive_in_order(w, "the cancelled and the next message", 2, |i| {
+            pattern(0, i + 1, len)
+        });
+    }
+    let q = w.isend_owned(1, TAG_DATA, pattern(0, 1, len)).map_err(e)?;
+    if w.wait(q).is_ok() {
+        return Err("the wait did not time out while rank 1 slept".into());
+    }
+    let q = w.isend_owned(1, TAG_DATA, pattern(0, 2, len)).map_err(e)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        w.progress();
+        if let Some(r) = w.test(q).map_err(e)? {
+            r.map_err(e)?;
+            w.barrier().map_err(e)?;
+            return Ok("a cancelled message stayed ahead of the next".into());
+        }
+        if Instant::now() > deadline {
+            return Err("the message after the cancelled one did not complete in 60 s".into());
+        }
+    }
+}
+
 /// A rank: `BTL_TEST_ROLE` is `scenario:transport` (reported as such, so
 /// the job's check finds `OK scenario:`).
 #[test]
@@ -985,8 +1026,11 @@ fn role() {
         if scenario == "findone-frag" {
             b = b.set("sm", "use_cma", "0").map_err(e)?;
         }
-        if scenario == "splitsend" || scenario == "nosplitsend" {
+        if scenario == "splitsend" || scenario == "nosplitsend" || scenario == "cancelsend" {
             b = b.set("sm", "cma_measure", "0").map_err(e)?;
+        }
+        if scenario == "cancelsend" && std::env::var("BTL_RANK").as_deref() == Ok("0") {
+            b = b.set("btl", "timeout", "1").map_err(e)?;
         }
         if scenario == "nosplit" || scenario == "nosplitsend" {
             b = b.set("sm", "cma_split_min", "0").map_err(e)?;
@@ -1010,6 +1054,7 @@ fn role() {
             "splitsend" => splitsend(&mut w, true, false),
             "nosplitsend" => splitsend(&mut w, false, false),
             "measuredsend" => splitsend(&mut w, true, true),
+            "cancelsend" => cancelsend(&mut w),
             other => Err(format!("unknown scenario {other}")),
         }
     });
@@ -1066,6 +1111,9 @@ job_tests! {
     /// pipelined copy mix, measurement bursts included, and every byte
     /// arrives in order.
     measured_large_messages_arrive_whole_and_in_order: [(2, "measuredsend", "sm"), (4, "measuredsend", "sm")];
+    /// A posted large message whose wait timed out still arrives whole,
+    /// ahead of the next.
+    a_cancelled_large_message_stays_ahead_of_the_next: [(2, "cancelsend", "sm")];
     /// Barriers hold everyone until the last rank enters, by the direct
     /// schedule (3 ranks) and by dissemination (9 over shared memory, 16
     /// over TCP, where it opens a few connections per rank, not n - 1).

@@ -52,8 +52,9 @@
 //! (per-peer order). One per peer is the bound because a sender posts
 //! nothing more to a receiver while a rendezvous to it waits for its
 //! acknowledgement (the rendezvous heads the sender's queue, and the fast
-//! box's hand-off rule keeps the box idle meanwhile) unless it cancels that
-//! send (`Sm::cancel` drops it from the queue). [`PartWait`] is the state
+//! box's hand-off rule keeps the box idle meanwhile), also when the send
+//! was cancelled after it was posted (`Sm::cancel` keeps a posted
+//! rendezvous at the head until it is acknowledged). [`PartWait`] is the state
 //! such a receive keeps: a sequence number and a start, re-checked by a
 //! look at the flag and the clock.
 //!

@@ -79,7 +79,12 @@ pub(super) enum Out {
     /// Fragment after fragment.
     Stream(Stream),
     /// A single-copy rendezvous: the receiver reads `buf` from our memory.
-    /// It stays at the head of the queue until acknowledged.
+    /// It stays at the head of the queue until acknowledged, also when its
+    /// operation was cancelled after it was posted (`cancelled`): the
+    /// receiver may still be reading it and, for a split message, using its
+    /// landing buffer, which the next split message would write into. Its
+    /// completion is reported all the same (the caller that cancelled it
+    /// drops it), so an owner of the memory knows when it is free.
     Rndv {
         tag: u8,
         buf: RawBuf,
@@ -87,6 +92,9 @@ pub(super) enum Out {
         op: Option<OpId>,
         cookie: u64,
         pushed: Option<Instant>,
+        /// Cancelled after it was posted: `buf` (the caller's memory) is no
+        /// longer ours to read, so a refusal is not resent.
+        cancelled: bool,
     },
 }
 
@@ -347,6 +355,7 @@ impl Sm {
                                 op,
                                 cookie,
                                 pushed: None,
+                                cancelled: false,
                             },
                         );
                         return;
@@ -696,11 +705,23 @@ impl Sm {
             owned,
             op,
             pushed,
+            cancelled,
             ..
         }) = self.dequeue(peer)
         else {
             return;
         };
+        if cancelled && !ok {
+            // The caller gave the message up: not resent from its memory.
+            log::warn!(
+                "local rank {peer} could not read a cancelled {}-byte message; it is dropped",
+                buf.len()
+            );
+            if let Some(op) = op {
+                self.state.done.push((op, Err(OpError::Remote)));
+            }
+            return;
+        }
         if ok {
             if let Some(t0) = pushed {
                 let class = self.rate_class(buf.len());
@@ -760,14 +781,35 @@ impl Sm {
     /// Forgets operation `op` (a blocking call gave up on it): its queued
     /// work is dropped and no completion will be reported. Bytes already
     /// in fragments still arrive; a peer may still read memory it was told
-    /// about (a rendezvous or a put's source), which is harmless to us.
-    pub fn cancel(&mut self, op: OpId) {
+    /// about (a rendezvous or a put's source), which is harmless to us. A
+    /// rendezvous already posted stays at the head of its queue until the
+    /// receiver acknowledges it, so that nothing sent after it overtakes it
+    /// or reuses the landing buffer it may occupy; then `true` is returned,
+    /// and its completion is still reported once the receiver is done with
+    /// the memory.
+    pub fn cancel(&mut self, op: OpId) -> bool {
+        let mut kept = false;
         for peer in 0..self.nprocs {
             let o = &mut self.out[peer as usize];
             let before = o.q.len();
-            o.q.retain(|item| match item {
+            o.q.retain_mut(|item| match item {
                 Out::Stream(s) => s.op != Some(op),
-                Out::Rndv { op: o, .. } => *o != Some(op),
+                Out::Rndv {
+                    op: o,
+                    pushed,
+                    cancelled,
+                    ..
+                } => {
+                    if *o != Some(op) {
+                        return true;
+                    }
+                    if pushed.is_none() {
+                        return false;
+                    }
+                    *cancelled = true;
+                    kept = true;
+                    true
+                }
                 Out::Raw { op: o, .. } => *o != op,
                 Out::Copy { .. } => true,
             });
@@ -787,6 +829,7 @@ impl Sm {
             .await_split_writers(|w| w.op == op, "cancelling a get");
         self.state.waiting.retain(|_, w| w.op != op);
         self.state.done.retain(|(o, _)| *o != op);
+        kept
     }
 
     /// Runs the engine once with `regions` and `sink`.

@@ -538,6 +538,9 @@ struct Req {
     pin: Option<u32>,
     /// A buffer it owns (zero-copy send of an owned buffer).
     _keep: Option<Box<dyn AsRef<[u8]> + Send>>,
+    /// Cancelled while a transport still reads its memory: kept (with
+    /// `_keep`) until that completion, which nobody is told of.
+    abandoned: bool,
     /// Where it went (for cancelling).
     route: Route,
 }
@@ -584,6 +587,7 @@ impl Hub<'_> {
                 result: None,
                 pin,
                 _keep: None,
+                abandoned: false,
                 route,
             },
         );
@@ -632,6 +636,10 @@ impl Hub<'_> {
         if let Some(id) = r.pin.take() {
             // At once: the completion's consumer may deregister it.
             regions.unpin(id);
+        }
+        if r.abandoned {
+            self.reqs.remove(&op);
+            return;
         }
         if let Some(u) = user.as_mut() {
             let ev = Event::Done {

@@ -473,14 +473,21 @@ impl<'m> World<'m> {
 
     /// Gives up on a request: its queued work is dropped and no completion
     /// is reported. Bytes already handed to a transport may still arrive.
+    /// A large message the receiver may still be reading keeps its owned
+    /// buffer (`isend_owned`) until the receiver is done with it.
     pub fn cancel(&mut self, req: Request) {
-        let Some(r) = self.hub.reqs.remove(&req.0) else {
+        let Some(mut r) = self.hub.reqs.remove(&req.0) else {
             return;
         };
         match r.route {
             Route::Sm(_) => {
                 if let Some(sm) = self.sm.as_mut() {
-                    sm.cancel(req.0);
+                    if sm.cancel(req.0) {
+                        r.abandoned = true;
+                        self.hub.reqs.insert(req.0, r);
+                        self.hub.completed.retain(|&o| o != req.0);
+                        return;
+                    }
                 }
             }
             Route::Tcp => {
