@@ -6,6 +6,13 @@
 set -euo pipefail
 
 log() { printf '[setup] %s\n' "$*"; }
+# can_apt: whether packages can be installed here (root with apt-get).
+can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
+# apt_install [apt-get install options] PKG...
+apt_install() {
+  log "installing $*"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+}
 
 command -v rustup >/dev/null || { echo "rustup not found: install Rust with rustup first" >&2; exit 1; }
 
@@ -66,9 +73,8 @@ command -v nft >/dev/null || need+=(nftables)
 # Open MPI 5 (scripts/ompi5-env.sh): a Debian 13 tree made by debootstrap.
 command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing ${need[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  if can_apt; then
+    apt_install "${need[@]}"
   else
     log "${need[*]} missing and cannot be installed here: the tests needing them will skip (fail with CI set)"
   fi
@@ -90,9 +96,8 @@ fi
 # default) boot the bare-metal node of scripts/qemu-node.sh. Without
 # recommends: no GUI, no other firmware.
 if ! command -v qemu-system-riscv64 >/dev/null || [ ! -e /usr/share/qemu/opensbi-riscv64-generic-fw_dynamic.bin ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing qemu-system-misc opensbi"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-misc opensbi
+  if can_apt; then
+    apt_install --no-install-recommends qemu-system-misc opensbi
   else
     log "qemu-system-riscv64 missing and cannot be installed here: the QEMU node tests will skip (fail with CI set)"
   fi
@@ -100,9 +105,8 @@ fi
 
 # binutils' `size` prints the bare-metal firmware's sections (no_std step).
 if ! command -v size >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing binutils"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq binutils
+  if can_apt; then
+    apt_install binutils
   else
     echo "binutils (size) missing and cannot be installed here" >&2; exit 1
   fi
@@ -119,9 +123,8 @@ if [ "${1:-}" = --bench ]; then
   command -v perf >/dev/null || bneed+=(linux-perf)
   command -v valgrind >/dev/null || bneed+=(valgrind)
   if [ ${#bneed[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-      log "installing ${bneed[*]}"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${bneed[@]}"
+    if can_apt; then
+      apt_install "${bneed[@]}"
     else
       echo "${bneed[*]} missing and cannot be installed here (run as root with apt-get)" >&2; exit 1
     fi

@@ -8,30 +8,19 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use btl_baremetal::core::tcp::endpoint::FailReason;
+use btl_baremetal::core::workload::check::Rng;
 use btl_baremetal::smoltcp;
 use btl_baremetal::{Config, Event, Node, SendError, Sizes};
 use smoltcp::iface::{Interface, SocketSet, SocketStorage};
 use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
+
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, Ipv4Address};
 
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// True with probability `per_mille`/1000.
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.next() % 1000 < per_mille
-    }
+/// True with probability `per_mille`/1000.
+fn chance(rng: &mut Rng, per_mille: u64) -> bool {
+    rng.next() % 1000 < per_mille
 }
 
 /// Fault rates, per mille of packets.
@@ -79,7 +68,7 @@ impl Hub {
             dead: vec![false; ports],
             now: 0,
             seq: 0,
-            rng: Rng(seed | 1),
+            rng: Rng::from_state(seed | 1),
             faults,
             counts: Counts::default(),
         }))
@@ -95,16 +84,16 @@ impl Hub {
         }
         self.counts.sent += 1;
         let f = self.faults;
-        if self.rng.chance(f.loss) {
+        if chance(&mut self.rng, f.loss) {
             self.counts.lost += 1;
             return;
         }
-        if self.rng.chance(f.corrupt) {
+        if chance(&mut self.rng, f.corrupt) {
             self.counts.corrupted += 1;
             let at = (self.rng.next() % pkt.len() as u64) as usize;
             pkt[at] ^= 1 << (self.rng.next() % 8);
         }
-        let copies = if self.rng.chance(f.dup) {
+        let copies = if chance(&mut self.rng, f.dup) {
             self.counts.duplicated += 1;
             2
         } else {
@@ -112,7 +101,7 @@ impl Hub {
         };
         for _ in 0..copies {
             let mut at = self.now + 1;
-            if self.rng.chance(f.reorder) {
+            if chance(&mut self.rng, f.reorder) {
                 self.counts.reordered += 1;
                 at += 1 + self.rng.next() % 5;
             }
@@ -255,7 +244,8 @@ fn node(
 /// Length of message `seq` from `src`: half tiny, a third up to an MTU,
 /// some up to a frame, one in a hundred chunked (above max_frame).
 fn msg_len(src: u32, seq: u64) -> usize {
-    let mut r = Rng((u64::from(src) << 40 ^ seq).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut r =
+        Rng::from_state((u64::from(src) << 40 ^ seq).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let cap = match r.next() % 100 {
         0..=49 => 64,
         50..=89 => 1500,
@@ -267,7 +257,9 @@ fn msg_len(src: u32, seq: u64) -> usize {
 
 fn msg(src: u32, seq: u64) -> Vec<u8> {
     let len = msg_len(src, seq);
-    let mut r = Rng((u64::from(src) << 48 ^ seq ^ 0x5eed).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1);
+    let mut r = Rng::from_state(
+        (u64::from(src) << 48 ^ seq ^ 0x5eed).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1,
+    );
     (0..len).map(|_| r.next() as u8).collect()
 }
 

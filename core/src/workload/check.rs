@@ -18,10 +18,11 @@ pub const HEADER: usize = 20;
 /// xorshift64* seeded through splitmix64: small, seeded, good enough to
 /// vary sizes and content (and the core's tests' pseudo-random choices).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
+    /// A generator seeded with `seed` (through splitmix64).
+    pub fn new(seed: u64) -> Self {
         // splitmix64 of the seed, never zero.
         let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -29,7 +30,15 @@ impl Rng {
         Self((z ^ (z >> 31)) | 1)
     }
 
-    pub(crate) fn next(&mut self) -> u64 {
+    /// A generator whose xorshift state is `state` as it is (a zero state
+    /// becomes 1: xorshift never leaves zero).
+    pub fn from_state(state: u64) -> Self {
+        Self(if state == 0 { 1 } else { state })
+    }
+
+    /// The next pseudo-random value.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use btl_core::params::Params as _;
 use btl_core::shm::Region;
 use btl_core::sm::control::{Control, ControlError, RankInfo};
-use btl_core::sm::engine::{self, FragDesc, PeerSlot};
+use btl_core::sm::engine;
 use btl_core::sm::layout::calc_sm_max_procs;
 use btl_core::sm::layout::{segment_layout, SegmentLayout, PART_ALIGN};
 use btl_core::sm::params::SmParams;
@@ -318,20 +318,7 @@ fn attach<'r>(
     }
     let peers = identify(&infos, me, pid, start, pids)?;
 
-    let sizes = Engine::storage_sizes(layout, nprocs)
-        .ok_or(SmError::Unsupported("storage sizes overflow"))?;
-    let engine = Engine::attach(
-        &region,
-        layout,
-        params,
-        me,
-        nprocs,
-        (0..sizes.peers).map(|_| PeerSlot::new()).collect(),
-        (0..sizes.consumers).map(|_| None).collect(),
-        vec![FragDesc::new(); sizes.descs],
-        vec![0; sizes.pending],
-        seg.reserver()?,
-    )?;
+    let engine = Engine::attach_collected(&region, layout, params, me, nprocs, seg.reserver()?)?;
 
     // Single copy: only towards processes the wire-up identified, and only
     // where the kernel lets us (the probe).

@@ -134,17 +134,7 @@ pub fn choose_binds(params: &TcpParams, multi_node: bool) -> Result<Vec<IpAddr>,
                 loopback: i.loopback,
             })
             .collect();
-        let empty = Instance {
-            if_name: "",
-            index: 0,
-            addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            addr_v4: None,
-            addr_v6: None,
-            link: 0,
-            bandwidth: 0,
-            latency: 0,
-        };
-        let mut out = vec![empty; list.len().max(1) * params.links.max(1) as usize];
+        let mut out = vec![Instance::EMPTY; list.len().max(1) * params.links.max(1) as usize];
         let n = select(&list, params, &mut out, |w| {
             log::warn!("tcp interface selection: {w}")
         })
