@@ -19,6 +19,8 @@
 #     self,tcp / self,rtcp, its point-to-point, collective and one-sided
 #     modules at -n 5 over the same four; every test that passes over
 #     vader/tcp must pass over rsm/rtcp;
+#   - (Open MPI 5) a rank SIGKILLed under `mpirun --with-ft ulfm`: the
+#     survivors revoke, shrink and allreduce (ulfm_check.c);
 #   - three network-namespace hosts x 2 ranks with --mca btl self,rsm,rtcp:
 #     mpi4py's point-to-point and collective tests pass, the verbose output
 #     shows rsm inside a host and rtcp between hosts.
@@ -35,7 +37,8 @@
 #
 #   bash scripts/ompi-test.sh              # everything
 #   OMPI_TESTS="basic mpi4py" bash scripts/ompi-test.sh   # some groups:
-#       basic (info, selection, mpi_check, bad input), kill, mpi4py, hosts
+#       basic (info, selection, mpi_check, bad input), kill, mpi4py, hosts,
+#       ulfm (Open MPI 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -250,6 +253,40 @@ if [[ $groups == *" kill "* ]]; then
       bad "a rank SIGKILLed over $c (victim ${victim:-none}, ended $ended after ${secs}s, left: $left)" "$log"
     fi
   done
+fi
+
+# ---------------------------------------------------------------- ulfm
+# Open MPI 5 only: a rank SIGKILLed mid-exchange under `mpirun --with-ft
+# ulfm` (platform-linux/ompi/tests/ulfm_check.c): every survivor sees the
+# failure, revokes and shrinks the communicator and finishes an
+# MPI_Allreduce over the survivors, in every one of ULFM_RUNS runs per
+# component. Open MPI 5.0.7's MPI_Finalize after a failure sometimes waits
+# in its own fence afterwards (over its tcp as over rtcp: the survivors'
+# stacks are in ompi_mpi_finalize), so each run is bounded and judged by
+# what the survivors report, not by mpirun's exit.
+if [[ $groups == *" ulfm "* ]]; then
+  if [ "$iface" != 330 ]; then
+    echo "ompi-test: the ulfm group is Open MPI 5's (this is BTL $iface): not run"
+  else
+    mpicc -O2 -Wall -Werror -o "$work/ulfm_check" "$tests/ulfm_check.c"
+    for c in rsm rtcp; do
+      good=0 runs=${ULFM_RUNS:-5}
+      for i in $(seq "$runs"); do
+        log=$work/ulfm-$c-$i.log
+        timeout 20 mpirun --with-ft ulfm --oversubscribe -n 4 --mca pml ob1 --mca btl self,$c \
+          "$work/ulfm_check" >"$log" 2>&1 || true
+        if [ "$(grep -c '^ulfm_check: rank [0-9]* survived, sum 6 of 3$' "$log")" = 3 ] &&
+          ! grep -q '^ulfm_check: rank [0-9]*: ' "$log"; then
+          good=$((good + 1))
+        fi
+      done
+      if [ "$good" = "$runs" ]; then
+        ok "ULFM: a rank of 4 SIGKILLed over $c, the 3 survivors shrink and allreduce in $good of $runs runs"
+      else
+        bad "ULFM over $c: the survivors finished in $good of $runs runs" "$log"
+      fi
+    done
+  fi
 fi
 
 # ---------------------------------------------------------------- mpi4py

@@ -219,7 +219,7 @@ test)
   fi
   inside_target=/btl/${target#"$repo"/}
   bash "$0" run -- env CARGO_TARGET_DIR="$inside_target" OMPI_COMPONENTS_PREBUILT="$inside_target/ompi5" \
-    CI="${CI:-}" OMPI_TESTS="${*:-${OMPI_TESTS:-basic kill mpi4py hosts}}" bash scripts/ompi-test.sh
+    CI="${CI:-}" OMPI_TESTS="${*:-${OMPI_TESTS:-basic kill ulfm mpi4py hosts}}" bash scripts/ompi-test.sh
   ;;
 bench)
   shift

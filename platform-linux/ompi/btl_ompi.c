@@ -435,7 +435,12 @@ static void peer_failed(uint32_t rank, const char *why)
     }
     opal_output(0, "%s", text ? text : "btl " NAME ": a peer failed");
     if (module.error_cb) {
-        module.error_cb(&module.super, MCA_BTL_ERROR_FLAGS_FATAL, ep ? ep->proc : NULL, text);
+        /* Open MPI 5's ob1 hands a failed peer to ULFM when fault tolerance
+         * is on (`mpirun --with-ft ulfm`), and aborts otherwise, so the
+         * failure is reported as non-fatal there, as its own tcp does;
+         * 4.1's ob1 aborts either way. */
+        module.error_cb(&module.super, BTL_OMPI_IFACE_33 ? MCA_BTL_ERROR_FLAGS_NONFATAL : MCA_BTL_ERROR_FLAGS_FATAL,
+                        ep ? ep->proc : NULL, text);
     }
     free(text);
 }
