@@ -125,7 +125,9 @@ pub unsafe extern "C" fn btl_iput(
 ) -> c_int {
     entry("btl_iput", || {
         let local_addr = local_addr as usize;
-        // SAFETY: the caller's arguments.
+        // SAFETY: `rma` asks what btl_iput's contract gives: `h` a handle,
+        // `local`/`remote` readable keys, the local memory left alone
+        // until completion.
         unsafe { rma(h, true, local, local_addr, remote, remote_addr, len, ctx) }
     })
 }
@@ -150,7 +152,9 @@ pub unsafe extern "C" fn btl_iget(
 ) -> c_int {
     entry("btl_iget", || {
         let local_addr = local_addr as usize;
-        // SAFETY: the caller's arguments.
+        // SAFETY: `rma` asks what btl_iget's contract gives: `h` a handle,
+        // `local`/`remote` readable keys, the local memory left alone
+        // until completion.
         unsafe { rma(h, false, local, local_addr, remote, remote_addr, len, ctx) }
     })
 }

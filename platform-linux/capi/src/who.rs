@@ -15,7 +15,8 @@ use crate::types::btl_limits_t;
 /// `h` a handle; `rank` writable.
 #[no_mangle]
 pub unsafe extern "C" fn btl_rank(h: *const btl_t, rank: *mut u32) -> c_int {
-    // SAFETY: the caller's arguments.
+    // SAFETY: `answer` asks for a handle and a writable `out`, which
+    // btl_rank's contract gives (`h`, `rank`).
     unsafe { answer("btl_rank", h, rank, "rank", |h| Ok(h.rank)) }
 }
 
@@ -26,7 +27,8 @@ pub unsafe extern "C" fn btl_rank(h: *const btl_t, rank: *mut u32) -> c_int {
 /// `h` a handle; `size` writable.
 #[no_mangle]
 pub unsafe extern "C" fn btl_size(h: *const btl_t, size: *mut u32) -> c_int {
-    // SAFETY: the caller's arguments.
+    // SAFETY: `answer` asks for a handle and a writable `out`, which
+    // btl_size's contract gives (`h`, `size`).
     unsafe { answer("btl_size", h, size, "size", |h| Ok(h.size)) }
 }
 
@@ -60,7 +62,8 @@ pub unsafe extern "C" fn btl_reachable(h: *const btl_t, rank: u32) -> c_int {
 /// `h` a handle; `out` writable.
 #[no_mangle]
 pub unsafe extern "C" fn btl_limits(h: *const btl_t, rank: u32, out: *mut btl_limits_t) -> c_int {
-    // SAFETY: the caller's arguments.
+    // SAFETY: `answer` asks for a handle and a writable `out`, which
+    // btl_limits's contract gives (`h`, `out`).
     unsafe {
         answer("btl_limits", h, out, "out", |h| {
             let l = h.peer(rank)?.limits;
@@ -91,7 +94,8 @@ unsafe fn answer<T>(
         let h = unsafe { handle(h) }?;
         need(out, what)?;
         let v = f(h)?;
-        // SAFETY: checked.
+        // SAFETY: `out` is not NULL (`need`) and writable (this
+        // function's contract).
         unsafe { out.write(v) };
         Ok(BTL_OK)
     })
