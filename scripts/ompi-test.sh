@@ -315,20 +315,13 @@ if [[ $groups == *" mpi4py "* ]]; then
   # children are another Open MPI job, which none of these BTLs reach
   # (vader and tcp fail the same way: "unreachable" in dpm.c).
   all=(-e test_spawn -e test_dynproc)
-  # Open MPI 5 (mpi4py 4): test_util_sync's condition variable (passive-
-  # target spin locks over osc rdma's active-message emulation) hangs over
-  # rtcp (testWaitForNotify: one rank never returns); left out of the tcp
-  # and rtcp runs alike until that is fixed, so their comparison stays like
-  # for like (sm and rsm run it).
-  tcp_only=()
-  [ "$iface" = 330 ] && tcp_only=(-e test_util_sync)
   # The one-sided modules once more, single-threaded over osc pt2pt: under
   # mpi4py's default MPI_THREAD_MULTIPLE its one-sided tests disable
   # themselves over every BTL here (see the README).
   rma=(--thread-level single -i test_rma -i test_win)
   echo "mpi4py $m4ver test suite:"
   for b in $shm rsm; do m4run "$b-n2" 2 "self,$b" "${all[@]}"; done
-  for b in tcp rtcp; do m4run "$b-n2" 2 "self,$b" "${all[@]}" "${tcp_only[@]}"; done
+  for b in tcp rtcp; do m4run "$b-n2" 2 "self,$b" "${all[@]}"; done
   for b in $shm rsm tcp rtcp; do m4run "$b-n5-p2p,cco" 5 "self,$b" -i test_p2p -i test_cco; done
   for b in $shm rsm tcp rtcp; do
     m4run "$b-n5-rma-$osc" 5 "self,$b" --mca osc "$osc" -- "${rma[@]}"

@@ -57,7 +57,14 @@ impl Config {
             cache: usize::try_from(p.endpoint_cache)
                 .unwrap_or(30 * 1024)
                 .max(64),
-            combine: usize::try_from(p.write_combine).unwrap_or(0),
+            // Combining corks writes with MSG_MORE and pushes them by
+            // setting TCP_NODELAY again: with Nagle's algorithm on, the
+            // kernel combines by itself and nothing is corked.
+            combine: if p.use_nagle {
+                0
+            } else {
+                usize::try_from(p.write_combine).unwrap_or(0)
+            },
             max_frame: p.max_frame(),
             recv_lowat: match p.recv_lowat {
                 0 => 0,

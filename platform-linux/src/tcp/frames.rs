@@ -65,6 +65,17 @@ pub(super) struct OutBuf {
 /// (an Open MPI rank through rtcp) does not.
 const SEND_FLAGS: rustix::net::SendFlags = rustix::net::SendFlags::NOSIGNAL;
 
+/// The flags of a write held for combining: `MSG_MORE` as well, so the
+/// kernel appends the frame to the socket's last unsent segment instead of
+/// sending a segment of its own (see `write_combine` in `tcp/mod.rs`).
+fn send_flags(more: bool) -> rustix::net::SendFlags {
+    if more {
+        SEND_FLAGS | rustix::net::SendFlags::MORE
+    } else {
+        SEND_FLAGS
+    }
+}
+
 /// Frames up to this many bytes (header included) are gathered in one
 /// buffer and written with one `send(2)`.
 pub(super) const SMALL_FRAME: usize = 256;
@@ -504,11 +515,8 @@ impl Tcp {
             return Ok(None);
         };
         let total = hdr.len() + len;
-        if c.holds(total, self.epoch, self.cfg.combine) {
-            // A post of this pass wrote already: held for combining (the
-            // caller queues a copy, `queue_on_conn` holds it).
-            return Ok(None);
-        }
+        // A post of this pass wrote already: written corked, for combining.
+        let more = c.holds(total, self.epoch, self.cfg.combine);
         let mut written = 0usize;
         let small = total <= SMALL_FRAME;
         if small {
@@ -529,11 +537,12 @@ impl Tcp {
         // This pass wrote to the connection: later posts of the pass are
         // held for combining.
         c.wrote_in = self.epoch;
+        let flags = send_flags(more);
         while written < total {
             let r = if small {
                 // rustix's send (the errno itself, no libc wrapper), with
                 // MSG_NOSIGNAL as every write here.
-                rustix::net::send(&c.sock, &self.small_out[written..total], SEND_FLAGS)
+                rustix::net::send(&c.sock, &self.small_out[written..total], flags)
                     .map_err(io::Error::from)
             } else {
                 // Straight from the pieces (no copy): one sendmsg(2) of
@@ -551,7 +560,7 @@ impl Tcp {
                     n += 1;
                 }
                 c.sock
-                    .send_vectored_with_flags(&iov[..n], libc::MSG_NOSIGNAL)
+                    .send_vectored_with_flags(&iov[..n], flags.bits() as libc::c_int)
             };
             match r {
                 Ok(n) => {
@@ -572,6 +581,13 @@ impl Tcp {
                 // caller queues the rest.
                 break;
             }
+        }
+        if more && written > 0 {
+            self.corked(conn, written);
+        } else if written == total {
+            // Written without MSG_MORE: the kernel sent whatever this
+            // connection had corked along with it.
+            c.held = 0;
         }
         Ok(Some(written))
     }
@@ -640,22 +656,13 @@ impl Tcp {
         self.count(peer, &buf);
         let len = buf.len();
         let epoch = self.epoch;
-        let mut hold = false;
+        let mut more = false;
         if let Some(c) = self.conns.get_mut(&conn.0) {
             c.out.push_back(buf);
-            hold = c.holds(len, epoch, self.cfg.combine);
-            if hold {
-                if c.held == 0 {
-                    self.held.push(conn);
-                }
-                c.held += len;
-            } else {
-                c.wrote_in = epoch;
-            }
+            more = c.holds(len, epoch, self.cfg.combine);
+            c.wrote_in = epoch;
         }
-        if !hold {
-            self.flush_conn(conn);
-        }
+        self.write_conn(conn, more);
         // Written already (its completion is queued) or still waiting.
         Ok(match op {
             Some(op) if self.done.last().is_some_and(|d| d.0 == op) => {
@@ -688,12 +695,39 @@ impl Tcp {
         self.flush_conn(conn);
     }
 
-    /// Writes the frames held for combining (at the start of a pass).
+    /// `bytes` more were written to `conn` with `MSG_MORE`: the next
+    /// pass pushes them (`write_held`).
+    fn corked(&mut self, conn: ConnId, bytes: usize) {
+        if let Some(c) = self.conns.get_mut(&conn.0) {
+            if c.held == 0 {
+                self.held.push(conn);
+            }
+            c.held += bytes;
+        }
+    }
+
+    /// Sends what was corked for combining (at the start of a pass): the
+    /// rest of a connection's output written without `MSG_MORE`, or, with
+    /// nothing left in user space, `TCP_NODELAY` set again, which makes the
+    /// kernel send the corked segment at once.
     #[cold]
     pub(super) fn write_held(&mut self) {
         let held = std::mem::take(&mut self.held);
         for &conn in &held {
-            self.flush_conn(conn);
+            let Some(c) = self.conns.get_mut(&conn.0) else {
+                continue;
+            };
+            if !c.out.is_empty() {
+                self.flush_conn(conn);
+            } else if c.held > 0 {
+                c.held = 0;
+                if let Err(e) = c.sock.set_nodelay(true) {
+                    // The kernel still sends it (the next write without
+                    // MSG_MORE, an ACK, or its own timer): a log, not a
+                    // failure.
+                    log::warn!("tcp: pushing combined frames to {}: {e}", c.addr);
+                }
+            }
         }
         // The vector back, empty, for the next burst (no allocation).
         self.held = held;
@@ -705,6 +739,12 @@ impl Tcp {
     /// EPOLLOUT for the rest. Frames fully written complete their
     /// operations.
     pub(super) fn flush_conn(&mut self, conn: ConnId) {
+        self.write_conn(conn, false);
+    }
+
+    /// [`Self::flush_conn`], with `MSG_MORE` when `more` (a write held for
+    /// combining: the next pass pushes it).
+    fn write_conn(&mut self, conn: ConnId, more: bool) {
         let Some(c) = self.conns.get_mut(&conn.0) else {
             return;
         };
@@ -712,7 +752,8 @@ impl Tcp {
             return;
         }
         let peer = c.peer;
-        c.held = 0;
+        let flags = send_flags(more).bits() as libc::c_int;
+        let mut wrote = 0usize;
         let mut failed = false;
         let mut io_error = None;
         let mut finished: Vec<OutBuf> = Vec::new();
@@ -753,9 +794,10 @@ impl Tcp {
                 c.out_off = 0;
                 break;
             }
-            match c.sock.send_vectored_with_flags(&slices, libc::MSG_NOSIGNAL) {
+            match c.sock.send_vectored_with_flags(&slices, flags) {
                 Ok(mut n) => {
                     self.io_moves = self.io_moves.wrapping_add(1);
+                    wrote += n;
                     // A piece written (or less: the socket is full): the
                     // passes go on with the rest.
                     let stop = large || n < offered;
@@ -800,6 +842,11 @@ impl Tcp {
             }
         }
         let close = c.out.is_empty() && c.close_after_write;
+        if !more && wrote > 0 {
+            // Written without MSG_MORE: whatever was corked went with it.
+            c.held = 0;
+        }
+        let corked = if more { wrote } else { 0 };
         for b in finished {
             self.uncount(peer, &b);
             if let Some(op) = b.op {
@@ -811,6 +858,8 @@ impl Tcp {
             self.conn_broken(conn, false);
         } else if close {
             self.drop_conn(conn);
+        } else if corked > 0 {
+            self.corked(conn, corked);
         }
     }
 
