@@ -1660,4 +1660,6 @@ pub fn deliver_boxed<H: Dispatch>(
 }
 
 #[cfg(test)]
+mod recorder;
+#[cfg(test)]
 mod tests;
