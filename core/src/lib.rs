@@ -40,6 +40,8 @@ extern crate std;
 mod fmt;
 #[macro_use]
 mod macros;
+#[macro_use]
+mod wire_view;
 
 pub mod barrier;
 pub mod params;

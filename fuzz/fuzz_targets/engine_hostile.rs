@@ -97,11 +97,13 @@ struct Input {
     ops: Vec<Op>,
 }
 
+#[path = "../../core/src/sm/engine/recorder.rs"]
+mod recorder;
+
+/// The engine tests' recorder, with this target's checks on top.
 #[derive(Default)]
 struct Rec {
-    got: Vec<(u32, u8, Vec<u8>)>,
-    done: Vec<(u32, u64, bool)>,
-    errors: Vec<PeerError>,
+    log: recorder::Rec,
     failed: HashSet<u32>,
     max_payload: u32,
 }
@@ -114,20 +116,20 @@ impl Dispatch for Rec {
         );
         assert!(frag.info.len <= self.max_payload);
         assert_eq!(frag.payload.len(), frag.info.len as usize);
-        let mut buf = vec![0; frag.info.len as usize];
-        frag.copy_payload(&mut buf).unwrap();
-        self.got.push((peer, tag, buf));
-        true
+        self.log.recv(peer, tag, frag)
     }
     fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
-        self.done.push((peer, cookie, ok));
+        self.log.complete(peer, cookie, ok);
     }
     fn error(&mut self, error: PeerError) {
         assert!(!error.to_string().is_empty());
-        self.errors.push(error);
+        self.log.error(error);
     }
     fn failed(&mut self, peer: u32, why: PeerError) {
-        assert!(self.errors.contains(&why), "failed for an unreported error");
+        assert!(
+            self.log.errors.contains(&why),
+            "failed for an unreported error"
+        );
         assert!(self.failed.insert(peer), "rank {peer} declared failed twice");
     }
 }
@@ -145,7 +147,7 @@ impl Books {
     fn check(&mut self, recs: &mut [Rec], engines: &mut [Eng<'_>], tainted: bool, descs: usize) {
         for (who, rec) in recs.iter_mut().enumerate() {
             let peer = 1 - who as u32;
-            for (p, cookie, ok) in rec.done.drain(..) {
+            for (p, cookie, ok) in rec.log.done.drain(..) {
                 assert!(
                     self.cookies.contains(&cookie),
                     "completion of unknown cookie {cookie}"
@@ -158,7 +160,7 @@ impl Books {
                     assert!(ok && p == peer);
                 }
             }
-            for (p, tag, data) in rec.got.drain(..) {
+            for (p, tag, data) in rec.log.got.drain(..) {
                 if tainted {
                     continue;
                 }
@@ -169,11 +171,11 @@ impl Books {
                 assert_eq!((tag, &data), (etag, &edata));
             }
             if !tainted {
-                assert!(rec.errors.is_empty(), "{:?}", rec.errors);
+                assert!(rec.log.errors.is_empty(), "{:?}", rec.log.errors);
                 assert!(rec.failed.is_empty(), "{:?}", rec.failed);
             }
             // Every error blames someone, who is failed now (or was before).
-            for e in &rec.errors {
+            for e in &rec.log.errors {
                 match e.blamed() {
                     Blame::Peer { peer } => assert!(
                         engines[who].peer_state(peer) != Some(PeerState::Connected),
@@ -191,7 +193,7 @@ impl Books {
                     }
                 }
             }
-            rec.errors.clear();
+            rec.log.errors.clear();
             assert!(engines[who].outstanding() as usize <= descs);
         }
     }

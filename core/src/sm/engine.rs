@@ -258,14 +258,10 @@ pub unsafe fn init_part(
 /// The shared-memory engine of one local rank. `P`, `C`, `D`, `Q` are the
 /// caller's storage (`Vec`s on Linux, arrays elsewhere), sized with
 /// [`SmEngine::storage_sizes`].
-pub struct SmEngine<'a, P, C, D, Q, R = Backed>
-where
-    P: AsMut<[PeerSlot<'a>]>,
-    C: AsMut<[Option<Consumer<'a>>]>,
-    D: AsMut<[FragDesc]>,
-    Q: AsMut<[u64]>,
-    R: Reserve,
-{
+///
+/// The storage bounds (`P: AsMut<[PeerSlot]>`, ..., `R: Reserve`) are
+/// stated once, on the `impl` that uses them.
+pub struct SmEngine<'a, P, C, D, Q, R = Backed> {
     me: u32,
     nprocs: u32,
     num_fifos: u32,
@@ -321,14 +317,7 @@ where
     fbox_payload: u32,
 }
 
-impl<'a, P, C, D, Q, R> fmt::Debug for SmEngine<'a, P, C, D, Q, R>
-where
-    P: AsMut<[PeerSlot<'a>]>,
-    C: AsMut<[Option<Consumer<'a>>]>,
-    D: AsMut<[FragDesc]>,
-    Q: AsMut<[u64]>,
-    R: Reserve,
-{
+impl<P, C, D, Q, R> fmt::Debug for SmEngine<'_, P, C, D, Q, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SmEngine")
             .field("me", &self.me)
@@ -1670,5 +1659,7 @@ pub fn deliver_boxed<H: Dispatch>(
     Ok(())
 }
 
+#[cfg(test)]
+mod recorder;
 #[cfg(test)]
 mod tests;

@@ -701,6 +701,16 @@ mod tests {
         Region::from_mut_slice(bytes)
     }
 
+    /// Runs `f` on a fresh ring of `size` slots (`lazy_free` `lazy`) at the
+    /// start of a buffer of its own.
+    fn with_fifo(size: u32, lazy: u32, f: impl FnOnce(&Fifo<'_>)) {
+        let mut buf = buffer(Fifo::memory_size(size).unwrap());
+        let r = region(&mut buf);
+        // SAFETY: fresh buffer, nothing else accesses it.
+        let fifo = unsafe { Fifo::init(&r, 0, size, lazy) }.unwrap();
+        f(&fifo);
+    }
+
     #[test]
     fn memory_size_rounds_and_detects_overflow() {
         let s = Fifo::memory_size(4096).unwrap();
@@ -711,65 +721,59 @@ mod tests {
 
     #[test]
     fn push_pop_in_order_with_wraparound() {
-        let mut buf = buffer(Fifo::memory_size(4).unwrap());
-        let r = region(&mut buf);
-        // SAFETY: fresh buffer, nothing else accesses it.
-        let fifo = unsafe { Fifo::init(&r, 0, 4, 1) }.unwrap();
-        let mut p = fifo.producer();
-        let mut c = fifo.claim_consumer().unwrap();
-        assert_eq!(c.pop(), None);
-        for round in 0..10u64 {
-            for i in 0..4 {
-                p.push(round * 10 + i).unwrap();
-            }
-            assert_eq!(p.push(99), Err(PushError::Full(99)));
-            for i in 0..4 {
-                assert_eq!(c.pop(), Some(round * 10 + i));
-            }
+        with_fifo(4, 1, |fifo| {
+            let mut p = fifo.producer();
+            let mut c = fifo.claim_consumer().unwrap();
             assert_eq!(c.pop(), None);
-        }
+            for round in 0..10u64 {
+                for i in 0..4 {
+                    p.push(round * 10 + i).unwrap();
+                }
+                assert_eq!(p.push(99), Err(PushError::Full(99)));
+                for i in 0..4 {
+                    assert_eq!(c.pop(), Some(round * 10 + i));
+                }
+                assert_eq!(c.pop(), None);
+            }
+        });
     }
 
     #[test]
     fn lazy_free_holds_slots_until_batch() {
-        let mut buf = buffer(Fifo::memory_size(8).unwrap());
-        let r = region(&mut buf);
-        // SAFETY: fresh buffer.
-        let fifo = unsafe { Fifo::init(&r, 0, 8, 4) }.unwrap();
-        let mut p = fifo.producer();
-        let mut c = fifo.claim_consumer().unwrap();
-        for i in 0..8 {
-            p.push(i).unwrap();
-        }
-        assert!(matches!(p.push(8), Err(PushError::Full(8))));
-        for i in 0..3 {
-            assert_eq!(c.pop(), Some(i));
-        }
-        // Three consumed, but under lazy_free = 4 nothing is released yet.
-        assert!(matches!(p.push(8), Err(PushError::Full(8))));
-        assert_eq!(c.pop(), Some(3));
-        for i in 8..12 {
-            p.push(i).unwrap();
-        }
-        assert!(p.push(12).is_err());
-        // Explicit release of a partial batch.
-        assert_eq!(c.pop(), Some(4));
-        c.release_consumed();
-        p.push(12).unwrap();
-        let rest: Vec<u64> = core::iter::from_fn(|| c.pop()).collect();
-        assert_eq!(rest, vec![5, 6, 7, 8, 9, 10, 11, 12]);
+        with_fifo(8, 4, |fifo| {
+            let mut p = fifo.producer();
+            let mut c = fifo.claim_consumer().unwrap();
+            for i in 0..8 {
+                p.push(i).unwrap();
+            }
+            assert!(matches!(p.push(8), Err(PushError::Full(8))));
+            for i in 0..3 {
+                assert_eq!(c.pop(), Some(i));
+            }
+            // Three consumed, but under lazy_free = 4 nothing is released yet.
+            assert!(matches!(p.push(8), Err(PushError::Full(8))));
+            assert_eq!(c.pop(), Some(3));
+            for i in 8..12 {
+                p.push(i).unwrap();
+            }
+            assert!(p.push(12).is_err());
+            // Explicit release of a partial batch.
+            assert_eq!(c.pop(), Some(4));
+            c.release_consumed();
+            p.push(12).unwrap();
+            let rest: Vec<u64> = core::iter::from_fn(|| c.pop()).collect();
+            assert_eq!(rest, vec![5, 6, 7, 8, 9, 10, 11, 12]);
+        });
     }
 
     #[test]
     fn free_sentinel_is_refused() {
-        let mut buf = buffer(Fifo::memory_size(2).unwrap());
-        let r = region(&mut buf);
-        // SAFETY: fresh buffer.
-        let fifo = unsafe { Fifo::init(&r, 0, 2, 1) }.unwrap();
-        assert_eq!(
-            fifo.producer().push(FREE),
-            Err(PushError::InvalidValue(FREE))
-        );
+        with_fifo(2, 1, |fifo| {
+            assert_eq!(
+                fifo.producer().push(FREE),
+                Err(PushError::InvalidValue(FREE))
+            );
+        });
     }
 
     #[test]
@@ -816,139 +820,129 @@ mod tests {
 
     #[test]
     fn one_consumer_at_a_time_and_it_resumes() {
-        let mut buf = buffer(Fifo::memory_size(4).unwrap());
-        let r = region(&mut buf);
-        // SAFETY: fresh buffer.
-        let fifo = unsafe { Fifo::init(&r, 0, 4, 2) }.unwrap();
-        let mut p = fifo.producer();
-        for i in 0..3 {
-            p.push(i).unwrap();
-        }
-        let mut c = fifo.claim_consumer().unwrap();
-        assert_eq!(
-            fifo.claim_consumer().unwrap_err(),
-            FifoError::AlreadyClaimed
-        );
-        assert_eq!(c.pop(), Some(0));
-        drop(c);
-        let mut c = fifo.claim_consumer().unwrap();
-        assert_eq!(c.pop(), Some(1));
-        assert_eq!(c.pop(), Some(2));
-        assert_eq!(c.pop(), None);
+        with_fifo(4, 2, |fifo| {
+            let mut p = fifo.producer();
+            for i in 0..3 {
+                p.push(i).unwrap();
+            }
+            let mut c = fifo.claim_consumer().unwrap();
+            assert_eq!(
+                fifo.claim_consumer().unwrap_err(),
+                FifoError::AlreadyClaimed
+            );
+            assert_eq!(c.pop(), Some(0));
+            drop(c);
+            let mut c = fifo.claim_consumer().unwrap();
+            assert_eq!(c.pop(), Some(1));
+            assert_eq!(c.pop(), Some(2));
+            assert_eq!(c.pop(), None);
+        });
     }
 
     #[test]
     fn corrupted_state_never_panics() {
-        let mut buf = buffer(Fifo::memory_size(4).unwrap());
-        let r = region(&mut buf);
-        // SAFETY: fresh buffer.
-        let fifo = unsafe { Fifo::init(&r, 0, 4, 1) }.unwrap();
-        // Garbage counters: every push and pop stays in bounds, no panic.
-        fifo.header
-            .writer
-            .head
-            .store(u64::MAX - 1, Ordering::Relaxed);
-        fifo.header.reader.freed.store(u64::MAX, Ordering::Relaxed);
-        let mut p = fifo.producer();
-        for v in 0..10 {
-            let _ = p.push(v);
-        }
-        // The claim checks the reader's persisted state.
-        assert!(fifo.claim_consumer().is_err());
-        fifo.header.reader.freed.store(0, Ordering::Relaxed);
-        let mut c = fifo.claim_consumer().unwrap();
-        for _ in 0..10 {
-            let _ = c.pop();
-        }
-        drop(c);
-        fifo.header.reader.freed.store(3, Ordering::Relaxed);
-        fifo.header.reader.tail.store(1, Ordering::Relaxed);
-        assert!(matches!(
-            fifo.claim_consumer(),
-            Err(FifoError::CorruptedReaderState { freed: 3, tail: 1 })
-        ));
+        with_fifo(4, 1, |fifo| {
+            // Garbage counters: every push and pop stays in bounds, no panic.
+            fifo.header
+                .writer
+                .head
+                .store(u64::MAX - 1, Ordering::Relaxed);
+            fifo.header.reader.freed.store(u64::MAX, Ordering::Relaxed);
+            let mut p = fifo.producer();
+            for v in 0..10 {
+                let _ = p.push(v);
+            }
+            // The claim checks the reader's persisted state.
+            assert!(fifo.claim_consumer().is_err());
+            fifo.header.reader.freed.store(0, Ordering::Relaxed);
+            let mut c = fifo.claim_consumer().unwrap();
+            for _ in 0..10 {
+                let _ = c.pop();
+            }
+            drop(c);
+            fifo.header.reader.freed.store(3, Ordering::Relaxed);
+            fifo.header.reader.tail.store(1, Ordering::Relaxed);
+            assert!(matches!(
+                fifo.claim_consumer(),
+                Err(FifoError::CorruptedReaderState { freed: 3, tail: 1 })
+            ));
+        });
     }
 
     #[test]
     fn reservation_pending_is_visible() {
-        let mut buf = buffer(Fifo::memory_size(4).unwrap());
-        let r = region(&mut buf);
-        // SAFETY: fresh buffer.
-        let fifo = unsafe { Fifo::init(&r, 0, 4, 1) }.unwrap();
-        let c = fifo.claim_consumer().unwrap();
-        assert!(!c.reservation_pending());
-        // Simulate a writer that reserved and died before publishing.
-        fifo.header.writer.head.store(1, Ordering::Relaxed);
-        assert!(c.reservation_pending());
+        with_fifo(4, 1, |fifo| {
+            let c = fifo.claim_consumer().unwrap();
+            assert!(!c.reservation_pending());
+            // Simulate a writer that reserved and died before publishing.
+            fifo.header.writer.head.store(1, Ordering::Relaxed);
+            assert!(c.reservation_pending());
+        });
     }
 
     #[test]
     fn a_stalled_reservation_can_be_stepped_over() {
-        let mut buf = buffer(Fifo::memory_size(4).unwrap());
-        let r = region(&mut buf);
-        // SAFETY: fresh buffer.
-        let fifo = unsafe { Fifo::init(&r, 0, 4, 1) }.unwrap();
-        let mut c = fifo.claim_consumer().unwrap();
-        assert!(!c.skip_stalled(), "nothing reserved");
-        // A writer reserved index 0 and died; another pushed after it.
-        fifo.header.writer.head.store(1, Ordering::Relaxed);
-        let mut p = fifo.producer();
-        p.push(7).unwrap();
-        assert_eq!(c.pop(), None, "the reader waits at the stalled slot");
-        assert!(c.skip_stalled());
-        assert_eq!(c.pop(), Some(7));
-        assert_eq!(c.pop(), None);
-        assert!(!c.skip_stalled(), "nothing pending any more");
-        // The ring goes on: every slot is usable again, in order.
-        for v in 10..20 {
-            p.push(v).unwrap();
-            assert_eq!(c.pop(), Some(v));
-        }
-        assert_eq!(c.audit(3), Ok(()));
+        with_fifo(4, 1, |fifo| {
+            let mut c = fifo.claim_consumer().unwrap();
+            assert!(!c.skip_stalled(), "nothing reserved");
+            // A writer reserved index 0 and died; another pushed after it.
+            fifo.header.writer.head.store(1, Ordering::Relaxed);
+            let mut p = fifo.producer();
+            p.push(7).unwrap();
+            assert_eq!(c.pop(), None, "the reader waits at the stalled slot");
+            assert!(c.skip_stalled());
+            assert_eq!(c.pop(), Some(7));
+            assert_eq!(c.pop(), None);
+            assert!(!c.skip_stalled(), "nothing pending any more");
+            // The ring goes on: every slot is usable again, in order.
+            for v in 10..20 {
+                p.push(v).unwrap();
+                assert_eq!(c.pop(), Some(v));
+            }
+            assert_eq!(c.audit(3), Ok(()));
+        });
     }
 
     #[test]
     fn threads_many_writers_one_reader() {
         const WRITERS: u64 = 3;
         const PER: u64 = if cfg!(miri) { 50 } else { 20_000 };
-        let mut buf = buffer(Fifo::memory_size(16).unwrap());
-        let r = region(&mut buf);
-        // SAFETY: fresh buffer.
-        let fifo = unsafe { Fifo::init(&r, 0, 16, 4) }.unwrap();
-        std::thread::scope(|s| {
-            for w in 0..WRITERS {
-                let mut p = fifo.producer();
-                s.spawn(move || {
-                    for i in 0..PER {
-                        let mut v = (w << 32) | i;
-                        loop {
-                            match p.push(v) {
-                                Ok(()) => break,
-                                Err(PushError::Full(back)) => {
-                                    v = back;
-                                    std::thread::yield_now();
+        with_fifo(16, 4, |fifo| {
+            std::thread::scope(|s| {
+                for w in 0..WRITERS {
+                    let mut p = fifo.producer();
+                    s.spawn(move || {
+                        for i in 0..PER {
+                            let mut v = (w << 32) | i;
+                            loop {
+                                match p.push(v) {
+                                    Ok(()) => break,
+                                    Err(PushError::Full(back)) => {
+                                        v = back;
+                                        std::thread::yield_now();
+                                    }
+                                    Err(e) => panic!("{e}"),
                                 }
-                                Err(e) => panic!("{e}"),
                             }
                         }
-                    }
-                });
-            }
-            let mut c = fifo.claim_consumer().unwrap();
-            let mut next = [0u64; WRITERS as usize];
-            let mut got = 0;
-            while got < WRITERS * PER {
-                match c.pop() {
-                    Some(v) => {
-                        let (w, i) = ((v >> 32) as usize, v & 0xffff_ffff);
-                        assert_eq!(i, next[w], "writer {w} out of order");
-                        next[w] += 1;
-                        got += 1;
-                    }
-                    None => std::thread::yield_now(),
+                    });
                 }
-            }
-            assert_eq!(c.pop(), None);
+                let mut c = fifo.claim_consumer().unwrap();
+                let mut next = [0u64; WRITERS as usize];
+                let mut got = 0;
+                while got < WRITERS * PER {
+                    match c.pop() {
+                        Some(v) => {
+                            let (w, i) = ((v >> 32) as usize, v & 0xffff_ffff);
+                            assert_eq!(i, next[w], "writer {w} out of order");
+                            next[w] += 1;
+                            got += 1;
+                        }
+                        None => std::thread::yield_now(),
+                    }
+                }
+                assert_eq!(c.pop(), None);
+            });
         });
     }
 

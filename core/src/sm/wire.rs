@@ -66,6 +66,7 @@
 //! check. All malformed input is a typed [`WireError`], never a panic.
 
 use crate::rma::RmaStatus;
+use crate::wire_view::Field;
 
 /// Largest user tag (chunked and rendezvous messages carry user messages
 /// only).
@@ -101,9 +102,6 @@ pub const GET_BY_SINGLE_COPY: u64 = 1;
 /// The `addr` of a get request asking for a split single copy: the
 /// request carries a split tail.
 pub const GET_SPLIT: u64 = 2;
-
-/// Where a field lies in its format.
-type Field = core::ops::Range<usize>;
 
 mod field {
     use super::Field;
@@ -220,36 +218,9 @@ pub enum WireError {
     },
 }
 
-fn le<const N: usize>(data: &[u8], at: Field) -> [u8; N] {
-    let mut out = [0u8; N];
-    out.copy_from_slice(&data[at]);
-    out
-}
-
-/// `buffer_len` and `to_bytes` of a `Repr` whose format has a fixed
-/// length (its `emit` writes exactly that many bytes).
-macro_rules! fixed_len {
-    ($($repr:ident: $packet:ident, $len:ident;)*) => {
-        $(
-            impl $repr {
-                #[doc = concat!("Bytes [`Self::emit`] writes: [`", stringify!($len), "`].")]
-                pub const fn buffer_len(&self) -> usize {
-                    $len
-                }
-
-                /// The format as bytes, as [`Self::emit`] writes them.
-                pub fn to_bytes(&self) -> [u8; $len] {
-                    let mut out = [0u8; $len];
-                    self.emit(&mut $packet::new_unchecked(&mut out[..]));
-                    out
-                }
-            }
-        )*
-    };
-}
-
-/// A read/write view: the type, its length constant, its fields (name,
-/// getter, setter, type, range) and optionally its reserved bytes. With
+/// A read/write view (`wire_view!`, and `data`, the bytes after the
+/// format): the type, its length constant, its fields (name, getter,
+/// setter, type, range) and optionally its reserved bytes. With
 /// `=> Repr`, also the plain `Repr` of the same fields (their validation,
 /// `parse`, is written by hand), its `emit` (reserved bytes zero),
 /// `buffer_len` and `to_bytes`, and `Repr::raw`, the fields as the bytes
@@ -299,78 +270,20 @@ macro_rules! view {
         }
         $( reserved $res:expr; )?
     ) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, Copy)]
-        pub struct $name<T: AsRef<[u8]>> {
-            buffer: T,
+        wire_view! {
+            $(#[$doc])*
+            $name, $len, WireError {
+                $( $(#[$fdoc])* ($get, $set): $ty = $field; )*
+            }
+            $( reserved $res; )?
         }
 
         impl<T: AsRef<[u8]>> $name<T> {
-            #[doc = concat!("Wraps `buffer` without checking its length: accessors panic if \
-                it is shorter than [`", stringify!($len), "`]. Prefer [`Self::new_checked`].")]
-            pub const fn new_unchecked(buffer: T) -> Self {
-                Self { buffer }
-            }
-
-            #[doc = concat!("Wraps `buffer`, which must hold at least [`", stringify!($len),
-                "`] bytes; no accessor of the result can panic.")]
-            pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-                let packet = Self::new_unchecked(buffer);
-                packet.check_len()?;
-                Ok(packet)
-            }
-
-            /// Checks that the buffer holds the whole format.
-            pub fn check_len(&self) -> Result<(), WireError> {
-                let got = self.buffer.as_ref().len();
-                if got < $len {
-                    return Err(WireError::Truncated { needed: $len, got });
-                }
-                Ok(())
-            }
-
-            /// The wrapped buffer.
-            pub fn into_inner(self) -> T {
-                self.buffer
-            }
-
             /// The bytes after the format (a chunk's data, a split get's
             /// tail; empty for a message of exactly the format's length).
             pub fn data(&self) -> &[u8] {
                 &self.buffer.as_ref()[$len..]
             }
-
-            $(
-                $(#[$fdoc])*
-                pub fn $get(&self) -> $ty {
-                    <$ty>::from_le_bytes(le(self.buffer.as_ref(), $field))
-                }
-            )*
-
-            $(
-                /// Where the first non-zero reserved byte is, if any.
-                pub fn nonzero_reserved(&self) -> Option<usize> {
-                    let r = $res;
-                    let at = self.buffer.as_ref()[r.clone()].iter().position(|&b| b != 0)?;
-                    Some(r.start + at)
-                }
-            )?
-        }
-
-        impl<T: AsRef<[u8]> + AsMut<[u8]>> $name<T> {
-            $(
-                #[doc = concat!("Sets the field [`Self::", stringify!($get), "`] reads.")]
-                pub fn $set(&mut self, value: $ty) {
-                    self.buffer.as_mut()[$field].copy_from_slice(&value.to_le_bytes());
-                }
-            )*
-
-            $(
-                /// Zeroes the reserved bytes.
-                pub fn clear_reserved(&mut self) {
-                    self.buffer.as_mut()[$res].fill(0);
-                }
-            )?
         }
     };
 }

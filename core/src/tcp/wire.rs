@@ -79,8 +79,8 @@ mod field {
     pub(super) const HS_RESERVED: Field = 20..24;
 
     // Frame header.
-    pub(super) const FR_TYPE: usize = 0;
-    pub(super) const FR_TAG: usize = 1;
+    pub(super) const FR_TYPE: Field = 0..1;
+    pub(super) const FR_TAG: Field = 1..2;
     pub(super) const FR_FLAGS: Field = 2..4;
     pub(super) const FR_LEN: Field = 4..8;
     pub(super) const FR_ID: Field = 8..16;
@@ -92,7 +92,7 @@ mod field {
     pub(super) const RMA_LEN: Field = 16..24;
 
     // Chunk header.
-    pub(super) const CH_TAG: usize = 0;
+    pub(super) const CH_TAG: Field = 0..1;
     pub(super) const CH_RESERVED: Field = 1..8;
     pub(super) const CH_TOTAL: Field = 8..16;
 }
@@ -248,85 +248,36 @@ impl fmt::Display for WireError {
 
 impl core::error::Error for WireError {}
 
-fn check(data: &[u8], needed: usize) -> Result<(), WireError> {
-    if data.len() < needed {
-        Err(WireError::Truncated {
-            needed,
-            got: data.len(),
-        })
-    } else {
-        Ok(())
-    }
-}
-
-fn read<const N: usize>(data: &[u8], at: field::Field) -> [u8; N] {
-    let mut out = [0u8; N];
-    out.copy_from_slice(&data[at]);
-    out
+fixed_len! {
+    HandshakeRepr: HandshakePacket, HANDSHAKE_LEN;
+    FrameRepr: FrameHeader, FRAME_HEADER_LEN;
+    RmaRepr: RmaPacket, RMA_HEADER_LEN;
+    ChunkRepr: ChunkPacket, CHUNK_HEADER_LEN;
 }
 
 // ---------------------------------------------------------------------------
 // Handshake.
 
-/// A read/write view of a handshake.
-#[derive(Debug, Clone, Copy)]
-pub struct HandshakePacket<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of a handshake.
+    HandshakePacket, HANDSHAKE_LEN, WireError {
+        /// The protocol version field.
+        (version, set_version): u16 = field::HS_VERSION;
+        /// The flags field.
+        (flags, set_flags): u16 = field::HS_FLAGS;
+        /// The job hash field.
+        (job, set_job): u64 = field::HS_JOB;
+        /// The rank field.
+        (rank, set_rank): u32 = field::HS_RANK;
+        /// The reserved field.
+        (reserved, set_reserved): u32 = field::HS_RESERVED;
+    }
 }
 
 impl<T: AsRef<[u8]>> HandshakePacket<T> {
-    /// Wraps `buffer` without checking its length: accessors panic if it is
-    /// shorter than [`HANDSHAKE_LEN`]. Prefer [`Self::new_checked`].
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Self { buffer }
-    }
-
-    /// Wraps `buffer`, which must hold at least [`HANDSHAKE_LEN`] bytes;
-    /// no accessor of the result can panic.
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks that the buffer holds a whole handshake.
-    pub fn check_len(&self) -> Result<(), WireError> {
-        check(self.buffer.as_ref(), HANDSHAKE_LEN)
-    }
-
-    /// The wrapped buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The magic field.
     pub fn magic(&self) -> [u8; 4] {
-        read(self.buffer.as_ref(), field::HS_MAGIC)
-    }
-
-    /// The protocol version field.
-    pub fn version(&self) -> u16 {
-        u16::from_le_bytes(read(self.buffer.as_ref(), field::HS_VERSION))
-    }
-
-    /// The flags field.
-    pub fn flags(&self) -> u16 {
-        u16::from_le_bytes(read(self.buffer.as_ref(), field::HS_FLAGS))
-    }
-
-    /// The job hash field.
-    pub fn job(&self) -> u64 {
-        u64::from_le_bytes(read(self.buffer.as_ref(), field::HS_JOB))
-    }
-
-    /// The rank field.
-    pub fn rank(&self) -> u32 {
-        u32::from_le_bytes(read(self.buffer.as_ref(), field::HS_RANK))
-    }
-
-    /// The reserved field.
-    pub fn reserved(&self) -> u32 {
-        u32::from_le_bytes(read(self.buffer.as_ref(), field::HS_RESERVED))
+        crate::wire_view::le(self.buffer.as_ref(), field::HS_MAGIC)
     }
 }
 
@@ -334,31 +285,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> HandshakePacket<T> {
     /// Sets the magic field.
     pub fn set_magic(&mut self, value: [u8; 4]) {
         self.buffer.as_mut()[field::HS_MAGIC].copy_from_slice(&value);
-    }
-
-    /// Sets the protocol version field.
-    pub fn set_version(&mut self, value: u16) {
-        self.buffer.as_mut()[field::HS_VERSION].copy_from_slice(&value.to_le_bytes());
-    }
-
-    /// Sets the flags field.
-    pub fn set_flags(&mut self, value: u16) {
-        self.buffer.as_mut()[field::HS_FLAGS].copy_from_slice(&value.to_le_bytes());
-    }
-
-    /// Sets the job hash field.
-    pub fn set_job(&mut self, value: u64) {
-        self.buffer.as_mut()[field::HS_JOB].copy_from_slice(&value.to_le_bytes());
-    }
-
-    /// Sets the rank field.
-    pub fn set_rank(&mut self, value: u32) {
-        self.buffer.as_mut()[field::HS_RANK].copy_from_slice(&value.to_le_bytes());
-    }
-
-    /// Sets the reserved field.
-    pub fn set_reserved(&mut self, value: u32) {
-        self.buffer.as_mut()[field::HS_RESERVED].copy_from_slice(&value.to_le_bytes());
     }
 }
 
@@ -400,11 +326,6 @@ impl HandshakeRepr {
         })
     }
 
-    /// Bytes [`Self::emit`] writes: [`HANDSHAKE_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        HANDSHAKE_LEN
-    }
-
     /// Writes the handshake (magic, [`VERSION`], zero flags and reserved).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(
         &self,
@@ -416,13 +337,6 @@ impl HandshakeRepr {
         packet.set_job(self.job);
         packet.set_rank(self.rank);
         packet.set_reserved(0);
-    }
-
-    /// The handshake as bytes, ready to write.
-    pub fn to_bytes(&self) -> [u8; HANDSHAKE_LEN] {
-        let mut out = [0u8; HANDSHAKE_LEN];
-        self.emit(&mut HandshakePacket::new_unchecked(&mut out[..]));
-        out
     }
 }
 
@@ -464,91 +378,24 @@ impl TryFrom<u8> for FrameType {
     }
 }
 
-/// A read/write view of a frame header.
-#[derive(Debug, Clone, Copy)]
-pub struct FrameHeader<T: AsRef<[u8]>> {
-    buffer: T,
-}
-
-impl<T: AsRef<[u8]>> FrameHeader<T> {
-    /// Wraps `buffer` without checking its length: accessors panic if it is
-    /// shorter than [`FRAME_HEADER_LEN`]. Prefer [`Self::new_checked`].
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Self { buffer }
-    }
-
-    /// Wraps `buffer`, which must hold at least [`FRAME_HEADER_LEN`] bytes;
-    /// no accessor of the result can panic.
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let header = Self::new_unchecked(buffer);
-        header.check_len()?;
-        Ok(header)
-    }
-
-    /// Checks that the buffer holds a whole frame header.
-    pub fn check_len(&self) -> Result<(), WireError> {
-        check(self.buffer.as_ref(), FRAME_HEADER_LEN)
-    }
-
-    /// The wrapped buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    /// The raw frame type byte.
-    pub fn frame_type(&self) -> u8 {
-        self.buffer.as_ref()[field::FR_TYPE]
-    }
-
-    /// The tag byte.
-    pub fn tag(&self) -> u8 {
-        self.buffer.as_ref()[field::FR_TAG]
-    }
-
-    /// The flags field.
-    pub fn flags(&self) -> u16 {
-        u16::from_le_bytes(read(self.buffer.as_ref(), field::FR_FLAGS))
-    }
-
-    /// The payload length field.
-    pub fn payload_len(&self) -> u32 {
-        u32::from_le_bytes(read(self.buffer.as_ref(), field::FR_LEN))
-    }
-
-    /// The request id field.
-    pub fn id(&self) -> u64 {
-        u64::from_le_bytes(read(self.buffer.as_ref(), field::FR_ID))
+wire_view! {
+    /// A read/write view of a frame header.
+    FrameHeader, FRAME_HEADER_LEN, WireError {
+        /// The raw frame type byte.
+        (frame_type, set_frame_type): u8 = field::FR_TYPE;
+        /// The tag byte.
+        (tag, set_tag): u8 = field::FR_TAG;
+        /// The flags field.
+        (flags, set_flags): u16 = field::FR_FLAGS;
+        /// The payload length field.
+        (payload_len, set_payload_len): u32 = field::FR_LEN;
+        /// The request id field.
+        (id, set_id): u64 = field::FR_ID;
     }
 }
 
-impl<T: AsRef<[u8]> + AsMut<[u8]>> FrameHeader<T> {
-    /// Sets the raw frame type byte.
-    pub fn set_frame_type(&mut self, value: u8) {
-        self.buffer.as_mut()[field::FR_TYPE] = value;
-    }
-
-    /// Sets the tag byte.
-    pub fn set_tag(&mut self, value: u8) {
-        self.buffer.as_mut()[field::FR_TAG] = value;
-    }
-
-    /// Sets the flags field.
-    pub fn set_flags(&mut self, value: u16) {
-        self.buffer.as_mut()[field::FR_FLAGS].copy_from_slice(&value.to_le_bytes());
-    }
-
-    /// Sets the payload length field.
-    pub fn set_payload_len(&mut self, value: u32) {
-        self.buffer.as_mut()[field::FR_LEN].copy_from_slice(&value.to_le_bytes());
-    }
-
-    /// Sets the request id field.
-    pub fn set_id(&mut self, value: u64) {
-        self.buffer.as_mut()[field::FR_ID].copy_from_slice(&value.to_le_bytes());
-    }
-}
-
-/// A validated frame header.
+/// A validated frame header; [`Self::to_bytes`] is what a vectored write
+/// sends before the payload (written by the caller).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct FrameRepr {
@@ -632,12 +479,6 @@ impl FrameRepr {
         })
     }
 
-    /// Bytes [`Self::emit`] writes: [`FRAME_HEADER_LEN`] (the payload
-    /// follows, written by the caller).
-    pub const fn buffer_len(&self) -> usize {
-        FRAME_HEADER_LEN
-    }
-
     /// Writes the header.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, header: &mut FrameHeader<&mut T>) {
         header.set_frame_type(self.kind as u8);
@@ -646,69 +487,27 @@ impl FrameRepr {
         header.set_payload_len(self.len);
         header.set_id(self.id);
     }
-
-    /// The header as bytes (e.g. the first `iovec` of a vectored write).
-    pub fn to_bytes(&self) -> [u8; FRAME_HEADER_LEN] {
-        let mut out = [0u8; FRAME_HEADER_LEN];
-        self.emit(&mut FrameHeader::new_unchecked(&mut out[..]));
-        out
-    }
 }
 
 // ---------------------------------------------------------------------------
 // RMA sub-header.
 
-/// A read/write view of the RMA sub-header of a PUT or GET payload.
-#[derive(Debug, Clone, Copy)]
-pub struct RmaPacket<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of the RMA sub-header of a PUT or GET payload
+    /// (PUT data may follow it: [`RmaPacket::data`]).
+    RmaPacket, RMA_HEADER_LEN, WireError {
+        /// The region id field.
+        (region, set_region): u32 = field::RMA_REGION;
+        /// The reserved field.
+        (reserved, set_reserved): u32 = field::RMA_RESERVED;
+        /// The byte offset field.
+        (offset, set_offset): u64 = field::RMA_OFFSET;
+        /// The length field.
+        (len, set_len): u64 = field::RMA_LEN;
+    }
 }
 
 impl<T: AsRef<[u8]>> RmaPacket<T> {
-    /// Wraps `buffer` without checking its length: accessors panic if it is
-    /// shorter than [`RMA_HEADER_LEN`]. Prefer [`Self::new_checked`].
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Self { buffer }
-    }
-
-    /// Wraps `buffer`, which must hold at least [`RMA_HEADER_LEN`] bytes
-    /// (PUT data may follow); no accessor of the result can panic.
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks that the buffer holds a whole sub-header.
-    pub fn check_len(&self) -> Result<(), WireError> {
-        check(self.buffer.as_ref(), RMA_HEADER_LEN)
-    }
-
-    /// The wrapped buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    /// The region id field.
-    pub fn region(&self) -> u32 {
-        u32::from_le_bytes(read(self.buffer.as_ref(), field::RMA_REGION))
-    }
-
-    /// The reserved field.
-    pub fn reserved(&self) -> u32 {
-        u32::from_le_bytes(read(self.buffer.as_ref(), field::RMA_RESERVED))
-    }
-
-    /// The byte offset field.
-    pub fn offset(&self) -> u64 {
-        u64::from_le_bytes(read(self.buffer.as_ref(), field::RMA_OFFSET))
-    }
-
-    /// The length field.
-    pub fn len(&self) -> u64 {
-        u64::from_le_bytes(read(self.buffer.as_ref(), field::RMA_LEN))
-    }
-
     /// Whether the length field is zero.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -719,28 +518,6 @@ impl<'a, T: AsRef<[u8]> + ?Sized> RmaPacket<&'a T> {
     /// The bytes after the sub-header (a PUT's data).
     pub fn data(&self) -> &'a [u8] {
         &self.buffer.as_ref()[RMA_HEADER_LEN..]
-    }
-}
-
-impl<T: AsRef<[u8]> + AsMut<[u8]>> RmaPacket<T> {
-    /// Sets the region id field.
-    pub fn set_region(&mut self, value: u32) {
-        self.buffer.as_mut()[field::RMA_REGION].copy_from_slice(&value.to_le_bytes());
-    }
-
-    /// Sets the reserved field.
-    pub fn set_reserved(&mut self, value: u32) {
-        self.buffer.as_mut()[field::RMA_RESERVED].copy_from_slice(&value.to_le_bytes());
-    }
-
-    /// Sets the byte offset field.
-    pub fn set_offset(&mut self, value: u64) {
-        self.buffer.as_mut()[field::RMA_OFFSET].copy_from_slice(&value.to_le_bytes());
-    }
-
-    /// Sets the length field.
-    pub fn set_len(&mut self, value: u64) {
-        self.buffer.as_mut()[field::RMA_LEN].copy_from_slice(&value.to_le_bytes());
     }
 }
 
@@ -795,11 +572,6 @@ impl RmaRepr {
         Ok(())
     }
 
-    /// Bytes [`Self::emit`] writes: [`RMA_HEADER_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        RMA_HEADER_LEN
-    }
-
     /// Writes the sub-header (reserved zero).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut RmaPacket<&mut T>) {
         packet.set_region(self.region);
@@ -807,66 +579,29 @@ impl RmaRepr {
         packet.set_offset(self.offset);
         packet.set_len(self.len);
     }
-
-    /// The sub-header as bytes.
-    pub fn to_bytes(&self) -> [u8; RMA_HEADER_LEN] {
-        let mut out = [0u8; RMA_HEADER_LEN];
-        self.emit(&mut RmaPacket::new_unchecked(&mut out[..]));
-        out
-    }
 }
 
 // ---------------------------------------------------------------------------
 // Chunk header.
 
-/// A read/write view of the header at the start of the first chunk of a
-/// chunked message (a SEND on [`TAG_CHUNK`]).
-#[derive(Debug, Clone, Copy)]
-pub struct ChunkPacket<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A read/write view of the header at the start of the first chunk of a
+    /// chunked message (a SEND on [`TAG_CHUNK`]); the first data bytes may
+    /// follow it ([`ChunkPacket::data`]).
+    ChunkPacket, CHUNK_HEADER_LEN, WireError {
+        /// The user tag field.
+        (tag, set_tag): u8 = field::CH_TAG;
+        /// The total message length field.
+        (total, set_total): u64 = field::CH_TOTAL;
+    }
 }
 
 impl<T: AsRef<[u8]>> ChunkPacket<T> {
-    /// Wraps `buffer` without checking its length: accessors panic if it is
-    /// shorter than [`CHUNK_HEADER_LEN`]. Prefer [`Self::new_checked`].
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Self { buffer }
-    }
-
-    /// Wraps `buffer`, which must hold at least [`CHUNK_HEADER_LEN`] bytes
-    /// (the first data bytes may follow); no accessor of the result can
-    /// panic.
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks that the buffer holds a whole chunk header.
-    pub fn check_len(&self) -> Result<(), WireError> {
-        check(self.buffer.as_ref(), CHUNK_HEADER_LEN)
-    }
-
-    /// The wrapped buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    /// The user tag field.
-    pub fn tag(&self) -> u8 {
-        self.buffer.as_ref()[field::CH_TAG]
-    }
-
     /// The reserved field (7 bytes, as an integer below 2^56).
     pub fn reserved(&self) -> u64 {
         let mut b = [0u8; 8];
         b[..7].copy_from_slice(&self.buffer.as_ref()[field::CH_RESERVED]);
         u64::from_le_bytes(b)
-    }
-
-    /// The total message length field.
-    pub fn total(&self) -> u64 {
-        u64::from_le_bytes(read(self.buffer.as_ref(), field::CH_TOTAL))
     }
 }
 
@@ -878,19 +613,9 @@ impl<'a, T: AsRef<[u8]> + ?Sized> ChunkPacket<&'a T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> ChunkPacket<T> {
-    /// Sets the user tag field.
-    pub fn set_tag(&mut self, value: u8) {
-        self.buffer.as_mut()[field::CH_TAG] = value;
-    }
-
     /// Sets the reserved field (its low 7 bytes).
     pub fn set_reserved(&mut self, value: u64) {
         self.buffer.as_mut()[field::CH_RESERVED].copy_from_slice(&value.to_le_bytes()[..7]);
-    }
-
-    /// Sets the total message length field.
-    pub fn set_total(&mut self, value: u64) {
-        self.buffer.as_mut()[field::CH_TOTAL].copy_from_slice(&value.to_le_bytes());
     }
 }
 
@@ -929,23 +654,11 @@ impl ChunkRepr {
         })
     }
 
-    /// Bytes [`Self::emit`] writes: [`CHUNK_HEADER_LEN`].
-    pub const fn buffer_len(&self) -> usize {
-        CHUNK_HEADER_LEN
-    }
-
     /// Writes the header (reserved zero).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut ChunkPacket<&mut T>) {
         packet.set_tag(self.tag);
         packet.set_reserved(0);
         packet.set_total(self.total);
-    }
-
-    /// The header as bytes.
-    pub fn to_bytes(&self) -> [u8; CHUNK_HEADER_LEN] {
-        let mut out = [0u8; CHUNK_HEADER_LEN];
-        self.emit(&mut ChunkPacket::new_unchecked(&mut out[..]));
-        out
     }
 }
 

@@ -1,6 +1,7 @@
 //! Engine tests: several engines in one process over one in-memory
 //! segment, driven step by step.
 
+use super::recorder::Rec;
 use super::*;
 use crate::sm::control::Structure;
 use crate::sm::fifo::Producer;
@@ -96,37 +97,6 @@ fn open_boxes(e: &mut [Eng<'_>]) {
     }
     assert!(sink.errors.is_empty() && sink.failed.is_empty());
     assert_eq!(sink.got.len(), (n * (n - 1)) as usize);
-}
-
-/// Records everything the engine reports.
-#[derive(Default)]
-struct Rec {
-    got: Vec<(u32, u8, Vec<u8>)>,
-    done: Vec<(u32, u64, bool)>,
-    errors: Vec<PeerError>,
-    failed: Vec<(u32, PeerError)>,
-    refuse_tag: Option<u8>,
-}
-
-impl Dispatch for Rec {
-    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
-        if Some(tag) == self.refuse_tag {
-            return false;
-        }
-        let mut buf = vec![0; frag.info.len as usize];
-        frag.copy_payload(&mut buf).unwrap();
-        self.got.push((peer, tag, buf));
-        true
-    }
-    fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
-        self.done.push((peer, cookie, ok));
-    }
-    fn error(&mut self, error: PeerError) {
-        self.errors.push(error);
-    }
-    fn failed(&mut self, peer: u32, why: PeerError) {
-        self.failed.push((peer, why));
-    }
 }
 
 /// Runs `f` on the engines of a job of `nprocs` ranks over one in-memory
