@@ -125,6 +125,21 @@ pub enum PostError {
     BadLocal(RmaStatus),
 }
 
+impl PostError {
+    /// What every message post checks first: a user tag (not one of the
+    /// transports' own) and at most `max` bytes.
+    #[inline(always)]
+    pub(crate) fn check_message(tag: u8, len: u64, max: u64) -> Result<(), PostError> {
+        if tag > btl_core::tags::MAX_USER_TAG {
+            Err(PostError::ReservedTag)
+        } else if len > max {
+            Err(PostError::TooLarge { max })
+        } else {
+            Ok(())
+        }
+    }
+}
+
 impl fmt::Display for PostError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

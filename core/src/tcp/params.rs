@@ -459,13 +459,14 @@ pub static TCP_PARAMS: [ParamDef; TCP_PARAM_COUNT] = table(
             4,
             "a size in bytes between 0 and 16777216 (0 = off; k, M, G suffixes allowed)",
             "Write combining: a send to a peer that an earlier send of the same progress pass \
-             wrote to already is held, and what is held is written with one system call at the \
-             next progress call, or at once when this many bytes are held (frames of up to 32 KiB \
-             only). The first message of a burst leaves at once (a ping-pong never waits); a \
-             window of small messages costs one system call per batch instead of one per \
-             message (4 KiB messages: about 4 times the bandwidth on loopback). Up to this many \
-             bytes of a burst wait for the next progress call, so a program that posts several \
-             sends to one peer and then computes without calling into MPI can set 0.",
+             wrote to already is written corked (MSG_MORE: appended to the socket's last \
+             unsent segment), and the next progress call sends what is corked, as does any \
+             other write, at the latest once this many bytes are corked (frames of up to 32 \
+             KiB only). The first message of a burst leaves at once (a ping-pong never waits); \
+             a window of small messages costs one segment per batch instead of one per \
+             message (4 KiB messages: about twice the bandwidth on loopback). A sender that \
+             stops calling progress still sends: the kernel sends a corked segment with the \
+             next ACK or after about 200 ms.",
         ),
         ParamDef::number("port_min_v4", ParamKind::Int, PORT_MIN, (I32_MIN, I32_MAX)).doc(
             2,
@@ -782,8 +783,8 @@ pub struct TcpParams {
     pub endpoint_cache: i32,
     /// Whether Nagle's algorithm stays on (no `TCP_NODELAY`).
     pub use_nagle: bool,
-    /// Most bytes of small frames held per connection for write combining
-    /// (0: every post writes at once).
+    /// Most bytes of small frames corked per connection for write
+    /// combining (0: every post is sent at once).
     pub write_combine: i32,
     /// First port tried for the IPv4 listener (invalid values are reset to
     /// 1024 by verify).

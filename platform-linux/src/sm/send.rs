@@ -227,13 +227,8 @@ impl Sm {
         parts: RawParts,
         op: OpId,
     ) -> Result<Posted, PostError> {
-        if tag > MAX_USER_TAG {
-            return Err(PostError::ReservedTag);
-        }
+        PostError::check_message(tag, parts.len() as u64, MAX_MESSAGE)?;
         self.check_peer(peer)?;
-        if parts.len() as u64 > MAX_MESSAGE {
-            return Err(PostError::TooLarge { max: MAX_MESSAGE });
-        }
         // Caller memory: only the message count is bounded.
         if parts.len() <= self.shm.get().engine.max_payload() as usize {
             if self.out[peer as usize].q.is_empty() {

@@ -19,7 +19,7 @@ pub(super) struct Config {
     pub(super) sndbuf: usize,
     pub(super) rcvbuf: usize,
     pub(super) cache: usize,
-    /// Most bytes held per connection for write combining (0: off).
+    /// Most bytes corked per connection for write combining (0: off).
     pub(super) combine: usize,
     pub(super) max_frame: u32,
     /// `recv_lowat` (0: off; below 4096 counts as 4096).

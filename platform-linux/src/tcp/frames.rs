@@ -243,13 +243,8 @@ impl Tcp {
     /// Messages larger than `max_frame` travel as a chain of frames on the
     /// internal chunk tag.
     pub fn isend(&mut self, peer: u32, tag: u8, parts: &[&[u8]]) -> Result<(), PostError> {
-        if tag > MAX_USER_TAG {
-            return Err(PostError::ReservedTag);
-        }
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if len as u64 > MAX_MESSAGE {
-            return Err(PostError::TooLarge { max: MAX_MESSAGE });
-        }
+        PostError::check_message(tag, len as u64, MAX_MESSAGE)?;
         self.admit(peer, len as u64)?;
         let max = self.cfg.max_frame as usize;
         if len <= max {
@@ -277,12 +272,7 @@ impl Tcp {
         parts: RawParts,
         op: OpId,
     ) -> Result<Posted, PostError> {
-        if tag > MAX_USER_TAG {
-            return Err(PostError::ReservedTag);
-        }
-        if parts.len() as u64 > MAX_MESSAGE {
-            return Err(PostError::TooLarge { max: MAX_MESSAGE });
-        }
+        PostError::check_message(tag, parts.len() as u64, MAX_MESSAGE)?;
         // Caller memory: only the message count is bounded (a message in
         // several pieces is gathered into a copy, bounded by `isend`).
         self.admit(peer, 0)?;

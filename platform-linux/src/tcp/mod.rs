@@ -99,9 +99,9 @@ const DIRECT_POLL_MAX: usize = 4;
 /// never holds it (`write_combine` 0 turns combining off; with
 /// `use_nagle` the kernel combines and nothing is corked).
 ///
-/// Frames up to this many bytes are held for combining; larger ones
-/// (which fill segments by themselves) write at once, with whatever is held
-/// before them.
+/// Frames up to this many bytes are corked for combining; larger ones
+/// (which fill segments by themselves) write at once, pushing whatever is
+/// corked before them.
 const COMBINE_FRAME: usize = 32 * 1024;
 /// With direct polling, every this many passes go through epoll.
 const DIRECT_POLL_EVERY: u32 = 16;
@@ -206,10 +206,11 @@ struct Conn {
     /// Drop once `out` is written.
     close_after_write: bool,
     /// The pass ([`Tcp::epoch`]) in which a post last wrote to this
-    /// connection: a later post of the same pass is held for combining.
+    /// connection: a later post of the same pass is corked for combining.
     wrote_in: u64,
-    /// Bytes of frames at the end of `out` held for combining (written by
-    /// the next pass, or at once when `write_combine` bytes are held).
+    /// Bytes written corked (`MSG_MORE`) since the last push (pushed by
+    /// the next pass, or by a write without `MSG_MORE`; at most
+    /// `write_combine`).
     held: usize,
     /// The socket's `SO_RCVLOWAT` as we last set it (1: the kernel's
     /// default; see `recv_lowat`).
@@ -226,9 +227,9 @@ struct Conn {
 
 impl Conn {
     /// Write combining (`write_combine` = `combine` bytes): whether a frame
-    /// of `len` bytes posted in pass `epoch` is held, behind an earlier
-    /// post of the same pass, rather than written now (not when the socket
-    /// is full anyway, nor beyond the bound).
+    /// of `len` bytes posted in pass `epoch` is written corked, behind an
+    /// earlier post of the same pass, rather than sent at once (not when
+    /// the socket is full anyway, nor beyond the bound).
     fn holds(&self, len: usize, epoch: u64, combine: usize) -> bool {
         self.wrote_in == epoch
             && len <= COMBINE_FRAME
@@ -289,7 +290,7 @@ pub struct Tcp {
     /// Passes begun (every one, quiet or not): what a connection's
     /// `wrote_in` is compared with.
     epoch: u64,
-    /// Connections with frames held for combining, written at the start
+    /// Connections with frames corked for combining, pushed at the start
     /// of the next pass.
     held: Vec<ConnId>,
     /// How many more times a pass that reads its one connection directly
@@ -956,7 +957,7 @@ mod quiet_tests {
             // Sent while b is out of any pass: only a blocking wait can
             // see it, and it must see it at once.
             a.isend(1, 4, &[b"wake", &[round]]).unwrap();
-            // (a's pass writes what write combining held.)
+            // (a's pass pushes what write combining corked.)
             a.progress(&mut regions, &mut |_, _| {});
             let t0 = std::time::Instant::now();
             let got = blocking_pass(&mut b, &mut regions, Duration::from_secs(10));
