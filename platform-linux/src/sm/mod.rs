@@ -225,14 +225,15 @@ mod attach;
 mod bulk;
 mod landing;
 mod liveness;
+mod out;
 mod recv;
 mod rma;
 mod send;
 
 pub use btl_core::rma::{RegionKey, RmaStatus};
 use bulk::BulkRates;
+use out::PeerOut;
 use recv::State;
-use send::PeerOut;
 
 /// Bound of what waits copied in user space for one local peer when its
 /// ring is full or no fragment is free: 8 MiB or 16384 messages (as TCP's

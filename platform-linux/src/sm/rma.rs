@@ -50,7 +50,7 @@ use btl_core::sm::wire::{
 };
 
 use super::bulk::{Bulk, Probe};
-use super::send::{Stream, StreamKind};
+use super::out::{Stream, StreamKind};
 use super::{Sm, MAX_MESSAGE};
 use crate::cma;
 use crate::ops::{OpId, PostError, Posted, RawBuf, RawParts};
