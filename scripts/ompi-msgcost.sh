@@ -20,6 +20,9 @@
 #
 #   bash scripts/ompi-msgcost.sh                 # ROUNDS=100 BATCH=16 SIZE=8
 #   SIZE=64 bash scripts/ompi-msgcost.sh
+#   THREADS=multiple bash scripts/ompi-msgcost.sh   # MPI_THREAD_MULTIPLE
+#       (one thread working; the thread-safe paths' cost), written to
+#       bench/results/21-open-mpi-instructions-mt.tsv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -28,7 +31,12 @@ rounds=${ROUNDS:-100}
 batch=${BATCH:-16}
 size=${SIZE:-8}
 sleep_ms=${SLEEP_MS:-20}
-out=${OUT:-bench/results/21-open-mpi-instructions.tsv}
+threads=${THREADS:-single}
+case "$threads" in
+single) out=${OUT:-bench/results/21-open-mpi-instructions.tsv} level= ;;
+multiple) out=${OUT:-bench/results/21-open-mpi-instructions-mt.tsv} level=", MPI_THREAD_MULTIPLE" ;;
+*) echo "ompi-msgcost: THREADS=$threads (single or multiple)" >&2; exit 1 ;;
+esac
 command -v valgrind >/dev/null || { echo "ompi-msgcost: valgrind missing (bash scripts/setup.sh installs it)" >&2; exit 1; }
 bash scripts/ompi-components.sh >/dev/null
 work=$root/target/ompi-msgcost
@@ -79,7 +87,7 @@ for c in "${configs[@]}"; do
     # shellcheck disable=SC2086
     if ! timeout 300 mpirun -n 2 --bind-to core --map-by core --mca pml ob1 \
         --mca oob_tcp_if_include lo $opts "$work/wrap.sh" "$f" \
-        "$work/msgcost" "$r" "$batch" "$size" "$sleep_ms" >"$f.out" 2>&1 ||
+        "$work/msgcost" "$r" "$batch" "$size" "$sleep_ms" "$threads" >"$f.out" 2>&1 ||
         ! grep -q ' 0 wrong' "$f.out"; then
       echo "ompi-msgcost: $name with $r rounds failed:" >&2
       cat "$f.out" >&2
@@ -107,8 +115,8 @@ done
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 {
-  echo "# title: Instructions per $size B message inside Open MPI 4.1 (callgrind)"
-  echo "# command: ROUNDS=$rounds BATCH=$batch SIZE=$size bash scripts/ompi-msgcost.sh"
+  echo "# title: Instructions per $size B message inside Open MPI 4.1$level (callgrind)"
+  echo "# command: ROUNDS=$rounds BATCH=$batch SIZE=$size${level:+ THREADS=multiple} bash scripts/ompi-msgcost.sh"
   echo "# machine: $(nproc) vCPU $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), $(. /etc/os-release && echo "$PRETTY_NAME"), $(ompi_info --version 2>/dev/null | sed -n '1s/^Open MPI v/Open MPI /p')"
   echo "# note: --mca pml ob1, 2 ranks. Send: instructions inside MPI_Send on the sender (MPI, ob1, the BTL); receive: inside MPI_Recv on the receiver, the message already there (progress, the BTL, ob1's matching and copy). Per message, from the difference of a $rounds- and a $((2 * rounds))-round run of $batch-message batches, so one-time costs cancel; every message checked. Ratio: ours over Open MPI's BTL. BTL alone (shared memory): the BTL's sendi with all it calls; opal_progress less ob1's fragment callback"
   printf 'BTL\tsend\treceive\ttotal\tratio\tBTL alone: send\treceive\ttotal\tratio\n'

@@ -9,6 +9,8 @@
 #     the checked MPI program (platform-linux/ompi/tests/mpi_check.c) at -n 2
 #     and -n 4, btl_base_verbose 100 showing btl's component chosen and the
 #     others unused;
+#   - MPI_THREAD_MULTIPLE: a checked exchange of 4 threads a rank
+#     (platform-linux/ompi/bench/mtexchange.c) over rsm and over rtcp;
 #   - bad input: a malformed OMPI_MCA_btl_rsm_* value (and a rule conflict)
 #     is reported naming the parameter, rsm declines, the job runs on vader;
 #   - a rank SIGKILLed under mpirun ends the job within seconds, nothing of
@@ -94,6 +96,7 @@ mkdir -p "$work"
 . scripts/ompi-lib.sh
 ompi_use_components "$components"
 mpicc -O2 -Wall -Werror -o "$work/mpi_check" platform-linux/ompi/tests/mpi_check.c -lpthread
+mpicc -O2 -Wall -Werror -o "$work/mtexchange" platform-linux/ompi/bench/mtexchange.c -lpthread
 tar -C "$work" -xzf "$sdist"
 suite=$work/mpi4py-$m4ver
 tests=platform-linux/ompi/tests
@@ -183,6 +186,23 @@ for l in sys.stdin:
       ok "mpi_check (full) over self,$c -n 3"
     else
       bad "mpi_check (full) over self,$c -n 3" "$log"
+    fi
+  done
+  # MPI_THREAD_MULTIPLE: 4 threads a rank, each pair on its own
+  # communicator, checked messages up to 256 KiB each way (mtexchange.c),
+  # three seeds; ranks bound to one core each, so the threads contend
+  for c in rsm rtcp; do
+    log=$work/threads-$c.log
+    : >"$log"
+    runs=0
+    for seed in 1 2 3; do
+      mpi -n 2 --bind-to core --map-by core --mca btl self,$c "$work/mtexchange" 4 200 262144 \
+        "$seed" >>"$log" 2>&1 && runs=$((runs + 1))
+    done
+    if [ "$runs" = 3 ] && [ "$(grep -c ' wrong 0$' "$log")" = 3 ] && ! grep -q "btl $c: " "$log"; then
+      ok "threaded exchange (mtexchange, 4 threads a rank, 3 seeds) over self,$c"
+    else
+      bad "threaded exchange (mtexchange, 4 threads a rank, 3 seeds) over self,$c" "$log"
     fi
   done
   # one-sided (osc pt2pt in 4.1, osc rdma in 5.0; single-threaded: see mpi_check.c)

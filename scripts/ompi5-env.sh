@@ -12,6 +12,8 @@
 #                                             # those components (the ompi5 step)
 #   bash scripts/ompi5-env.sh bench           # scripts/ompi-bench.sh inside (REPS,
 #                                             # SIZES, MIN, LAT_RUNS pass through)
+#   bash scripts/ompi5-env.sh mtbench         # scripts/ompi-mtbench.sh inside (REPS,
+#                                             # THREADS, MESSAGES, MAX, RECORD)
 #   bash scripts/ompi5-env.sh unmount         # undo mounts a killed run left
 #
 # The tree is made once, in two steps with a stamp each: debootstrap's base
@@ -235,6 +237,14 @@ bench)
     MPI_PINGPONG="$inside_target/ompi5-bench/mpi_pingpong.c" REPS="${REPS:-3}" \
     SIZES="${SIZES:-8 4096 65536 1048576 4194304}" MIN="${MIN:-}" LAT_RUNS="${LAT_RUNS:-30}" \
     bash scripts/ompi-bench.sh
+  ;;
+mtbench)
+  shift
+  bash "$0" components
+  inside_target=/btl/${target#"$repo"/}
+  bash "$0" run -- env CARGO_TARGET_DIR="$inside_target" OMPI_COMPONENTS_PREBUILT="$inside_target/ompi5" \
+    REPS="${REPS:-5}" THREADS="${THREADS:-4}" MESSAGES="${MESSAGES:-1000}" MAX="${MAX:-262144}" \
+    RECORD="${RECORD:-}" bash scripts/ompi-mtbench.sh
   ;;
 unmount)
   unmount_tree

@@ -1057,11 +1057,16 @@ static void on_event(void *ctx, const btl_event_t *ev)
     }
 }
 
+/* One thread progresses at a time, and the others do not wait for it: a
+ * thread that finds the lock taken (another thread progressing, or one in
+ * a send) returns at once, as vader's progress does, instead of queueing
+ * behind it to find nothing left to do. Whatever it waits for is delivered
+ * by the thread that holds the lock. */
 static int component_progress(void)
 {
     int n = 0;
     if (NULL == module.h || !module.connected) return 0;
-    lock();
+    if (OPAL_THREAD_TRYLOCK(&module.lock)) return 0;
     if (!module.in_progress) {
         module.in_progress = 1;
         if (OPAL_UNLIKELY(module.npending)) n += retry_pending();

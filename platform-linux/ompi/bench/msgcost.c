@@ -11,7 +11,10 @@
  * rank 1 prints "msgcost: N messages checked" and the exit status is 0
  * only if all were intact.
  *
- *   msgcost [ROUNDS] [BATCH] [SIZE] [SLEEP_MS]     (200 16 8 20)
+ * With a fifth argument `multiple` it initialises MPI_THREAD_MULTIPLE
+ * (one thread still does all the work): what the thread-safe paths cost.
+ *
+ *   msgcost [ROUNDS] [BATCH] [SIZE] [SLEEP_MS] [single|multiple]   (200 16 8 20 single)
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -26,7 +29,11 @@ static void pause_ms(long ms) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  int multiple = argc > 5 && 0 == strcmp(argv[5], "multiple"), provided = MPI_THREAD_SINGLE;
+  if (multiple)
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  else
+    MPI_Init(&argc, &argv);
   int r, n;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -34,10 +41,10 @@ int main(int argc, char **argv) {
   long batch = argc > 2 ? atol(argv[2]) : 16;
   long size = argc > 3 ? atol(argv[3]) : 8;
   long sleep_ms = argc > 4 ? atol(argv[4]) : 20;
-  if (n != 2 || rounds < 1 || batch < 1 || batch > 1024 || size < 1 || size > 4096 ||
+  if (n != 2 || (multiple && provided != MPI_THREAD_MULTIPLE) || rounds < 1 || batch < 1 || batch > 1024 || size < 1 || size > 4096 ||
       sleep_ms < 0) {
     if (r == 0)
-      fprintf(stderr, "msgcost: 2 ranks; ROUNDS >= 1, BATCH 1..1024, SIZE 1..4096, SLEEP_MS >= 0\n");
+      fprintf(stderr, "msgcost: 2 ranks (and MPI_THREAD_MULTIPLE if asked); ROUNDS >= 1, BATCH 1..1024, SIZE 1..4096, SLEEP_MS >= 0\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   unsigned char buf[4096], ack = 0;
