@@ -21,7 +21,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use btl_core::sm::engine::{init_part, Dispatch, FragDesc, PeerError, PeerSlot, SmEngine};
+use btl_core::sm::engine::{
+    init_part, Dispatch, FragDesc, PeerError, PeerSlot, Received, SmEngine,
+};
 use btl_core::sm::fbox::{Fbox, FboxReader, FboxWriter, SendError, DEFAULT_SIZE};
 use btl_core::sm::frag::FragView;
 use btl_core::sm::layout::segment_layout;
@@ -106,13 +108,13 @@ struct Seen {
 }
 
 impl Dispatch for Seen {
-    fn recv(&mut self, _peer: u32, _tag: u8, frag: &FragView<'_>) -> bool {
+    fn recv(&mut self, _peer: u32, _tag: u8, frag: &FragView<'_>) -> Received {
         let mut b = [0u8; 1];
         if frag.payload.read_bytes(0, &mut b).is_ok() {
             self.first = b[0];
         }
         self.messages += 1;
-        true
+        Received::Accepted
     }
     fn complete(&mut self, _peer: u32, _cookie: u64, ok: bool) {
         assert!(ok, "a send failed");

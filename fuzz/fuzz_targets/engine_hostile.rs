@@ -21,7 +21,7 @@ use std::collections::{HashSet, VecDeque};
 
 use arbitrary::Arbitrary;
 use btl_core::sm::engine::{
-    init_part, Blame, Dispatch, FragDesc, PeerError, PeerSlot, PeerState, SmEngine,
+    init_part, Blame, Dispatch, FragDesc, PeerError, PeerSlot, PeerState, Received, SmEngine,
 };
 use btl_core::sm::fifo::{fifo_map, Consumer, Fifo};
 use btl_core::sm::frag::{header_check, FragType, FragView, Slot};
@@ -48,6 +48,17 @@ enum Op {
     },
     Release {
         who: bool,
+    },
+    /// From now on, `who`'s handler holds the ACK of a SEND with `tag`
+    /// (one at a time; `None`: none).
+    Hold {
+        who: bool,
+        tag: Option<u8>,
+    },
+    /// `who` releases the ACK it holds for the other honest rank.
+    ReleaseHeld {
+        who: bool,
+        ok: bool,
     },
     /// Write `bytes` at `off` (modulo the part) in rank `part % 3`'s part.
     Scribble {
@@ -106,17 +117,26 @@ struct Rec {
     log: recorder::Rec,
     failed: HashSet<u32>,
     max_payload: u32,
+    /// An ACK held back (`Received::Held`) and not yet released.
+    holding: bool,
 }
 
 impl Dispatch for Rec {
-    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
+    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> Received {
         assert!(
             !self.failed.contains(&peer),
             "delivered from rank {peer} after it was declared failed"
         );
         assert!(frag.info.len <= self.max_payload);
         assert_eq!(frag.payload.len(), frag.info.len as usize);
-        self.log.recv(peer, tag, frag)
+        match self.log.recv(peer, tag, frag) {
+            Received::Held if self.holding || frag.header.is_none() => Received::Accepted,
+            Received::Held => {
+                self.holding = true;
+                Received::Held
+            }
+            r => r,
+        }
     }
     fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
         self.log.complete(peer, cookie, ok);
@@ -301,6 +321,14 @@ fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: 
                 engines[w].progress(&mut recs[w]);
             }
             Op::Release { who } => engines[usize::from(*who)].release_consumed(),
+            Op::Hold { who, tag } => recs[usize::from(*who)].log.hold_tag = *tag,
+            Op::ReleaseHeld { who, ok } => {
+                let w = usize::from(*who);
+                recs[w].holding = false;
+                // A refused one completes with an error, as a message the
+                // handler refuses does.
+                tainted |= engines[w].release_held(1 - w as u32, *ok) && !ok;
+            }
             Op::Scribble { part, off, bytes } => {
                 let part = u32::from(*part) % NPROCS;
                 let base = layout.part_offset(part).unwrap();
@@ -376,10 +404,16 @@ fn run<'a>(region: &Region<'a>, layout: &SegmentLayout, params: &SmParams, ops: 
         books.check(&mut recs, &mut engines, tainted, descs);
     }
 
-    // Quiesce: everything honest arrives and completes.
+    // Quiesce: everything honest arrives and completes (a held ACK is
+    // released, as the adapter always does).
+    for rec in &mut recs {
+        rec.log.hold_tag = None;
+    }
     for _ in 0..4096 {
         let mut events = 0;
         for w in 0..2 {
+            recs[w].holding = false;
+            engines[w].release_held(1 - w as u32, true);
             events += engines[w].progress(&mut recs[w]);
             engines[w].release_consumed();
         }

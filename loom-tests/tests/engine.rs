@@ -12,7 +12,7 @@
 
 use btl_core::shm::Region;
 use btl_core::sm::engine::{
-    init_part, Dispatch, FragDesc, PeerError, PeerSlot, SendError, SmEngine,
+    init_part, Dispatch, FragDesc, PeerError, PeerSlot, Received, SendError, SmEngine,
 };
 use btl_core::sm::fifo::Consumer;
 use btl_core::sm::frag::FragView;
@@ -61,12 +61,12 @@ struct Rec {
 }
 
 impl Dispatch for Rec {
-    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
+    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> Received {
         assert_eq!(peer, 0);
         let mut b = vec![0; frag.info.len as usize];
         frag.copy_payload(&mut b).unwrap();
         self.got.push((tag, b));
-        true
+        Received::Accepted
     }
     fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
         assert_eq!(peer, 1);

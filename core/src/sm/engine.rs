@@ -155,19 +155,53 @@ pub const MAX_LOCAL_RANKS: usize = 1024;
 pub const POLL_BATCH: usize = 64;
 
 const NONE: u32 = u32::MAX;
+/// A held-back ACK's place in a pending queue ([`Received::Held`]); slot
+/// values never have bit 63 set.
+const HELD: u64 = u64::MAX;
+
+/// What a receiver made of a SEND ([`Dispatch::recv`]): what its ACK
+/// says, or that the ACK waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Received {
+    /// Taken: the ACK carries no error.
+    Accepted,
+    /// Refused (no handler for the tag, the handler failed): the ACK
+    /// carries the error status.
+    Refused,
+    /// Taken, but the receive goes on after the call (the fragment names
+    /// memory the receiver still reads from): the ACK is held back, with
+    /// every value after it to the same peer, until
+    /// [`SmEngine::release_held`]. One per peer at a time; a second one
+    /// while the first is held is refused.
+    Held,
+}
+
+impl From<bool> for Received {
+    /// `true` is [`Received::Accepted`], `false` [`Received::Refused`].
+    #[inline(always)]
+    fn from(ok: bool) -> Self {
+        if ok {
+            Self::Accepted
+        } else {
+            Self::Refused
+        }
+    }
+}
 
 /// What the engine calls back from [`SmEngine::progress`].
 pub trait Dispatch {
     /// A SEND from `peer` with `tag` arrived; `frag.payload` holds exactly
-    /// `frag.info.len` validated bytes. Return `false` to make the ACK carry
-    /// the error status (no handler for the tag, handler failed).
+    /// `frag.info.len` validated bytes. The answer decides the ACK
+    /// ([`Received`]): none, with the error status, or held back.
     ///
     /// Messages from a peer's fast box come the same way (through
     /// [`Self::boxed`]'s provided method), in order with
     /// its ring messages, with `frag.header` `None` and the payload in
     /// place in the box (valid during the call); they have no ACK, so the
-    /// return value is dropped: report what is refused another way.
-    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool;
+    /// answer is dropped: report what is refused another way, and do not
+    /// hold a boxed message.
+    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> Received;
     /// A message from `peer`'s fast box, in place in the box (`payload`,
     /// valid during the call; `part` is our part of the segment, which
     /// holds the box). The provided method hands it to [`Self::recv`] as a
@@ -1062,7 +1096,6 @@ where
     /// Pushes `value` to `peer`'s ring, or queues it behind earlier pending
     /// values. Err only if the queue is full.
     fn push_or_queue(&mut self, peer: u32, value: u64) -> Result<(), PeerError> {
-        let cap = self.pending_cap;
         let p = &mut self.peers.as_mut()[peer as usize];
         if p.pending_len == 0 {
             if let Some(producer) = p.producer.as_mut() {
@@ -1073,6 +1106,13 @@ where
                 }
             }
         }
+        self.enqueue(peer, value)
+    }
+
+    /// Appends `value` to `peer`'s pending queue.
+    fn enqueue(&mut self, peer: u32, value: u64) -> Result<(), PeerError> {
+        let cap = self.pending_cap;
+        let p = &mut self.peers.as_mut()[peer as usize];
         if p.pending_len >= cap {
             return Err(PeerError::PendingOverflow { peer });
         }
@@ -1082,6 +1122,43 @@ where
         self.pending_total += 1;
         self.stats.queued();
         Ok(())
+    }
+
+    /// Holds back the ACK `ack` to `peer` ([`Received::Held`]): a
+    /// placeholder in its pending queue keeps every later value behind it,
+    /// so ACKs still leave in the order of the peer's SENDs. A second one
+    /// while one is held is refused at once (behind the first).
+    fn hold_ack(&mut self, peer: u32, ack: u64) -> Result<(), PeerError> {
+        if self.peers.as_mut()[peer as usize].held_ack.is_some() {
+            return self.push_or_queue(peer, ack | STATUS_BIT);
+        }
+        self.enqueue(peer, HELD)?;
+        self.peers.as_mut()[peer as usize].held_ack = Some(ack);
+        Ok(())
+    }
+
+    /// Lets the ACK held back for `peer` ([`Received::Held`]) go, with the
+    /// error status unless `ok`, and the values queued behind it. False
+    /// when none is held (never was, or the peer failed meanwhile).
+    pub fn release_held(&mut self, peer: u32, ok: bool) -> bool {
+        let cap = self.pending_cap;
+        let Some(p) = self.peers.as_mut().get_mut(peer as usize) else {
+            return false;
+        };
+        let Some(ack) = p.held_ack.take() else {
+            return false;
+        };
+        let (head, len) = (p.pending_head, p.pending_len);
+        let base = (peer * cap) as usize;
+        let queue = &mut self.pending.as_mut()[base..base + cap as usize];
+        if let Some(at) = (0..len)
+            .map(|i| ((head + i) % cap) as usize)
+            .find(|&at| queue[at] == HELD)
+        {
+            queue[at] = ack | if ok { 0 } else { STATUS_BIT };
+        }
+        self.flush_pending(peer);
+        true
     }
 
     /// Retries `peer`'s pending values in order until its ring is full.
@@ -1097,7 +1174,7 @@ where
         let mut sent = 0;
         while p.pending_len > 0 {
             let value = queue[p.pending_head as usize];
-            if producer.push(value).is_err() {
+            if value == HELD || producer.push(value).is_err() {
                 break;
             }
             p.pending_head = (p.pending_head + 1) % cap;
@@ -1392,11 +1469,16 @@ where
         }
         p.recv_seq = p.recv_seq.wrapping_add(1);
         let small = view.info.len <= self.fbox_payload && p.fbox_in.is_none();
-        let ok = d.recv(owner, view.info.tag, &view);
+        let verdict = d.recv(owner, view.info.tag, &view);
         // The same fragment back, naming us: `Slot::into_ack`, with the
         // owner bits computed once.
-        let ack = slot.frag.offset() | self.ack_bits | if ok { 0 } else { STATUS_BIT };
-        if let Err(e) = self.push_or_queue(owner, ack) {
+        let ack = slot.frag.offset() | self.ack_bits;
+        let sent = match verdict {
+            Received::Accepted => self.push_or_queue(owner, ack),
+            Received::Refused => self.push_or_queue(owner, ack | STATUS_BIT),
+            Received::Held => self.hold_ack(owner, ack),
+        };
+        if let Err(e) = sent {
             return self.corrupted(e, d);
         }
         // A box for a peer that keeps sending small messages by ring.
@@ -1562,6 +1644,7 @@ where
             return 0;
         }
         p.state = PeerState::Failed;
+        p.held_ack = None;
         p.producer = None;
         p.fbox_out = None;
         p.fbox_in = None;

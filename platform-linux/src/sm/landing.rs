@@ -27,7 +27,7 @@
 //!    A rendezvous stays at the head of the sender's queue until the
 //!    receiver acknowledges it, so the landing buffer holds one message at
 //!    a time.
-//! 3. The receiver waits for the flag ([`PartWait`]) at most
+//! 3. The receiver looks for the flag ([`PartWait`]) for at most
 //!    [`SPLIT_WAIT`] from when its own part is in (the sender writes
 //!    synchronously, right after posting; a live sender takes
 //!    milliseconds for the largest message); then it reads the rest
@@ -38,25 +38,24 @@
 //!    the message is refused (its acknowledgement carries the error) and
 //!    single copy from that sender is off.
 //!
-//! The wait runs inside the progress pass that received the rendezvous: a
-//! pass that meets a split message can spend up to [`SPLIT_WAIT`] waiting
-//! for the flag, where the design's rule is that a pass never waits. It
-//! cannot be left for later passes while the engine acknowledges each SEND
-//! as its handler returns ([`btl_core::sm::engine`]): that acknowledgement
-//! completes the rendezvous, after which the sender releases the message's
-//! memory (which the receiver's own read of the rest needs when the flag is
-//! late) and may post its next split message into this same landing buffer
-//! before this one is delivered. A receive that stays pending across passes
-//! needs the engine to hold back one acknowledgement per peer until the
-//! receive ends, and to dispatch nothing more from that peer meanwhile
-//! (per-peer order). One per peer is the bound because a sender posts
-//! nothing more to a receiver while a rendezvous to it waits for its
-//! acknowledgement (the rendezvous heads the sender's queue, and the fast
-//! box's hand-off rule keeps the box idle meanwhile), also when the send
-//! was cancelled after it was posted (`Sm::cancel` keeps a posted
-//! rendezvous at the head until it is acknowledged). [`PartWait`] is the state
-//! such a receive keeps: a sequence number and a start, re-checked by a
-//! look at the flag and the clock.
+//! A progress pass never waits for the flag. When it is not in at the
+//! first look, the receive stays pending (`State::splits`, re-checked by
+//! every later pass: one look at the flag and the clock) and the engine
+//! holds back its acknowledgement ([`Received::Held`]) until it ends:
+//! that acknowledgement completes the rendezvous, after which the sender
+//! releases the message's memory (which our own read of the rest needs
+//! when the flag is late) and may post its next split message into this
+//! same landing buffer. One pending receive per sender is the bound: a
+//! sender posts nothing more to a receiver while a rendezvous to it waits
+//! for its acknowledgement (the rendezvous heads the sender's queue, and
+//! the fast box's hand-off rule keeps the box idle meanwhile), also when
+//! the send was cancelled after it was posted (`Sm::cancel` keeps a posted
+//! rendezvous at the head until it is acknowledged); a second split
+//! rendezvous meanwhile is a violation. The engine keeps the order of
+//! acknowledgements to the sender: whatever it would send after the held
+//! one waits behind it.
+//!
+//! [`Received::Held`]: btl_core::sm::engine::Received::Held
 //!
 //! The sender writes only into the range the receiver advertised, by the
 //! pid start-up established; the receiver validates every split
@@ -126,28 +125,6 @@ impl PartWait {
     /// than [`SPLIT_WAIT`] since it began.
     pub(super) fn late(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.since) > SPLIT_WAIT
-    }
-
-    /// Waits until the sender's part is in `land` (true) or the wait is
-    /// [`late`](Self::late) (false): a short spin, then yielding the core
-    /// (on an oversubscribed node the sender may be waiting for this very
-    /// core), looking at the clock every 256 rounds.
-    pub(super) fn wait(&self, land: &Landing) -> bool {
-        let mut spins = 0u32;
-        loop {
-            if self.arrived(land) {
-                return true;
-            }
-            spins = spins.wrapping_add(1);
-            if spins < 4096 {
-                btl_core::sync::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-            if spins % 256 == 0 && self.late(Instant::now()) {
-                return false;
-            }
-        }
     }
 }
 
@@ -287,30 +264,6 @@ mod tests {
         assert!(w.late(t0 + SPLIT_WAIT + Duration::from_nanos(1)));
         // A clock reading from before the wait is not late.
         assert!(!PartWait::new(1, t0 + SPLIT_WAIT * 2).late(t0));
-    }
-
-    #[test]
-    fn waiting_ends_when_the_part_comes_or_once_late() {
-        let l = Landing::new().unwrap();
-        set_flag(&l, 3);
-        assert!(PartWait::new(3, Instant::now()).wait(&l));
-        // The part comes while we wait (from a start far enough ahead that
-        // the wait is not late first, however slowly the writer runs).
-        let far = Instant::now() + Duration::from_secs(10);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(5));
-                set_flag(&l, 4);
-            });
-            assert!(PartWait::new(4, far).wait(&l));
-        });
-        // Never: late at the first look at the clock when the wait began
-        // SPLIT_WAIT ago, after SPLIT_WAIT when it begins now.
-        let before = Instant::now() - SPLIT_WAIT;
-        assert!(!PartWait::new(5, before).wait(&l));
-        let t0 = Instant::now();
-        assert!(!PartWait::new(5, t0).wait(&l));
-        assert!(t0.elapsed() > SPLIT_WAIT);
     }
 
     #[test]

@@ -233,7 +233,7 @@ mod send;
 pub use btl_core::rma::{RegionKey, RmaStatus};
 use bulk::BulkRates;
 use out::PeerOut;
-use recv::State;
+use recv::{Ctx, State};
 
 /// Bound of what waits copied in user space for one local peer when its
 /// ring is full or no fragment is free: 8 MiB or 16384 messages (as TCP's
@@ -465,6 +465,7 @@ impl Sm {
             && st.violations.is_empty()
             && st.acks.is_empty()
             && st.work.is_empty()
+            && st.splits_pending == 0
             && self.busy_peers == 0
             && self.to_report.is_empty()
             && st.done.is_empty())
@@ -489,6 +490,9 @@ impl Sm {
         if !self.state.work.is_empty() {
             n += self.do_work(regions);
         }
+        if self.state.splits_pending > 0 {
+            n += self.end_splits(regions, sink);
+        }
         if self.busy_peers > 0 {
             for peer in 0..self.nprocs {
                 if !self.out[peer as usize].q.is_empty() {
@@ -509,6 +513,26 @@ impl Sm {
             }
         }
         n
+    }
+
+    /// Ends the split receives whose sender's part is in or late, and
+    /// releases their acknowledgements (see [`landing`]). Returns how many
+    /// ended.
+    #[cold]
+    #[inline(never)]
+    fn end_splits(&mut self, regions: &mut Regions, sink: &mut Sink<'_>) -> usize {
+        let mut released = Vec::new();
+        Ctx {
+            st: &mut self.state,
+            regions,
+            sink,
+        }
+        .end_splits(&mut released);
+        let engine = &mut self.shm.get().engine;
+        for &(peer, ok) in &released {
+            engine.release_held(peer, ok);
+        }
+        released.len()
     }
 
     /// Lets writers blocked on a partial lazy-free batch go on (call when

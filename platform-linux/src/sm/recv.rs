@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use btl_core::barrier::{BarrierError, BarrierRepr, ABANDONED_LEN, ARRIVED_LEN};
 use btl_core::rma::RmaStatus;
 use btl_core::shm::Region;
-use btl_core::sm::engine::{deliver_boxed, Dispatch, PeerError};
+use btl_core::sm::engine::{deliver_boxed, Dispatch, PeerError, Received};
 use btl_core::sm::fbox::{self, Corruption};
 use btl_core::sm::frag::FragView;
 use btl_core::sm::wire::{
@@ -158,6 +158,12 @@ pub(super) struct State {
     /// Per receiver: its landing buffer for our split rendezvous, once it
     /// told us and our test write there succeeded.
     pub(super) landing_to: Vec<Option<LandingAdRepr>>,
+    /// Per sender: its split rendezvous being received, waiting for the
+    /// sender's part (its ACK held back in the engine; see
+    /// [`super::landing`]), and when the wait began.
+    pub(super) splits: Vec<Option<(RndvSplitRepr, PartWait)>>,
+    /// How many of `splits` are there.
+    pub(super) splits_pending: usize,
     /// Messages received by split rendezvous: (the sender's part came in
     /// time, we read it ourselves).
     pub(super) split_in: (u64, u64),
@@ -210,6 +216,8 @@ impl State {
             landings: (0..nprocs).map(|_| None).collect(),
             landing_tried: vec![false; nprocs as usize],
             landing_to: vec![None; nprocs as usize],
+            splits: vec![None; nprocs as usize],
+            splits_pending: 0,
             split_in: (0, 0),
             split_out: 0,
         }
@@ -379,16 +387,29 @@ impl Ctx<'_, '_> {
     /// A split rendezvous: we read the part before `at` into our landing
     /// buffer for `peer` while it writes the rest there, then deliver the
     /// message from it (see [`super::landing`]).
-    fn recv_rndv_split(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
+    fn recv_rndv_split(&mut self, peer: u32, frag: &FragView<'_>) -> Received {
         let cap = LANDING_CAP as u64;
         let Some(r) =
             self.parse_message::<RNDV_SPLIT_LEN, _>(peer, frag, "split rendezvous", |b| {
                 RndvSplitRepr::parse(&RndvSplitPacket::new_checked(b)?, cap)
             })
         else {
-            return false;
+            return Received::Refused;
         };
         let p = peer as usize;
+        if frag.header.is_none() {
+            // A rendezvous ends with its ACK: one in a fast box has none.
+            violation!(self.st, peer, "split rendezvous {r:?} in a fast box");
+            return Received::Refused;
+        }
+        if self.st.splits[p].is_some() {
+            violation!(
+                self.st,
+                peer,
+                "split rendezvous {r:?} while its last one is still being received"
+            );
+            return Received::Refused;
+        }
         let fits = r.rndv.len.saturating_add(skew(r.rndv.addr) as u64) <= cap;
         if !fits || self.st.landings[p].is_none() {
             violation!(
@@ -397,25 +418,77 @@ impl Ctx<'_, '_> {
                 "split rendezvous {r:?} beyond our landing buffer (mapped: {})",
                 self.st.landings[p].is_some()
             );
-            return false;
+            return Received::Refused;
         }
+        let Some(mut land) = self.st.landings[p].take() else {
+            return Received::Refused;
+        };
+        let (len, at, k) = (r.rndv.len as usize, r.at as usize, skew(r.rndv.addr));
+        let data = land.data(k, len);
+        let ours = self.st.cma_read(peer, r.rndv.addr, &mut data[..at]);
+        // The sender writes its part right after posting this: usually in
+        // by now; if not, the receive goes on in later passes
+        // (`end_splits`), the ACK held back until it ends.
+        let wait = PartWait::new(r.seq, Instant::now());
+        let arrived = wait.arrived(&land);
+        self.st.landings[p] = Some(land);
+        if let Err(e) = ours {
+            self.split_read_failed(peer, &e);
+            return Received::Refused;
+        }
+        if arrived {
+            return self.end_split(peer, r, true).into();
+        }
+        self.st.splits[p] = Some((r, wait));
+        self.st.splits_pending += 1;
+        Received::Held
+    }
+
+    /// Ends the split receives whose sender's part came in or is late
+    /// (then reading the rest ourselves): delivered, and the peer's ACK
+    /// to release (peer, the receive's outcome) added to `released`. A
+    /// receive from a peer that failed meanwhile is dropped.
+    pub(super) fn end_splits(&mut self, released: &mut Vec<(u32, bool)>) {
+        let now = Instant::now();
+        for p in 0..self.st.splits.len() {
+            let Some((r, wait)) = self.st.splits[p] else {
+                continue;
+            };
+            let failed = self.st.peer_failed[p];
+            let arrived = self.st.landings[p]
+                .as_ref()
+                .is_some_and(|l| wait.arrived(l));
+            if !(failed || arrived || wait.late(now)) {
+                continue;
+            }
+            self.st.splits[p] = None;
+            self.st.splits_pending -= 1;
+            if !failed {
+                let peer = p as u32;
+                if !arrived {
+                    log::debug!("local rank {peer}'s part of a split message did not come in time");
+                }
+                released.push((peer, self.end_split(peer, r, arrived)));
+            }
+        }
+    }
+
+    /// Ends the split receive of `r` from `peer` whose own part is in the
+    /// landing buffer: reads the sender's part ourselves unless `in_time`,
+    /// then delivers the message. False when a read failed (single copy
+    /// from `peer` is off then).
+    fn end_split(&mut self, peer: u32, r: RndvSplitRepr, in_time: bool) -> bool {
+        let p = peer as usize;
         let Some(mut land) = self.st.landings[p].take() else {
             return false;
         };
         let (len, at, k) = (r.rndv.len as usize, r.at as usize, skew(r.rndv.addr));
-        let data = land.data(k, len);
-        let mut res = self.st.cma_read(peer, r.rndv.addr, &mut data[..at]);
-        let mut in_time = false;
-        if res.is_ok() {
-            // The sender writes its part right after posting this.
-            in_time = PartWait::new(r.seq, Instant::now()).wait(&land);
-            if !in_time {
-                log::debug!("local rank {peer}'s part of a split message did not come in time");
-                let data = land.data(k, len);
-                res = self
-                    .st
-                    .cma_read(peer, r.rndv.addr.wrapping_add(r.at), &mut data[at..]);
-            }
+        let mut res = Ok(());
+        if !in_time {
+            let data = land.data(k, len);
+            res = self
+                .st
+                .cma_read(peer, r.rndv.addr.wrapping_add(r.at), &mut data[at..]);
         }
         let res = res.map(|()| {
             self.deliver(peer, r.rndv.tag, land.data(k, len));
@@ -431,14 +504,20 @@ impl Ctx<'_, '_> {
                 true
             }
             Err(e) => {
-                log::warn!(
-                    "single copy from local rank {peer} failed ({e}); using the pipelined copy \
-                     through shared fragments"
-                );
-                self.st.cma_ok[p] = false;
+                self.split_read_failed(peer, &e);
                 false
             }
         }
+    }
+
+    /// A single copy for a split receive from `peer` failed: logged, and
+    /// `peer` sends by the pipelined copy from now on.
+    fn split_read_failed(&mut self, peer: u32, e: &cma::CmaError) {
+        log::warn!(
+            "single copy from local rank {peer} failed ({e}); using the pipelined copy through \
+             shared fragments"
+        );
+        self.st.cma_ok[peer as usize] = false;
     }
 
     fn recv_chunk(&mut self, peer: u32, frag: &FragView<'_>) -> bool {
@@ -888,10 +967,10 @@ impl Dispatch for Ctx<'_, '_> {
         }
     }
 
-    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
-        match tag {
+    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> Received {
+        let ok = match tag {
             TAG_RNDV => self.recv_rndv(peer, frag),
-            TAG_RNDV_SPLIT => self.recv_rndv_split(peer, frag),
+            TAG_RNDV_SPLIT => return self.recv_rndv_split(peer, frag),
             TAG_LANDING => self.recv_landing(peer, frag),
             TAG_CHUNK => self.recv_chunk(peer, frag),
             rma::TAG_GET_REQ => self.recv_get_req(peer, frag),
@@ -909,7 +988,7 @@ impl Dispatch for Ctx<'_, '_> {
                     Ok(m) => m,
                     Err(e) => {
                         violation!(self.st, peer, "malformed barrier message: {e}");
-                        return false;
+                        return Received::Refused;
                     }
                 };
                 (self.sink)(self.regions, TEvent::Barrier { from: peer, msg });
@@ -944,7 +1023,8 @@ impl Dispatch for Ctx<'_, '_> {
                 violation!(self.st, peer, "message with reserved tag {t}");
                 false
             }
-        }
+        };
+        ok.into()
     }
 
     fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
@@ -1041,4 +1121,107 @@ fn header<const N: usize>(frag: &FragView<'_>) -> Result<[u8; N], WireError> {
         return Err(WireError::Truncated { needed: N, got });
     }
     Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use btl_core::sm::wire::RndvRepr;
+    use btl_core::sync::Ordering;
+
+    use crate::sm::landing::SPLIT_WAIT;
+
+    /// A state for two local ranks whose rank 1 is a pid nobody has: a
+    /// single copy from it fails.
+    fn state() -> State {
+        let peer = PeerId {
+            pid: u32::MAX - 1,
+            start: 0,
+            probe_addr: 0,
+            probe_value: 0,
+        };
+        let mut st = State::new(2, vec![peer, peer], vec![true, true]);
+        st.landings[1] = Some(Landing::new().unwrap());
+        st
+    }
+
+    /// A pending split receive of `len` bytes from rank 1 with sequence
+    /// number `seq`, begun at `since`.
+    fn pending(st: &mut State, seq: u64, len: u64, since: Instant) -> RndvSplitRepr {
+        let r = RndvSplitRepr {
+            rndv: RndvRepr {
+                tag: 4,
+                addr: 0x1000,
+                len,
+            },
+            at: len / 2,
+            seq,
+        };
+        st.splits[1] = Some((r, PartWait::new(seq, since)));
+        st.splits_pending += 1;
+        r
+    }
+
+    /// Messages delivered: sender, tag, bytes.
+    type Got = Vec<(u32, u8, Vec<u8>)>;
+
+    /// `end_splits` once: the ACKs to release and the messages delivered.
+    fn end(st: &mut State) -> (Vec<(u32, bool)>, Got) {
+        let mut regions = Regions::new();
+        let mut got = Vec::new();
+        let mut sink = |_: &mut Regions, ev: TEvent<'_>| {
+            if let TEvent::Message { from, tag, data } = ev {
+                got.push((from, tag, data.to_vec()));
+            }
+        };
+        let mut released = Vec::new();
+        Ctx {
+            st,
+            regions: &mut regions,
+            sink: &mut sink,
+        }
+        .end_splits(&mut released);
+        (released, got)
+    }
+
+    #[test]
+    fn a_pending_split_receive_ends_when_the_senders_part_is_in() {
+        let mut st = state();
+        let r = pending(&mut st, 7, 100, Instant::now());
+        // Not in, not late: still pending, nothing released.
+        assert_eq!(end(&mut st), (vec![], vec![]));
+        assert_eq!(st.splits_pending, 1);
+        // The sender's part: its bytes, then its flag.
+        let land = st.landings[1].as_mut().unwrap();
+        land.data(skew(r.rndv.addr), 100).fill(0x5a);
+        land.flag().store(7, Ordering::Release);
+        let (released, got) = end(&mut st);
+        assert_eq!(released, vec![(1, true)]);
+        assert_eq!(got, vec![(1, 4, vec![0x5a; 100])]);
+        assert_eq!((st.splits_pending, st.splits[1].is_none()), (0, true));
+        assert_eq!(st.split_in, (1, 0));
+        assert_eq!(end(&mut st), (vec![], vec![]), "ended twice");
+    }
+
+    #[test]
+    fn a_late_split_receive_reads_the_rest_itself_and_refuses_when_it_cannot() {
+        let mut st = state();
+        pending(&mut st, 3, 64, Instant::now() - SPLIT_WAIT * 2);
+        // Late: the rest is read from the sender, which fails here; the
+        // message is refused and single copy from the sender is off.
+        let (released, got) = end(&mut st);
+        assert_eq!((released, got), (vec![(1, false)], vec![]));
+        assert!(!st.cma_ok[1]);
+        assert_eq!(st.splits_pending, 0);
+        assert!(st.landings[1].is_some(), "the landing buffer is kept");
+    }
+
+    #[test]
+    fn a_split_receive_from_a_failed_peer_is_dropped() {
+        let mut st = state();
+        pending(&mut st, 1, 64, Instant::now());
+        st.peer_failed[1] = true;
+        assert_eq!(end(&mut st), (vec![], vec![]));
+        assert_eq!(st.splits_pending, 0);
+    }
 }

@@ -49,6 +49,9 @@ pub struct PeerSlot<'a> {
     /// A box offer of this peer's that we found bad (failed at the next
     /// progress pass, which has the dispatcher).
     pub(super) offer_fault: Option<Corruption>,
+    /// The ACK of this peer's SEND that the receiver holds back
+    /// ([`Received::Held`](super::Received::Held)), without its status.
+    pub(super) held_ack: Option<u64>,
 }
 
 impl PeerSlot<'_> {
@@ -69,6 +72,7 @@ impl PeerSlot<'_> {
             fbox_offer: None,
             small_in: 0,
             offer_fault: None,
+            held_ack: None,
         }
     }
 }

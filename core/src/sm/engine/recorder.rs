@@ -4,7 +4,7 @@
 //! It names nothing but its parent's `Dispatch`, `FragView` and
 //! `PeerError`, and `std`, so that it compiles in both crates.
 
-use super::{Dispatch, FragView, PeerError};
+use super::{Dispatch, FragView, PeerError, Received};
 
 /// Records everything the engine reports.
 #[derive(Default)]
@@ -20,17 +20,24 @@ pub(super) struct Rec {
     /// A tag whose messages the handler refuses (the ACK carries the
     /// error status).
     pub(super) refuse_tag: Option<u8>,
+    /// A tag whose messages the handler takes but holds the ACK of
+    /// ([`Received::Held`]).
+    pub(super) hold_tag: Option<u8>,
 }
 
 impl Dispatch for Rec {
-    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> bool {
+    fn recv(&mut self, peer: u32, tag: u8, frag: &FragView<'_>) -> Received {
         if Some(tag) == self.refuse_tag {
-            return false;
+            return Received::Refused;
         }
         let mut buf = std::vec![0; frag.info.len as usize];
         frag.copy_payload(&mut buf).unwrap();
         self.got.push((peer, tag, buf));
-        true
+        if Some(tag) == self.hold_tag {
+            Received::Held
+        } else {
+            Received::Accepted
+        }
     }
     fn complete(&mut self, peer: u32, cookie: u64, ok: bool) {
         self.done.push((peer, cookie, ok));

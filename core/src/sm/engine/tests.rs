@@ -1477,3 +1477,66 @@ fn a_forged_box_offer_fails_the_peer_it_names() {
         assert_eq!(r0.failed[0].0, 1);
     });
 }
+
+#[test]
+fn a_held_ack_keeps_the_acks_after_it_back_until_released() {
+    with_job(2, 16, |e, _| {
+        let mut r0 = Rec::default();
+        let mut r1 = Rec {
+            hold_tag: Some(5),
+            ..Rec::default()
+        };
+        e[0].send(1, 5, &[b"held"], 1).unwrap();
+        e[0].send(1, 6, &[b"after"], 2).unwrap();
+        e[1].progress(&mut r1);
+        assert_eq!(r1.got.len(), 2);
+        // Neither ACK left: the second waits behind the held one.
+        e[0].progress(&mut r0);
+        assert!(r0.done.is_empty());
+        assert_eq!(e[0].outstanding(), 2);
+        assert!(e[1].release_held(0, true));
+        assert!(!e[1].release_held(0, true), "released twice");
+        e[1].progress(&mut r1);
+        e[0].progress(&mut r0);
+        assert_eq!(r0.done, vec![(1, 1, true), (1, 2, true)]);
+        assert!(r0.errors.is_empty() && r1.errors.is_empty());
+    });
+}
+
+#[test]
+fn a_held_ack_released_as_refused_carries_the_error() {
+    with_job(2, 16, |e, _| {
+        let mut r0 = Rec::default();
+        let mut r1 = Rec {
+            hold_tag: Some(5),
+            ..Rec::default()
+        };
+        e[0].send(1, 5, &[b"held"], 1).unwrap();
+        e[1].progress(&mut r1);
+        assert!(e[1].release_held(0, false));
+        e[0].progress(&mut r0);
+        assert_eq!(r0.done, vec![(1, 1, false)]);
+    });
+}
+
+#[test]
+fn a_second_hold_is_refused_and_a_failed_peer_drops_the_hold() {
+    with_job(2, 16, |e, _| {
+        let mut r0 = Rec::default();
+        let mut r1 = Rec {
+            hold_tag: Some(5),
+            ..Rec::default()
+        };
+        e[0].send(1, 5, &[b"first"], 1).unwrap();
+        e[0].send(1, 5, &[b"second"], 2).unwrap();
+        e[1].progress(&mut r1);
+        assert!(e[1].release_held(0, true));
+        e[0].progress(&mut r0);
+        assert_eq!(r0.done, vec![(1, 1, true), (1, 2, false)]);
+        // Held, then the peer fails: nothing is left to release.
+        e[0].send(1, 5, &[b"third"], 3).unwrap();
+        e[1].progress(&mut r1);
+        assert_eq!(e[1].fail_peer(0, &mut r1), 0);
+        assert!(!e[1].release_held(0, true));
+    });
+}
