@@ -52,7 +52,6 @@
 //! buffer, or our registered region lent for the operation).
 #![allow(unsafe_code)]
 
-use std::fmt;
 use std::io;
 
 use log::debug;
@@ -64,11 +63,18 @@ use rustix::io::Errno;
 pub const MAX_IOV_LEN: usize = 1 << 30;
 
 /// Why a cross-memory-attach transfer failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CmaError {
     /// `EPERM` / `EACCES`: the kernel refused access to the peer (ptrace
     /// access rules: Yama `ptrace_scope`, a non-dumpable peer, a container's
     /// seccomp policy, no `CAP_SYS_PTRACE`).
+    #[error(
+        "the kernel refused cross-memory attach to pid {pid} ({}): ptrace access \
+         rules forbid it — check /proc/sys/kernel/yama/ptrace_scope (1 needs \
+         PR_SET_PTRACER from the peer, 2 needs CAP_SYS_PTRACE, 3 forbids it), a \
+         container's seccomp profile or missing CAP_SYS_PTRACE, or a non-dumpable peer",
+        io::Error::from_raw_os_error(*.errno)
+    )]
     Refused {
         /// The peer.
         pid: u32,
@@ -76,12 +82,17 @@ pub enum CmaError {
         errno: i32,
     },
     /// `ESRCH`: no process with this pid (the peer exited).
+    #[error("cross-memory attach: process {pid} does not exist (exited?)")]
     PeerGone {
         /// The peer.
         pid: u32,
     },
     /// `EFAULT`, or the kernel transferred nothing: the remote range is not
     /// mapped in the peer (or not accessible as asked).
+    #[error(
+        "cross-memory attach: {len} bytes at {addr:#x} are not mapped (or not \
+         accessible) in process {pid}"
+    )]
     BadAddress {
         /// The peer.
         pid: u32,
@@ -92,8 +103,16 @@ pub enum CmaError {
     },
     /// `ENOSYS`: the kernel has no cross memory attach (or a seccomp filter
     /// pretends so).
+    #[error(
+        "cross-memory attach is not supported: process_vm_readv/process_vm_writev \
+         return ENOSYS (old kernel, CONFIG_CROSS_MEMORY_ATTACH off, or seccomp)"
+    )]
     Unsupported,
     /// Any other errno.
+    #[error(
+        "cross-memory attach with process {pid} failed: {}",
+        io::Error::from_raw_os_error(*.errno)
+    )]
     Other {
         /// The peer.
         pid: u32,
@@ -113,44 +132,6 @@ impl CmaError {
         }
     }
 }
-
-impl fmt::Display for CmaError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Refused { pid, errno } => write!(
-                f,
-                "the kernel refused cross-memory attach to pid {pid} ({}): ptrace access \
-                 rules forbid it — check /proc/sys/kernel/yama/ptrace_scope (1 needs \
-                 PR_SET_PTRACER from the peer, 2 needs CAP_SYS_PTRACE, 3 forbids it), a \
-                 container's seccomp profile or missing CAP_SYS_PTRACE, or a non-dumpable peer",
-                io::Error::from_raw_os_error(errno)
-            ),
-            Self::PeerGone { pid } => {
-                write!(
-                    f,
-                    "cross-memory attach: process {pid} does not exist (exited?)"
-                )
-            }
-            Self::BadAddress { pid, addr, len } => write!(
-                f,
-                "cross-memory attach: {len} bytes at {addr:#x} are not mapped (or not \
-                 accessible) in process {pid}"
-            ),
-            Self::Unsupported => write!(
-                f,
-                "cross-memory attach is not supported: process_vm_readv/process_vm_writev \
-                 return ENOSYS (old kernel, CONFIG_CROSS_MEMORY_ATTACH off, or seccomp)"
-            ),
-            Self::Other { pid, errno } => write!(
-                f,
-                "cross-memory attach with process {pid} failed: {}",
-                io::Error::from_raw_os_error(errno)
-            ),
-        }
-    }
-}
-
-impl std::error::Error for CmaError {}
 
 fn last_errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)

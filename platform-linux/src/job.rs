@@ -6,7 +6,6 @@
 //! of the job must be set too and make sense, and [`JobEnv::from_env`] says
 //! precisely which one does not.
 
-use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -76,19 +75,25 @@ pub struct JobEnv {
 }
 
 /// Why the job environment is unusable. Every variant names the variable.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JobEnvError {
     /// `BTL_RANK` is set (so this is a job) but another job variable is not.
+    #[error(
+        "{var} is not set, but {ENV_RANK} is: a btl job sets all of {}",
+        JOB_VARS.join(", ")
+    )]
     Missing {
         /// The missing variable.
         var: &'static str,
     },
     /// A variable's value is not valid UTF-8.
+    #[error("{var} is not valid UTF-8")]
     NotUnicode {
         /// The variable.
         var: &'static str,
     },
     /// A variable's value is malformed or inconsistent with the others.
+    #[error("{var}={value:?} is invalid; it accepts {accepts}")]
     Invalid {
         /// The variable.
         var: &'static str,
@@ -98,26 +103,6 @@ pub enum JobEnvError {
         accepts: String,
     },
 }
-
-impl fmt::Display for JobEnvError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            JobEnvError::Missing { var } => write!(
-                f,
-                "{var} is not set, but {ENV_RANK} is: a btl job sets all of {}",
-                JOB_VARS.join(", ")
-            ),
-            JobEnvError::NotUnicode { var } => write!(f, "{var} is not valid UTF-8"),
-            JobEnvError::Invalid {
-                var,
-                value,
-                accepts,
-            } => write!(f, "{var}={value:?} is invalid; it accepts {accepts}"),
-        }
-    }
-}
-
-impl std::error::Error for JobEnvError {}
 
 /// Whether `s` matches `[A-Za-z0-9._-]{1,64}`.
 pub fn is_valid_name(s: &str) -> bool {

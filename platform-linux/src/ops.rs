@@ -12,8 +12,6 @@
 //! event of the same pass. Waiting is the job API's business: one loop,
 //! driving every transport ([`crate::progress`]).
 
-use std::fmt;
-
 use btl_core::barrier::BarrierRepr;
 use btl_core::rma::RmaStatus;
 
@@ -22,10 +20,11 @@ use btl_core::rma::RmaStatus;
 pub type OpId = u64;
 
 /// Why an operation failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OpError {
     /// The peer failed (died, its connection broke, or it corrupted the
     /// protocol) before the operation completed.
+    #[error("rank {peer} failed")]
     PeerFailed {
         /// The peer (the transport's numbering in a transport's event, the
         /// job's global rank from the job API).
@@ -33,22 +32,12 @@ pub enum OpError {
     },
     /// The target refused a get or put (unknown region, range outside it)
     /// or could not copy.
+    #[error("refused by the target: {0}")]
     Refused(RmaStatus),
     /// The peer could not handle the message (no handler, copy failed).
+    #[error("the receiver could not handle the message")]
     Remote,
 }
-
-impl fmt::Display for OpError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::PeerFailed { peer } => write!(f, "rank {peer} failed"),
-            Self::Refused(s) => write!(f, "refused by the target: {s}"),
-            Self::Remote => f.write_str("the receiver could not handle the message"),
-        }
-    }
-}
-
-impl std::error::Error for OpError {}
 
 /// Where a transport hands its events: the region table (lent back, so
 /// the consumer may register or deregister memory while it handles the
@@ -105,23 +94,32 @@ pub enum Posted {
 }
 
 /// Why a transport did not accept an operation. Nothing was sent.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PostError {
     /// No such peer (or it is this rank).
+    #[error("no such peer")]
     InvalidPeer,
     /// The tag is reserved for the transports.
+    #[error(
+        "the tag is reserved (user tags are 0..={})",
+        btl_core::tags::MAX_USER_TAG
+    )]
     ReservedTag,
     /// The peer has failed.
+    #[error("the peer has failed")]
     PeerFailed,
     /// The peer's queue is full (see [`QueueLimits`]): progress and retry.
+    #[error("the peer's send queue is full")]
     WouldBlock,
     /// Larger than the transport carries.
+    #[error("larger than the {max}-byte limit")]
     TooLarge {
         /// The limit in bytes.
         max: u64,
     },
     /// The local memory of a get or put is not (inside) a registered
     /// region.
+    #[error("local memory: {0}")]
     BadLocal(RmaStatus),
 }
 
@@ -136,23 +134,6 @@ impl PostError {
             Err(PostError::TooLarge { max })
         } else {
             Ok(())
-        }
-    }
-}
-
-impl fmt::Display for PostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::InvalidPeer => f.write_str("no such peer"),
-            Self::ReservedTag => write!(
-                f,
-                "the tag is reserved (user tags are 0..={})",
-                btl_core::tags::MAX_USER_TAG
-            ),
-            Self::PeerFailed => f.write_str("the peer has failed"),
-            Self::WouldBlock => f.write_str("the peer's send queue is full"),
-            Self::TooLarge { max } => write!(f, "larger than the {max}-byte limit"),
-            Self::BadLocal(s) => write!(f, "local memory: {s}"),
         }
     }
 }

@@ -104,10 +104,14 @@ const OFFER_MAGIC: [u8; 8] = *b"BTLSEGFD";
 const OFFER_LEN: usize = 16;
 
 /// Errors of segment naming, creation, attachment.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SegmentError {
     /// A job or node identifier cannot be part of a segment name.
+    #[error(
+        "invalid {field} identifier {value:?} for a segment name: {reason} \
+         (allowed: 1 or more of A-Z a-z 0-9 . _ -)"
+    )]
     InvalidName {
         /// Which identifier (`"job"` or `"node"`).
         field: &'static str,
@@ -117,6 +121,7 @@ pub enum SegmentError {
         reason: &'static str,
     },
     /// The name would be longer than [`MAX_NAME_LEN`] bytes.
+    #[error("segment name would be {len} bytes long, more than the {max} allowed")]
     NameTooLong {
         /// Length of the name that would have been built, in bytes.
         len: usize,
@@ -124,11 +129,20 @@ pub enum SegmentError {
         max: usize,
     },
     /// A segment of zero bytes was requested.
+    #[error("shared segment {name} of zero bytes requested")]
     ZeroLength {
         /// The segment's name.
         name: String,
     },
     /// Less memory is available than the segment needs.
+    #[error(
+        "not enough memory for shared segment {name}: it needs {needed} bytes ({:.1} MiB) \
+         but only {available} bytes ({:.1} MiB) are free (MemAvailable, or the memory \
+         cgroup's limit); free some memory or shrink the segment (fewer processes or \
+         smaller FIFOs/fragments)",
+        *.needed as f64 / MIB,
+        *.available as f64 / MIB,
+    )]
     NoSpace {
         /// The segment's name.
         name: String,
@@ -140,11 +154,21 @@ pub enum SegmentError {
     },
     /// Another process already offers a segment of this name (another job
     /// with the same job and node names, on this machine).
+    #[error(
+        "shared segment {name} is already offered by another process (another job with \
+         the same job and node names on this machine)"
+    )]
     Exists {
         /// The segment's name.
         name: String,
     },
     /// [`fetch`] gave up waiting for the creator's offer.
+    #[error(
+        "timed out after {:.1} s waiting for local rank 0 to offer shared segment {name} \
+         (did it start, with the same job and node names, in the same network \
+         namespace?)",
+        .waited.as_secs_f64()
+    )]
     Timeout {
         /// The segment's name.
         name: String,
@@ -153,6 +177,7 @@ pub enum SegmentError {
     },
     /// The descriptor or its offer does not come from this user (or from the
     /// process expected).
+    #[error("shared segment {name}: {what}")]
     NotOurs {
         /// The segment's name.
         name: String,
@@ -161,6 +186,7 @@ pub enum SegmentError {
     },
     /// A segment received from a peer is not sealed against shrinking, or
     /// smaller than needed.
+    #[error("shared segment {name} is unsafe to map: {what}")]
     Unsafe {
         /// The segment's name.
         name: String,
@@ -168,6 +194,7 @@ pub enum SegmentError {
         what: String,
     },
     /// A system call failed.
+    #[error("{op} of shared segment {name}: {source}")]
     Io {
         /// What was being done (`"memfd_create"`, `"fallocate"`, `"mmap"`, ...).
         op: &'static str,
@@ -184,68 +211,6 @@ impl SegmentError {
             op,
             name: name.to_owned(),
             source: source.into(),
-        }
-    }
-}
-
-impl fmt::Display for SegmentError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::InvalidName {
-                field,
-                value,
-                reason,
-            } => write!(
-                f,
-                "invalid {field} identifier {value:?} for a segment name: {reason} \
-                 (allowed: 1 or more of A-Z a-z 0-9 . _ -)"
-            ),
-            Self::NameTooLong { len, max } => write!(
-                f,
-                "segment name would be {len} bytes long, more than the {max} allowed"
-            ),
-            Self::ZeroLength { name } => {
-                write!(f, "shared segment {name} of zero bytes requested")
-            }
-            Self::NoSpace {
-                name,
-                needed,
-                available,
-            } => write!(
-                f,
-                "not enough memory for shared segment {name}: it needs {needed} bytes ({:.1} MiB) \
-                 but only {available} bytes ({:.1} MiB) are free (MemAvailable, or the memory \
-                 cgroup's limit); free some memory or shrink the segment (fewer processes or \
-                 smaller FIFOs/fragments)",
-                *needed as f64 / MIB,
-                *available as f64 / MIB,
-            ),
-            Self::Exists { name } => write!(
-                f,
-                "shared segment {name} is already offered by another process (another job with \
-                 the same job and node names on this machine)"
-            ),
-            Self::Timeout { name, waited } => write!(
-                f,
-                "timed out after {:.1} s waiting for local rank 0 to offer shared segment {name} \
-                 (did it start, with the same job and node names, in the same network \
-                 namespace?)",
-                waited.as_secs_f64()
-            ),
-            Self::NotOurs { name, what } => write!(f, "shared segment {name}: {what}"),
-            Self::Unsafe { name, what } => {
-                write!(f, "shared segment {name} is unsafe to map: {what}")
-            }
-            Self::Io { op, name, source } => write!(f, "{op} of shared segment {name}: {source}"),
-        }
-    }
-}
-
-impl std::error::Error for SegmentError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Io { source, .. } => Some(source),
-            _ => None,
         }
     }
 }

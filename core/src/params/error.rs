@@ -69,11 +69,12 @@ impl defmt::Format for ParamName {
 /// component's name (`"sm"`), `name` fields hold the parameter's name as
 /// registered (`"fifo_size"`); `Display` shows the environment variable
 /// (`BTL_SM_FIFO_SIZE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum ParamError {
     /// The component has no parameter of this name (as given: a parameter
     /// name or a whole environment variable, truncated).
+    #[error("unknown {component} parameter `{name}` (see `btl info`)")]
     UnknownParam {
         /// The component.
         component: &'static str,
@@ -82,6 +83,10 @@ pub enum ParamError {
     },
     /// The value is not in an accepted syntax (a number or boolean for a
     /// numeric parameter; a number given for a string parameter).
+    #[error(
+        "{}: malformed value; it accepts {accepts}",
+        env_name(.component, .name)
+    )]
     Malformed {
         /// The component.
         component: &'static str,
@@ -92,6 +97,10 @@ pub enum ParamError {
     },
     /// The value is a number outside the accepted values (numbers beyond
     /// the 64-bit range are saturated to `i64::MIN`/`i64::MAX`).
+    #[error(
+        "{}={value} is out of range; it accepts {accepts}",
+        env_name(.component, .name)
+    )]
     OutOfRange {
         /// The component.
         component: &'static str,
@@ -103,6 +112,10 @@ pub enum ParamError {
         accepts: &'static str,
     },
     /// A string value longer than its fixed storage.
+    #[error(
+        "{}: the value is {len} bytes long; it accepts at most {cap} bytes",
+        env_name(.component, .name)
+    )]
     TooLong {
         /// The component.
         component: &'static str,
@@ -114,6 +127,11 @@ pub enum ParamError {
         cap: usize,
     },
     /// Two parameters contradict each other.
+    #[error(
+        "{} conflicts with {}: {rule}",
+        env_name(.component, .name),
+        env_name(.component, .other)
+    )]
     Conflict {
         /// The component.
         component: &'static str,
@@ -125,6 +143,10 @@ pub enum ParamError {
         rule: &'static str,
     },
     /// The value asks for something this build cannot do.
+    #[error(
+        "{}={value} is not supported: {reason}",
+        env_name(.component, .name)
+    )]
     Unsupported {
         /// The component.
         component: &'static str,
@@ -136,6 +158,10 @@ pub enum ParamError {
         reason: &'static str,
     },
     /// An entry of a list parameter (`if_include`) is malformed.
+    #[error(
+        "{}: malformed entry `{entry}` ({reason}); it accepts {accepts}",
+        env_name(.component, .name)
+    )]
     BadListEntry {
         /// The component.
         component: &'static str,
@@ -150,6 +176,11 @@ pub enum ParamError {
     },
     /// A per-instance parameter (`<param>_<target>`, such as
     /// `bandwidth_eth0:1`) is malformed.
+    #[error(
+        "{}{}: {reason}",
+        env_name(.component, .param).with_suffix(.target.as_str()),
+        .target.ellipsis()
+    )]
     BadOverride {
         /// The component.
         component: &'static str,
@@ -161,6 +192,11 @@ pub enum ParamError {
         reason: &'static str,
     },
     /// More distinct per-instance parameters than the component can hold.
+    #[error(
+        "{}{}: too many {what} (at most {cap})",
+        env_name(.component, .param).with_suffix(.target.as_str()),
+        .target.ellipsis()
+    )]
     TooManyOverrides {
         /// The component.
         component: &'static str,
@@ -175,6 +211,10 @@ pub enum ParamError {
     },
     /// The value is smaller than what the situation at run time needs
     /// (`max_procs` below the number of processes on the node).
+    #[error(
+        "{}={value} is less than the {needed} {what}; it accepts {accepts}",
+        env_name(.component, .name)
+    )]
     TooSmall {
         /// The component.
         component: &'static str,
@@ -190,6 +230,10 @@ pub enum ParamError {
         accepts: &'static str,
     },
     /// A quantity derived from this parameter does not fit in 32 bits.
+    #[error(
+        "{}: {what} derived from it does not fit in 32 bits",
+        env_name(.component, .name)
+    )]
     Overflow {
         /// The component.
         component: &'static str,
@@ -200,129 +244,12 @@ pub enum ParamError {
     },
     /// A value given together with the parameters (not a parameter) is
     /// invalid.
+    #[error("{reason}")]
     Argument {
         /// What is wrong.
         reason: &'static str,
     },
 }
-
-impl fmt::Display for ParamError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            ParamError::UnknownParam { component, name } => {
-                write!(f, "unknown {component} parameter `{name}` (see `btl info`)")
-            }
-            ParamError::Malformed {
-                component,
-                name,
-                accepts,
-            } => write!(
-                f,
-                "{}: malformed value; it accepts {accepts}",
-                env_name(component, name)
-            ),
-            ParamError::OutOfRange {
-                component,
-                name,
-                value,
-                accepts,
-            } => write!(
-                f,
-                "{}={value} is out of range; it accepts {accepts}",
-                env_name(component, name)
-            ),
-            ParamError::TooLong {
-                component,
-                name,
-                len,
-                cap,
-            } => write!(
-                f,
-                "{}: the value is {len} bytes long; it accepts at most {cap} bytes",
-                env_name(component, name)
-            ),
-            ParamError::Conflict {
-                component,
-                name,
-                other,
-                rule,
-            } => write!(
-                f,
-                "{} conflicts with {}: {rule}",
-                env_name(component, name),
-                env_name(component, other)
-            ),
-            ParamError::Unsupported {
-                component,
-                name,
-                value,
-                reason,
-            } => write!(
-                f,
-                "{}={value} is not supported: {reason}",
-                env_name(component, name)
-            ),
-            ParamError::BadListEntry {
-                component,
-                name,
-                entry,
-                reason,
-                accepts,
-            } => write!(
-                f,
-                "{}: malformed entry `{entry}` ({reason}); it accepts {accepts}",
-                env_name(component, name)
-            ),
-            ParamError::BadOverride {
-                component,
-                param,
-                target,
-                reason,
-            } => write!(
-                f,
-                "{}{}: {reason}",
-                env_name(component, param).with_suffix(target.as_str()),
-                target.ellipsis()
-            ),
-            ParamError::TooManyOverrides {
-                component,
-                param,
-                target,
-                what,
-                cap,
-            } => write!(
-                f,
-                "{}{}: too many {what} (at most {cap})",
-                env_name(component, param).with_suffix(target.as_str()),
-                target.ellipsis()
-            ),
-            ParamError::TooSmall {
-                component,
-                name,
-                value,
-                needed,
-                what,
-                accepts,
-            } => write!(
-                f,
-                "{}={value} is less than the {needed} {what}; it accepts {accepts}",
-                env_name(component, name)
-            ),
-            ParamError::Overflow {
-                component,
-                name,
-                what,
-            } => write!(
-                f,
-                "{}: {what} derived from it does not fit in 32 bits",
-                env_name(component, name)
-            ),
-            ParamError::Argument { reason } => f.write_str(reason),
-        }
-    }
-}
-
-impl core::error::Error for ParamError {}
 
 #[cfg(test)]
 mod tests {

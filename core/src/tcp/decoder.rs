@@ -47,26 +47,15 @@ pub const MIN_BUFFER: usize = 64;
 pub const DEFAULT_BUFFER: usize = 30 * 1024;
 
 /// The buffer given to a [`Decoder`] is shorter than [`MIN_BUFFER`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[error("decoder buffer of {len} bytes is smaller than the minimum {min}")]
 pub struct BufferTooSmall {
     /// Length of the buffer given.
     pub len: usize,
     /// The minimum, [`MIN_BUFFER`].
     pub min: usize,
 }
-
-impl fmt::Display for BufferTooSmall {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "decoder buffer of {} bytes is smaller than the minimum {}",
-            self.len, self.min
-        )
-    }
-}
-
-impl core::error::Error for BufferTooSmall {}
 
 /// One decoded item of the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

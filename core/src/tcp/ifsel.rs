@@ -236,20 +236,23 @@ impl fmt::Display for Warning<'_> {
 }
 
 /// Why no instance could be created.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SelectError {
     /// A parameter is invalid (malformed list entry, `if_include` with a
     /// non-default `if_exclude`, `links` 0).
+    #[error(transparent)]
     Param(ParamError),
     /// No interface is selected. `param` is the list that left nothing:
     /// `if_include` when given, else `if_exclude` when it excluded every
     /// usable interface; `None` when no interface is usable at all.
+    #[error("{}", NothingSelected(*.param))]
     NothingSelected {
         /// The list responsible, if any.
         param: Option<TextParamId>,
     },
     /// `out` is too small for the selected instances.
+    #[error("{needed} TCP instances selected but room for only {capacity}")]
     OutputFull {
         /// Instances selected (interfaces × `links`).
         needed: usize,
@@ -260,37 +263,29 @@ pub enum SelectError {
 
 wrap_from!(SelectError { Param(ParamError) });
 
-impl fmt::Display for SelectError {
+/// What a [`SelectError::NothingSelected`] says: which list left nothing.
+struct NothingSelected(Option<TextParamId>);
+
+impl fmt::Display for NothingSelected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SelectError::Param(e) => fmt::Display::fmt(e, f),
-            SelectError::NothingSelected {
-                param: Some(TextParamId::IfInclude),
-            } => write!(
+        match self.0 {
+            Some(TextParamId::IfInclude) => write!(
                 f,
                 "{} selects no usable network interface (up, with an address of an enabled \
                  family)",
                 TextParamId::IfInclude.def().env_name()
             ),
-            SelectError::NothingSelected {
-                param: Some(TextParamId::IfExclude),
-            } => write!(
+            Some(TextParamId::IfExclude) => write!(
                 f,
                 "{} excludes every usable network interface",
                 TextParamId::IfExclude.def().env_name()
             ),
-            SelectError::NothingSelected { param: None } => f.write_str(
+            None => f.write_str(
                 "no usable network interface (none is up with an address of an enabled family)",
-            ),
-            SelectError::OutputFull { needed, capacity } => write!(
-                f,
-                "{needed} TCP instances selected but room for only {capacity}"
             ),
         }
     }
 }
-
-impl core::error::Error for SelectError {}
 
 /// Whether two entries belong to the same interface: same kernel index, or
 /// same name when neither has an index.
@@ -899,5 +894,26 @@ mod tests {
             let p = with(&[("if_include", inc)]);
             assert_eq!(names(&run(&ifs, &p).unwrap().0), ["eth0"], "{inc}");
         }
+    }
+
+    #[test]
+    fn nothing_selected_messages_exact() {
+        let e = |param| SelectError::NothingSelected { param }.to_string();
+        assert_eq!(
+            e(Some(TextParamId::IfInclude)),
+            "BTL_TCP_IF_INCLUDE selects no usable network interface (up, with an address of \
+             an enabled family)"
+        );
+        assert_eq!(
+            e(Some(TextParamId::IfExclude)),
+            "BTL_TCP_IF_EXCLUDE excludes every usable network interface"
+        );
+        assert_eq!(
+            e(None),
+            "no usable network interface (none is up with an address of an enabled family)"
+        );
+        let bad = ParamError::Argument { reason: "why" };
+        assert_eq!(SelectError::Param(bad).to_string(), "why");
+        assert!(core::error::Error::source(&SelectError::Param(bad)).is_none());
     }
 }

@@ -35,8 +35,6 @@
 //! them back with `emit`. All malformed input is a typed [`WireError`],
 //! never a panic.
 
-use core::fmt;
-
 /// The handshake magic, `b"BTLT"`.
 pub const MAGIC: [u8; 4] = *b"BTLT";
 /// The protocol version this code speaks.
@@ -117,10 +115,11 @@ pub const fn job_hash(job: &[u8]) -> u64 {
 }
 
 /// Bytes a peer sent could not be parsed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum WireError {
     /// The buffer is shorter than the format needs.
+    #[error("truncated: {got} bytes, {needed} needed")]
     Truncated {
         /// Bytes the format needs.
         needed: usize,
@@ -128,32 +127,44 @@ pub enum WireError {
         got: usize,
     },
     /// The handshake does not start with [`MAGIC`] (not a btl peer).
+    #[error(
+        "bad handshake magic {:02x}{:02x}{:02x}{:02x} (not a btl peer)",
+        .found[0],
+        .found[1],
+        .found[2],
+        .found[3]
+    )]
     BadMagic {
         /// The first four bytes received.
         found: [u8; 4],
     },
     /// The handshake names another protocol version than [`VERSION`].
+    #[error("protocol version {found}, this side speaks {VERSION}")]
     BadVersion {
         /// The version received.
         found: u16,
     },
     /// Flag bits this version does not define are set (handshake: any bit;
     /// frame header: any bit but [`FLAG_ERROR`]).
+    #[error("undefined flag bits {found:#06x}")]
     BadFlags {
         /// The flags received.
         found: u16,
     },
     /// A reserved field is not zero.
+    #[error("reserved field is {found:#010x}, not zero")]
     ReservedNotZero {
         /// The value received.
         found: u32,
     },
     /// The frame type byte is not a [`FrameType`].
+    #[error("unknown frame type {found}")]
     BadType {
         /// The type byte received.
         found: u8,
     },
     /// The frame announces more payload than the receiver allows.
+    #[error("frame announces {len} payload bytes, limit is {max}")]
     FrameTooLarge {
         /// Announced payload length.
         len: u32,
@@ -163,6 +174,7 @@ pub enum WireError {
     /// The payload length is impossible for the frame type (a FIN or
     /// PUT-ACK with payload, a GET whose payload is not exactly the RMA
     /// sub-header, a PUT shorter than it).
+    #[error("{kind:?} frame with impossible payload length {len}")]
     BadLength {
         /// The frame type.
         kind: FrameType,
@@ -170,6 +182,7 @@ pub enum WireError {
         len: u32,
     },
     /// A SEND or FIN carries a non-zero request id.
+    #[error("{kind:?} frame with non-zero request id {id}")]
     UnexpectedId {
         /// The frame type.
         kind: FrameType,
@@ -177,6 +190,7 @@ pub enum WireError {
         id: u64,
     },
     /// An RMA sub-header whose `offset + len` overflows 64 bits.
+    #[error("RMA range {offset}+{len} overflows")]
     RmaRangeOverflow {
         /// Offset received.
         offset: u64,
@@ -184,6 +198,7 @@ pub enum WireError {
         len: u64,
     },
     /// A PUT whose sub-header length differs from the data it carries.
+    #[error("PUT announces {announced} bytes but carries {carried}")]
     RmaLengthMismatch {
         /// Length in the sub-header.
         announced: u64,
@@ -192,61 +207,16 @@ pub enum WireError {
     },
     /// The stream ended inside a handshake or frame (EOF while the decoder
     /// held a partial item).
+    #[error("stream ended inside a handshake or frame")]
     UnexpectedEof,
     /// A chunk header names a tag above [`MAX_USER_TAG`] (chunked
     /// messages carry user messages only).
+    #[error("chunked message with internal tag {found} (user tags end at {MAX_USER_TAG})")]
     BadTag {
         /// The tag received.
         found: u8,
     },
 }
-
-impl fmt::Display for WireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Truncated { needed, got } => {
-                write!(f, "truncated: {got} bytes, {needed} needed")
-            }
-            Self::BadMagic { found } => write!(
-                f,
-                "bad handshake magic {:02x}{:02x}{:02x}{:02x} (not a btl peer)",
-                found[0], found[1], found[2], found[3]
-            ),
-            Self::BadVersion { found } => {
-                write!(f, "protocol version {found}, this side speaks {VERSION}")
-            }
-            Self::BadFlags { found } => write!(f, "undefined flag bits {found:#06x}"),
-            Self::ReservedNotZero { found } => {
-                write!(f, "reserved field is {found:#010x}, not zero")
-            }
-            Self::BadType { found } => write!(f, "unknown frame type {found}"),
-            Self::FrameTooLarge { len, max } => {
-                write!(f, "frame announces {len} payload bytes, limit is {max}")
-            }
-            Self::BadLength { kind, len } => {
-                write!(f, "{kind:?} frame with impossible payload length {len}")
-            }
-            Self::UnexpectedId { kind, id } => {
-                write!(f, "{kind:?} frame with non-zero request id {id}")
-            }
-            Self::RmaRangeOverflow { offset, len } => {
-                write!(f, "RMA range {offset}+{len} overflows")
-            }
-            Self::RmaLengthMismatch { announced, carried } => {
-                write!(f, "PUT announces {announced} bytes but carries {carried}")
-            }
-            Self::UnexpectedEof => write!(f, "stream ended inside a handshake or frame"),
-            Self::BadTag { found } => {
-                write!(
-                    f,
-                    "chunked message with internal tag {found} (user tags end at {MAX_USER_TAG})"
-                )
-            }
-        }
-    }
-}
-
-impl core::error::Error for WireError {}
 
 fixed_len! {
     HandshakeRepr: HandshakePacket, HANDSHAKE_LEN;

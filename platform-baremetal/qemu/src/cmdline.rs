@@ -11,7 +11,6 @@
 //! [run=bench] [sizes=8,65536] [quick=1]
 //! ```
 
-use core::fmt;
 use core::net::Ipv4Addr;
 
 use crate::{MAX_MESSAGE, PEERS};
@@ -63,15 +62,19 @@ pub struct Args<'a> {
 }
 
 /// A command line the node cannot run with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ArgError<'a> {
     /// A word that is not `key=value`.
+    #[error("{0:?} is not key=value")]
     NotKeyValue(&'a str),
     /// A key this node does not know.
+    #[error("unknown key {0:?}")]
     UnknownKey(&'a str),
     /// A required key is missing.
+    #[error("{0}= is missing")]
     Missing(&'static str),
     /// A value that does not parse or is out of range.
+    #[error("{key}={value}: accepts {accepts}")]
     Bad {
         /// The key.
         key: &'a str,
@@ -81,33 +84,16 @@ pub enum ArgError<'a> {
         accepts: &'static str,
     },
     /// No address for a rank.
+    #[error("no peer={0}@ADDRESS:PORT for rank {0}")]
     NoPeer(u32),
     /// `rank` is not below `size`.
+    #[error("rank={rank} is not below size={size}")]
     RankOutside {
         /// The rank given.
         rank: u32,
         /// The job size given.
         size: u32,
     },
-}
-
-impl fmt::Display for ArgError<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NotKeyValue(w) => write!(f, "{w:?} is not key=value"),
-            Self::UnknownKey(k) => write!(f, "unknown key {k:?}"),
-            Self::Missing(k) => write!(f, "{k}= is missing"),
-            Self::Bad {
-                key,
-                value,
-                accepts,
-            } => write!(f, "{key}={value}: accepts {accepts}"),
-            Self::NoPeer(r) => write!(f, "no peer={r}@ADDRESS:PORT for rank {r}"),
-            Self::RankOutside { rank, size } => {
-                write!(f, "rank={rank} is not below size={size}")
-            }
-        }
-    }
 }
 
 fn num<'a>(

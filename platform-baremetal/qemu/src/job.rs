@@ -29,14 +29,16 @@ pub use btl_baremetal::core::workload::{TAG_ACK, TAG_DATA, TAG_KEY, TAG_STRESS};
 const SPIN: u32 = 200;
 
 /// Why a step of the workload stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum JobError {
     /// A wait took longer than the command line's `timeout`.
+    #[error("timed out waiting for {what}")]
     Timeout {
         /// What was waited for.
         what: &'static str,
     },
     /// A peer needed by the step failed.
+    #[error("peer {peer} failed: {reason}")]
     PeerFailed {
         /// The peer.
         peer: u32,
@@ -44,28 +46,17 @@ pub enum JobError {
         reason: FailReason,
     },
     /// A peer needed by the step closed its connections (it left the job).
+    #[error("peer {peer} closed its connection (left the job)")]
     PeerLeft {
         /// The peer.
         peer: u32,
     },
     /// The node refused the operation.
+    #[error("{0}")]
     Send(SendError),
     /// A get/put was refused or failed.
+    #[error("get/put: {0}")]
     Rma(RmaError),
-}
-
-impl fmt::Display for JobError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Timeout { what } => write!(f, "timed out waiting for {what}"),
-            Self::PeerFailed { peer, reason } => write!(f, "peer {peer} failed: {reason}"),
-            Self::PeerLeft { peer } => {
-                write!(f, "peer {peer} closed its connection (left the job)")
-            }
-            Self::Send(e) => write!(f, "{e}"),
-            Self::Rma(e) => write!(f, "get/put: {e}"),
-        }
-    }
 }
 
 /// What the polls reported.

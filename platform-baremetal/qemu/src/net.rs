@@ -98,27 +98,19 @@ unsafe impl Hal for DmaPool {
 type Raw = VirtIONetRaw<DmaPool, MmioTransport<'static>, QUEUE>;
 
 /// Why the network device could not be started.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum NetError {
     /// No virtio-net device on any virtio-mmio slot.
+    #[error(
+        "no virtio-net device on the virtio-mmio slots (QEMU: -device virtio-net-device,netdev=...)"
+    )]
     NoDevice,
     /// The driver refused the device or failed to set it up.
+    #[error("virtio-net: {0}")]
     Driver(virtio_drivers::Error),
     /// Static buffers taken twice (started twice).
+    #[error("the network device was started twice")]
     Taken,
-}
-
-impl core::fmt::Display for NetError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Self::NoDevice => write!(
-                f,
-                "no virtio-net device on the virtio-mmio slots (QEMU: -device virtio-net-device,netdev=...)"
-            ),
-            Self::Driver(e) => write!(f, "virtio-net: {e}"),
-            Self::Taken => write!(f, "the network device was started twice"),
-        }
-    }
 }
 
 /// The virtio-net device as a smoltcp device.

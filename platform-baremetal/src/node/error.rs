@@ -3,18 +3,17 @@
 //! put or barrier ([`SendError`]), and a get or put that did not complete
 //! ([`RmaError`]).
 
-use core::fmt;
-
 use btl_core::tcp::endpoint::FailReason;
 use btl_core::tcp::wire::MAX_USER_TAG;
 
 use super::{MAX_REGIONS, MAX_REQUESTS};
 
 /// [`Node::new`](super::Node::new) refused its configuration or memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum InitError {
     /// The memory given is smaller than [`Sizes::memory_size`](super::Sizes::memory_size).
+    #[error("node memory: {got} bytes given, {needed} needed")]
     Memory {
         /// Bytes needed.
         needed: usize,
@@ -22,6 +21,7 @@ pub enum InitError {
         got: usize,
     },
     /// Fewer `SocketStorage` entries than `S` sockets.
+    #[error("{got} socket storage entries given, {needed} needed")]
     SocketStorage {
         /// Entries needed.
         needed: usize,
@@ -29,6 +29,7 @@ pub enum InitError {
         got: usize,
     },
     /// The job has more ranks than `P`, or rank is not below size.
+    #[error("rank {rank} of {size}: the node holds at most {capacity} ranks")]
     Ranks {
         /// This rank.
         rank: u32,
@@ -38,6 +39,7 @@ pub enum InitError {
         capacity: usize,
     },
     /// A buffer is too small: `what` needs at least `min` bytes.
+    #[error("{what} buffer of {len} bytes, at least {min} needed")]
     Buffer {
         /// Which buffer.
         what: &'static str,
@@ -47,6 +49,9 @@ pub enum InitError {
         min: usize,
     },
     /// `listen_sockets` is 0 or leaves no socket for outgoing connections.
+    #[error(
+        "{listen} listening sockets out of {sockets}: needs at least 1 and one left to connect with"
+    )]
     ListenSockets {
         /// Listening sockets asked for.
         listen: usize,
@@ -54,55 +59,28 @@ pub enum InitError {
         sockets: usize,
     },
     /// Port 0 cannot be listened on.
+    #[error("cannot listen on port 0")]
     Port,
 }
 
-impl fmt::Display for InitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::Memory { needed, got } => {
-                write!(f, "node memory: {got} bytes given, {needed} needed")
-            }
-            Self::SocketStorage { needed, got } => {
-                write!(f, "{got} socket storage entries given, {needed} needed")
-            }
-            Self::Ranks {
-                rank,
-                size,
-                capacity,
-            } => write!(
-                f,
-                "rank {rank} of {size}: the node holds at most {capacity} ranks"
-            ),
-            Self::Buffer { what, len, min } => {
-                write!(f, "{what} buffer of {len} bytes, at least {min} needed")
-            }
-            Self::ListenSockets { listen, sockets } => write!(
-                f,
-                "{listen} listening sockets out of {sockets}: needs at least 1 and one left to connect with"
-            ),
-            Self::Port => write!(f, "cannot listen on port 0"),
-        }
-    }
-}
-
-impl core::error::Error for InitError {}
-
 /// A send, get, put or barrier could not be started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SendError {
     /// No such peer (or it is this node).
+    #[error("no peer {peer}")]
     InvalidPeer {
         /// The rank given.
         peer: u32,
     },
     /// Tags above [`MAX_USER_TAG`] are the transport's.
+    #[error("tag {tag} is reserved (user tags are 0..={MAX_USER_TAG})")]
     ReservedTag {
         /// The tag given.
         tag: u8,
     },
     /// Larger than the peer's queue (or a frame) can ever hold.
+    #[error("{len} bytes exceed the limit of {max}")]
     TooLarge {
         /// Bytes asked for.
         len: usize,
@@ -110,13 +88,16 @@ pub enum SendError {
         max: usize,
     },
     /// The peer's queue has no room now: poll, then try again.
+    #[error("the queue to peer {peer} is full")]
     QueueFull {
         /// The peer.
         peer: u32,
     },
     /// Too many get/put requests outstanding ([`MAX_REQUESTS`]).
+    #[error("{MAX_REQUESTS} get/put requests outstanding")]
     TooManyRequests,
     /// The peer failed.
+    #[error("peer {peer} failed: {reason}")]
     PeerFailed {
         /// The peer.
         peer: u32,
@@ -125,73 +106,35 @@ pub enum SendError {
     },
 }
 
-impl fmt::Display for SendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::InvalidPeer { peer } => write!(f, "no peer {peer}"),
-            Self::ReservedTag { tag } => {
-                write!(
-                    f,
-                    "tag {tag} is reserved (user tags are 0..={MAX_USER_TAG})"
-                )
-            }
-            Self::TooLarge { len, max } => write!(f, "{len} bytes exceed the limit of {max}"),
-            Self::QueueFull { peer } => write!(f, "the queue to peer {peer} is full"),
-            Self::TooManyRequests => write!(f, "{MAX_REQUESTS} get/put requests outstanding"),
-            Self::PeerFailed { peer, reason } => write!(f, "peer {peer} failed: {reason}"),
-        }
-    }
-}
-
-impl core::error::Error for SendError {}
-
 /// [`Node::set_peer`](super::Node::set_peer) or [`Node::register`](super::Node::register) refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum ConfigError {
     /// No such peer (or it is this node).
+    #[error("no peer {peer}")]
     InvalidPeer {
         /// The rank given.
         peer: u32,
     },
     /// Port 0 or an unspecified address.
+    #[error("unspecified address or port 0")]
     BadAddress,
     /// [`MAX_REGIONS`] regions are registered already.
+    #[error("{MAX_REGIONS} regions registered already")]
     TooManyRegions,
 }
 
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Self::InvalidPeer { peer } => write!(f, "no peer {peer}"),
-            Self::BadAddress => write!(f, "unspecified address or port 0"),
-            Self::TooManyRegions => write!(f, "{MAX_REGIONS} regions registered already"),
-        }
-    }
-}
-
-impl core::error::Error for ConfigError {}
-
 /// Why a get or put did not complete.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum RmaError {
     /// The target refused: no such region, or the range is outside it.
+    #[error("refused by the target (outside its registered regions)")]
     Refused,
     /// The target answered a get with another length than asked.
+    #[error("answered with the wrong length")]
     BadLength,
     /// The target failed before answering.
+    #[error("the target failed")]
     PeerFailed,
 }
-
-impl fmt::Display for RmaError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Refused => "refused by the target (outside its registered regions)",
-            Self::BadLength => "answered with the wrong length",
-            Self::PeerFailed => "the target failed",
-        })
-    }
-}
-
-impl core::error::Error for RmaError {}

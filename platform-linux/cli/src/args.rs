@@ -12,11 +12,11 @@
 //! ```
 
 use std::ffi::{OsStr, OsString};
-use std::fmt;
 use std::str::FromStr;
 
 /// What is wrong with a command line; printed before the usage text.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct UsageError(pub String);
 
 impl UsageError {
@@ -25,14 +25,6 @@ impl UsageError {
         UsageError(msg.into())
     }
 }
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
 
 /// A cursor over a subcommand's arguments. Options are recognised at the
 /// cursor only, in any order, until the first positional argument or

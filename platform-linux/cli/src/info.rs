@@ -108,44 +108,32 @@ impl fmt::Display for ParamProblem {
 }
 
 /// Why `btl info` failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum InfoError {
     /// Some parameter settings are invalid: all of them, in order.
+    #[error("{}", Problems(.problems))]
     Params {
         /// Every problem found.
         problems: Vec<ParamProblem>,
     },
     /// Writing the listing failed.
-    Io(io::Error),
+    #[error("cannot write the parameter list: {0}")]
+    Io(#[from] io::Error),
 }
 
-impl fmt::Display for InfoError {
+/// The problems of an [`InfoError::Params`], as its message lists them:
+/// one on the line, or a count and one per line.
+struct Problems<'a>(&'a [ParamProblem]);
+
+impl fmt::Display for Problems<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InfoError::Params { problems } => match problems.as_slice() {
-                [one] => write!(f, "invalid parameter setting: {one}"),
-                many => {
-                    write!(f, "{} invalid parameter settings:", many.len())?;
-                    many.iter().try_for_each(|p| write!(f, "\n  {p}"))
-                }
-            },
-            InfoError::Io(e) => write!(f, "cannot write the parameter list: {e}"),
+        match self.0 {
+            [one] => write!(f, "invalid parameter setting: {one}"),
+            many => {
+                write!(f, "{} invalid parameter settings:", many.len())?;
+                many.iter().try_for_each(|p| write!(f, "\n  {p}"))
+            }
         }
-    }
-}
-
-impl std::error::Error for InfoError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            InfoError::Params { .. } => None,
-            InfoError::Io(e) => Some(e),
-        }
-    }
-}
-
-impl From<io::Error> for InfoError {
-    fn from(e: io::Error) -> Self {
-        InfoError::Io(e)
     }
 }
 
@@ -522,5 +510,29 @@ mod tests {
         s.clear();
         wrap_into(&mut s, &"x".repeat(20), "  ", 10);
         assert_eq!(s, format!("  {}\n", "x".repeat(20)));
+    }
+
+    #[test]
+    fn params_messages_exact() {
+        let problem = |message: &str, var: Option<(&str, &str)>| ParamProblem {
+            var: var.map(|(v, x)| (v.to_owned(), x.to_owned())),
+            message: message.to_owned(),
+        };
+        let one = InfoError::Params {
+            problems: vec![problem("bad a", Some(("BTL_A", "x")))],
+        };
+        assert_eq!(
+            one.to_string(),
+            "invalid parameter setting: bad a (set by BTL_A=\"x\")"
+        );
+        let two = InfoError::Params {
+            problems: vec![problem("bad a", None), problem("bad b", None)],
+        };
+        assert_eq!(
+            two.to_string(),
+            "2 invalid parameter settings:\n  bad a\n  bad b"
+        );
+        let none = InfoError::Params { problems: vec![] };
+        assert_eq!(none.to_string(), "0 invalid parameter settings:");
     }
 }

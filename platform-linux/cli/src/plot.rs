@@ -57,7 +57,8 @@ impl Series {
 }
 
 /// A malformed comparison file, or one that cannot be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--compare {}{}: {what}", .path.display(), AtLine(*.line))]
 pub struct CompareError {
     /// The file.
     pub path: PathBuf,
@@ -67,16 +68,17 @@ pub struct CompareError {
     pub what: String,
 }
 
-impl fmt::Display for CompareError {
+/// The `:LINE` after a [`CompareError`]'s file, when it has a line.
+struct AtLine(Option<usize>);
+
+impl fmt::Display for AtLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "--compare {}:{l}: {}", self.path.display(), self.what),
-            None => write!(f, "--compare {}: {}", self.path.display(), self.what),
+        match self.0 {
+            Some(l) => write!(f, ":{l}"),
+            None => Ok(()),
         }
     }
 }
-
-impl std::error::Error for CompareError {}
 
 /// The columns `run_anchors.sh` starts its raw file with.
 const HEADER: [&str; 5] = ["id", "metric", "size", "rep", "value"];
@@ -677,5 +679,16 @@ mod tests {
             .map(number_label)
             .collect();
         assert_eq!(n, ["0.35", "4", "4.2", "1200", "0"]);
+    }
+
+    #[test]
+    fn compare_error_messages_exact() {
+        let e = |line| CompareError {
+            path: "r.tsv".into(),
+            line,
+            what: "bad".into(),
+        };
+        assert_eq!(e(Some(7)).to_string(), "--compare r.tsv:7: bad");
+        assert_eq!(e(None).to_string(), "--compare r.tsv: bad");
     }
 }

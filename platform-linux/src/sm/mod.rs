@@ -144,19 +144,29 @@ unsafe impl View for ShmView {
 }
 
 /// Errors of the shared-memory transport.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum SmError {
     /// A parameter is malformed or inconsistent.
+    #[error("sm parameters: {0}")]
     Param(ParamError),
     /// The segment layout does not fit (too many ranks, sizes overflow).
+    #[error("sm segment size: {0}")]
     Size(SizeError),
     /// Creating, fetching or mapping the segment failed.
+    #[error("sm segment: {0}")]
     Segment(SegmentError),
     /// The segment's control area is missing or corrupted.
+    #[error("sm segment: {0}")]
     Control(ControlError),
     /// The core engine could not attach to the segment.
+    #[error("sm attach: {0}")]
     Setup(SetupError),
     /// Start-up waited too long for these local ranks.
+    #[error(
+        "sm start-up: local ranks {missing:?} did not attach within {:.1} s \
+         (BTL_ATTACH_TIMEOUT)",
+        .waited.as_secs_f64()
+    )]
     AttachTimeout {
         /// How long it waited.
         waited: Duration,
@@ -165,6 +175,7 @@ pub enum SmError {
     },
     /// A local rank's identity does not check out (wire-up, control record
     /// and kernel disagree, or it claims our own pid).
+    #[error("sm start-up: local rank {rank} is not who it says: {what}")]
     Identity {
         /// Its local rank.
         rank: u32,
@@ -172,6 +183,7 @@ pub enum SmError {
         what: String,
     },
     /// A local rank died during start-up.
+    #[error("sm start-up: local rank {rank} (pid {pid}) died")]
     PeerDiedAtStart {
         /// Its local rank.
         rank: u32,
@@ -179,38 +191,9 @@ pub enum SmError {
         pid: u64,
     },
     /// The job environment does not allow a shared-memory transport.
+    #[error("sm unavailable: {0}")]
     Unsupported(&'static str),
 }
-
-impl fmt::Display for SmError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Param(e) => write!(f, "sm parameters: {e}"),
-            Self::Size(e) => write!(f, "sm segment size: {e}"),
-            Self::Segment(e) => write!(f, "sm segment: {e}"),
-            Self::Control(e) => write!(f, "sm segment: {e}"),
-            Self::Setup(e) => write!(f, "sm attach: {e}"),
-            Self::AttachTimeout { waited, missing } => write!(
-                f,
-                "sm start-up: local ranks {missing:?} did not attach within {:.1} s \
-                 (BTL_ATTACH_TIMEOUT)",
-                waited.as_secs_f64()
-            ),
-            Self::Identity { rank, what } => {
-                write!(
-                    f,
-                    "sm start-up: local rank {rank} is not who it says: {what}"
-                )
-            }
-            Self::PeerDiedAtStart { rank, pid } => {
-                write!(f, "sm start-up: local rank {rank} (pid {pid}) died")
-            }
-            Self::Unsupported(why) => write!(f, "sm unavailable: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for SmError {}
 
 from_err!(
     SmError:

@@ -121,11 +121,13 @@ pub const ADDR_KEY: &str = "tcp-addr";
 pub const MAX_MESSAGE: u64 = 1 << 30;
 
 /// Errors of the TCP transport's start-up and configuration.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum TcpError {
     /// A parameter is malformed.
+    #[error("tcp parameters: {0}")]
     Param(String),
     /// A socket operation failed.
+    #[error("tcp: cannot {what}: {source}")]
     Io {
         /// What was being done.
         what: &'static str,
@@ -133,6 +135,7 @@ pub enum TcpError {
         source: io::Error,
     },
     /// No port free in the configured range.
+    #[error("tcp: no free port in [{min}, {})", u32::from(*.min) + u32::from(*.range))]
     NoPort {
         /// First port tried.
         min: u16,
@@ -140,35 +143,15 @@ pub enum TcpError {
         range: u16,
     },
     /// Address exchange failed.
+    #[error("tcp wire-up: {0}")]
     Wireup(WireupError),
     /// A peer published an address that does not parse.
+    #[error("tcp: rank {peer} published a malformed address")]
     BadAddress {
         /// The peer.
         peer: u32,
     },
 }
-
-impl fmt::Display for TcpError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Param(e) => write!(f, "tcp parameters: {e}"),
-            Self::Io { what, source } => write!(f, "tcp: cannot {what}: {source}"),
-            Self::NoPort { min, range } => {
-                write!(
-                    f,
-                    "tcp: no free port in [{min}, {})",
-                    u32::from(*min) + u32::from(*range)
-                )
-            }
-            Self::Wireup(e) => write!(f, "tcp wire-up: {e}"),
-            Self::BadAddress { peer } => {
-                write!(f, "tcp: rank {peer} published a malformed address")
-            }
-        }
-    }
-}
-
-impl std::error::Error for TcpError {}
 
 fn io_err(what: &'static str) -> impl Fn(io::Error) -> TcpError {
     move |source| TcpError::Io { what, source }

@@ -43,14 +43,16 @@ pub const ENV_WIREUP_TIMEOUT: &str = "BTL_WIREUP_TIMEOUT";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Wire-up failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum WireupError {
     /// A key is not 1–64 characters of `[A-Za-z0-9._-]`.
+    #[error("wire-up key {key:?} is not [A-Za-z0-9._-]{{1,64}}")]
     BadKey {
         /// The key.
         key: String,
     },
     /// An environment variable is malformed.
+    #[error("{var}={value:?} is invalid; it accepts {accepts}")]
     Config {
         /// The variable.
         var: &'static str,
@@ -60,8 +62,14 @@ pub enum WireupError {
         accepts: String,
     },
     /// No wire-up source could be found.
+    #[error(
+        "no wire-up source: run under `btl run`, under a PMIx launcher (mpirun, prterun, \
+         srun --mpi=pmix), or set {ENV_WIREUP}=tcp://HOST:PORT with BTL_RANK and BTL_SIZE \
+         (or Slurm's SLURM_PROCID and SLURM_NTASKS)"
+    )]
     NoSource,
     /// Writing our record failed.
+    #[error("cannot publish wire-up record {}: {source}", .path.display())]
     Publish {
         /// The record's file.
         path: PathBuf,
@@ -69,6 +77,7 @@ pub enum WireupError {
         source: io::Error,
     },
     /// Reading a record failed (other than "not there yet").
+    #[error("cannot read wire-up record {}: {source}", .path.display())]
     Read {
         /// The record's file.
         path: PathBuf,
@@ -77,6 +86,7 @@ pub enum WireupError {
     },
     /// A record is larger than the limit ([`MAX_VALUE`], or the caller's
     /// buffer).
+    #[error("rank {rank}'s wire-up record {key:?} is larger than {MAX_VALUE} bytes")]
     TooLarge {
         /// Whose record.
         rank: u32,
@@ -84,6 +94,11 @@ pub enum WireupError {
         key: String,
     },
     /// These ranks did not reach the fence (or publish `key`) in time.
+    #[error(
+        "wire-up: gave up waiting for {what} after {:.1} s; {}",
+        .waited.as_secs_f64(),
+        MissingRanks::new(.missing, *.count)
+    )]
     Timeout {
         /// What was waited for.
         what: String,
@@ -95,6 +110,7 @@ pub enum WireupError {
         waited: Duration,
     },
     /// The key/value service cannot be reached or its connection failed.
+    #[error("wire-up service at {addr}: cannot {what}: {source}")]
     Service {
         /// The service's address.
         addr: SocketAddr,
@@ -104,6 +120,7 @@ pub enum WireupError {
         source: io::Error,
     },
     /// The key/value service (or a client) broke the protocol.
+    #[error("wire-up service at {addr} broke the protocol: {error}")]
     Protocol {
         /// The other side.
         addr: SocketAddr,
@@ -111,6 +128,7 @@ pub enum WireupError {
         error: btl_core::wireup::kv::KvError,
     },
     /// The key/value service refused a request.
+    #[error("wire-up service at {addr} refused ({code}): {message}")]
     Refused {
         /// The service's address.
         addr: SocketAddr,
@@ -120,76 +138,39 @@ pub enum WireupError {
         message: String,
     },
     /// PMIx is unavailable or failed.
+    #[error("PMIx: {0}")]
     Pmix(String),
     /// An external runtime's exchange (the C ABI's `btl_open` /
     /// `btl_connect`) failed or handed back malformed records.
+    #[error("the runtime's address exchange: {0}")]
     External(String),
 }
 
-impl fmt::Display for WireupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::BadKey { key } => write!(f, "wire-up key {key:?} is not [A-Za-z0-9._-]{{1,64}}"),
-            Self::Config {
-                var,
-                value,
-                accepts,
-            } => write!(f, "{var}={value:?} is invalid; it accepts {accepts}"),
-            Self::NoSource => write!(
-                f,
-                "no wire-up source: run under `btl run`, under a PMIx launcher (mpirun, prterun, \
-                 srun --mpi=pmix), or set {ENV_WIREUP}=tcp://HOST:PORT with BTL_RANK and BTL_SIZE \
-                 (or Slurm's SLURM_PROCID and SLURM_NTASKS)"
-            ),
-            Self::Publish { path, source } => write!(
-                f,
-                "cannot publish wire-up record {}: {source}",
-                path.display()
-            ),
-            Self::Read { path, source } => {
-                write!(f, "cannot read wire-up record {}: {source}", path.display())
-            }
-            Self::TooLarge { rank, key } => write!(
-                f,
-                "rank {rank}'s wire-up record {key:?} is larger than {MAX_VALUE} bytes"
-            ),
-            Self::Timeout {
-                what,
-                missing,
-                count,
-                waited,
-            } => {
-                write!(
-                    f,
-                    "wire-up: gave up waiting for {what} after {:.1} s; ",
-                    waited.as_secs_f64()
-                )?;
-                if missing.is_empty() {
-                    write!(f, "{count} rank(s) missing")
-                } else if *count as usize > missing.len() {
-                    write!(f, "{count} ranks missing, among them {missing:?}")
-                } else {
-                    write!(f, "waited for ranks {missing:?}")
-                }
-            }
-            Self::Service { addr, what, source } => {
-                write!(f, "wire-up service at {addr}: cannot {what}: {source}")
-            }
-            Self::Protocol { addr, error } => {
-                write!(f, "wire-up service at {addr} broke the protocol: {error}")
-            }
-            Self::Refused {
-                addr,
-                code,
-                message,
-            } => write!(f, "wire-up service at {addr} refused ({code}): {message}"),
-            Self::Pmix(why) => write!(f, "PMIx: {why}"),
-            Self::External(why) => write!(f, "the runtime's address exchange: {why}"),
-        }
+/// The missing ranks of a [`WireupError::Timeout`], as its message says
+/// them.
+struct MissingRanks<'a> {
+    missing: &'a [u32],
+    count: u32,
+}
+
+impl<'a> MissingRanks<'a> {
+    fn new(missing: &'a [u32], count: u32) -> Self {
+        Self { missing, count }
     }
 }
 
-impl std::error::Error for WireupError {}
+impl fmt::Display for MissingRanks<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self { missing, count } = *self;
+        if missing.is_empty() {
+            write!(f, "{count} rank(s) missing")
+        } else if count as usize > missing.len() {
+            write!(f, "{count} ranks missing, among them {missing:?}")
+        } else {
+            write!(f, "waited for ranks {missing:?}")
+        }
+    }
+}
 
 /// Who this process is in its job, as its wire-up source says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -551,6 +532,28 @@ mod tests {
         assert!(
             e.to_string().contains("9 ranks missing, among them [3]"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn timeout_messages_exact() {
+        let timeout = |missing: Vec<u32>, count| WireupError::Timeout {
+            what: "the fence".into(),
+            missing,
+            count,
+            waited: Duration::from_millis(2_000),
+        };
+        assert_eq!(
+            timeout(vec![], 4).to_string(),
+            "wire-up: gave up waiting for the fence after 2.0 s; 4 rank(s) missing"
+        );
+        assert_eq!(
+            timeout(vec![3], 9).to_string(),
+            "wire-up: gave up waiting for the fence after 2.0 s; 9 ranks missing, among them [3]"
+        );
+        assert_eq!(
+            timeout(vec![3, 5], 2).to_string(),
+            "wire-up: gave up waiting for the fence after 2.0 s; waited for ranks [3, 5]"
         );
     }
 }

@@ -177,20 +177,25 @@ enum Route {
 }
 
 /// The job API's errors.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum WorldError {
     /// Wire-up failed.
-    Wireup(WireupError),
+    #[error("{0}")]
+    Wireup(#[source] WireupError),
     /// Shared memory failed to start.
-    Sm(SmError),
+    #[error("{0}")]
+    Sm(#[source] SmError),
     /// TCP failed to start.
-    Tcp(TcpError),
+    #[error("{0}")]
+    Tcp(#[source] TcpError),
     /// `--transport sm` in a job across nodes.
+    #[error("--transport sm needs every rank on one node, but the job spans {nodes} nodes")]
     NotOneNode {
         /// Nodes of the job.
         nodes: usize,
     },
     /// A peer's wire-up record is missing or malformed.
+    #[error("rank {rank}'s wire-up record {key:?} is missing or malformed")]
     BadRecord {
         /// The peer.
         rank: u32,
@@ -198,23 +203,29 @@ pub enum WorldError {
         key: &'static str,
     },
     /// The tag is reserved (user tags are `0..=MAX_USER_TAG`).
+    #[error("tag {tag} is reserved (user tags are 0..={MAX_USER_TAG})")]
     ReservedTag {
         /// The tag.
         tag: u8,
     },
     /// There is no such rank.
+    #[error("there is no rank {peer}")]
     InvalidPeer {
         /// The rank.
         peer: u32,
     },
     /// The rank is not reached by this world ([`Choice::SmLocal`] and a
     /// rank of another node).
+    #[error(
+        "rank {peer} is on another node: not reachable over shared memory (transport sm-local)"
+    )]
     Unreachable {
         /// The rank.
         peer: u32,
     },
     /// A peer failed (died, its connection broke, or it corrupted the
     /// protocol).
+    #[error("rank {peer} failed: {why}")]
     PeerFailed {
         /// The peer.
         peer: u32,
@@ -222,6 +233,10 @@ pub enum WorldError {
         why: String,
     },
     /// A wait took longer than `BTL_TIMEOUT`.
+    #[error(
+        "timed out after {:.1} s waiting for {what} (BTL_TIMEOUT)",
+        .waited.as_secs_f64()
+    )]
     Timeout {
         /// What was waited for.
         what: &'static str,
@@ -229,44 +244,52 @@ pub enum WorldError {
         waited: Duration,
     },
     /// The peer's send queue is full: progress (`poll`) and retry.
+    #[error("the send queue to rank {peer} is full (the peer does not drain it)")]
     WouldBlock {
         /// The peer.
         peer: u32,
     },
     /// The message is larger than the transports carry.
+    #[error("message larger than the {max}-byte limit")]
     TooLarge {
         /// The limit in bytes.
         max: u64,
     },
     /// The target refused a get or put (unknown region, range outside it)
     /// or could not copy.
+    #[error("get/put refused: {status}")]
     Refused {
         /// Why.
         status: RmaStatus,
     },
     /// The receiver could not handle the message.
+    #[error("rank {peer} could not handle the message")]
     Remote {
         /// The peer.
         peer: u32,
     },
     /// The local side of a get or put is not inside a region registered
     /// with this world (or the key is not ours).
+    #[error("local side of a get/put: {status}")]
     BadLocal {
         /// Why.
         status: RmaStatus,
     },
     /// The region is still used by operations of ours.
+    #[error("region still used by {ops} operation(s) in flight")]
     RegionBusy {
         /// How many.
         ops: u32,
     },
     /// The request is unknown (never posted, or its completion was already
     /// reported).
+    #[error("unknown request {request} (never posted, or already completed and reported)")]
     UnknownRequest {
         /// The request.
         request: u64,
     },
     /// A parameter given in code is unknown or malformed.
+    #[error("parameter {name}: {message}")]
     Param {
         /// The parameter, as `component.name`.
         name: String,
@@ -275,72 +298,8 @@ pub enum WorldError {
     },
     /// An argument is invalid (null pointer, zero length where one is
     /// needed, ...).
+    #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
-}
-
-impl fmt::Display for WorldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Wireup(e) => write!(f, "{e}"),
-            Self::Sm(e) => write!(f, "{e}"),
-            Self::Tcp(e) => write!(f, "{e}"),
-            Self::NotOneNode { nodes } => write!(
-                f,
-                "--transport sm needs every rank on one node, but the job spans {nodes} nodes"
-            ),
-            Self::BadRecord { rank, key } => {
-                write!(
-                    f,
-                    "rank {rank}'s wire-up record {key:?} is missing or malformed"
-                )
-            }
-            Self::ReservedTag { tag } => {
-                write!(
-                    f,
-                    "tag {tag} is reserved (user tags are 0..={MAX_USER_TAG})"
-                )
-            }
-            Self::InvalidPeer { peer } => write!(f, "there is no rank {peer}"),
-            Self::Unreachable { peer } => write!(
-                f,
-                "rank {peer} is on another node: not reachable over shared memory (transport sm-local)"
-            ),
-            Self::PeerFailed { peer, why } => write!(f, "rank {peer} failed: {why}"),
-            Self::Timeout { what, waited } => write!(
-                f,
-                "timed out after {:.1} s waiting for {what} (BTL_TIMEOUT)",
-                waited.as_secs_f64()
-            ),
-            Self::WouldBlock { peer } => write!(
-                f,
-                "the send queue to rank {peer} is full (the peer does not drain it)"
-            ),
-            Self::TooLarge { max } => write!(f, "message larger than the {max}-byte limit"),
-            Self::Refused { status } => write!(f, "get/put refused: {status}"),
-            Self::Remote { peer } => write!(f, "rank {peer} could not handle the message"),
-            Self::BadLocal { status } => write!(f, "local side of a get/put: {status}"),
-            Self::RegionBusy { ops } => {
-                write!(f, "region still used by {ops} operation(s) in flight")
-            }
-            Self::UnknownRequest { request } => write!(
-                f,
-                "unknown request {request} (never posted, or already completed and reported)"
-            ),
-            Self::Param { name, message } => write!(f, "parameter {name}: {message}"),
-            Self::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for WorldError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Wireup(e) => Some(e),
-            Self::Sm(e) => Some(e),
-            Self::Tcp(e) => Some(e),
-            _ => None,
-        }
-    }
 }
 
 from_err!(WorldError: Wireup(WireupError), Sm(SmError), Tcp(TcpError));

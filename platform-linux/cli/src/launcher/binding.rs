@@ -1,7 +1,6 @@
 //! Binding ranks to CPUs: the launcher pins itself while it starts a
 //! rank (which inherits the mask), and `BTL_BIND_CPU` re-applies it.
 
-use std::fmt;
 use std::io;
 
 use rustix::thread::CpuSet;
@@ -9,48 +8,26 @@ use rustix::thread::CpuSet;
 use btl_linux::job::ENV_BIND_CPU;
 
 /// Why [`apply_binding_from_env`] could not bind the process.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum BindError {
     /// `BTL_BIND_CPU` is not a CPU number.
+    #[error(
+        "{ENV_BIND_CPU}={value:?} is invalid; it accepts a CPU number between 0 and {}",
+        CpuSet::MAX_CPU - 1
+    )]
     Invalid {
         /// Its value.
         value: String,
     },
     /// The kernel refused the binding (e.g. the CPU is offline or outside
     /// the process's cgroup).
+    #[error("{ENV_BIND_CPU}={cpu}: cannot bind to CPU {cpu}: {source}")]
     Affinity {
         /// The CPU.
         cpu: usize,
         /// The cause.
         source: io::Error,
     },
-}
-
-impl fmt::Display for BindError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BindError::Invalid { value } => write!(
-                f,
-                "{ENV_BIND_CPU}={value:?} is invalid; it accepts a CPU number between 0 and {}",
-                CpuSet::MAX_CPU - 1
-            ),
-            BindError::Affinity { cpu, source } => {
-                write!(
-                    f,
-                    "{ENV_BIND_CPU}={cpu}: cannot bind to CPU {cpu}: {source}"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for BindError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            BindError::Invalid { .. } => None,
-            BindError::Affinity { source, .. } => Some(source),
-        }
-    }
 }
 
 /// Binds the calling thread to the CPU named by `BTL_BIND_CPU`, if set:

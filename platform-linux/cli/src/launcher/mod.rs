@@ -209,14 +209,16 @@ pub struct LaunchReport {
 /// Why a job could not be launched or supervised. When it is returned, every
 /// rank already started has been killed and reaped and the session
 /// directory removed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     /// The [`LaunchSpec`] is unusable.
+    #[error("invalid launch: {reason}")]
     InvalidSpec {
         /// What is wrong with it.
         reason: String,
     },
     /// The session directory (or its parent) could not be prepared.
+    #[error("cannot {action} session directory {}: {source}", .path.display())]
     SessionDir {
         /// The directory.
         path: PathBuf,
@@ -226,6 +228,11 @@ pub enum LaunchError {
         source: io::Error,
     },
     /// A rank could not be started.
+    #[error(
+        "cannot start `{}` (rank {rank}): {}",
+        Path::new(.program).display(),
+        SpawnCause::new(.program, .source)
+    )]
     Spawn {
         /// The rank.
         rank: u32,
@@ -235,6 +242,7 @@ pub enum LaunchError {
         source: io::Error,
     },
     /// A rank could not be bound to its CPU.
+    #[error("cannot bind rank {rank} to CPU {cpu}: {source}")]
     Binding {
         /// The rank.
         rank: u32,
@@ -244,6 +252,7 @@ pub enum LaunchError {
         source: io::Error,
     },
     /// Waiting for a rank failed.
+    #[error("cannot wait for rank {rank} (pid {pid}): {source}")]
     Wait {
         /// The rank.
         rank: u32,
@@ -253,6 +262,7 @@ pub enum LaunchError {
         source: io::Error,
     },
     /// Another system call of the launcher failed.
+    #[error("cannot {action}: {source}")]
     Io {
         /// What was being done.
         action: &'static str,
@@ -261,54 +271,27 @@ pub enum LaunchError {
     },
 }
 
-impl fmt::Display for LaunchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LaunchError::InvalidSpec { reason } => write!(f, "invalid launch: {reason}"),
-            LaunchError::SessionDir {
-                path,
-                action,
-                source,
-            } => write!(
-                f,
-                "cannot {action} session directory {}: {source}",
-                path.display()
-            ),
-            LaunchError::Spawn {
-                rank,
-                program,
-                source,
-            } => {
-                let name = Path::new(program).display();
-                if source.kind() == io::ErrorKind::NotFound && !name.to_string().contains('/') {
-                    write!(
-                        f,
-                        "cannot start `{name}` (rank {rank}): program not found in PATH ({source})"
-                    )
-                } else {
-                    write!(f, "cannot start `{name}` (rank {rank}): {source}")
-                }
-            }
-            LaunchError::Binding { rank, cpu, source } => {
-                write!(f, "cannot bind rank {rank} to CPU {cpu}: {source}")
-            }
-            LaunchError::Wait { rank, pid, source } => {
-                write!(f, "cannot wait for rank {rank} (pid {pid}): {source}")
-            }
-            LaunchError::Io { action, source } => write!(f, "cannot {action}: {source}"),
-        }
+/// The cause of a [`LaunchError::Spawn`], with a hint when a bare program
+/// name was not found in `PATH`.
+struct SpawnCause<'a> {
+    program: &'a OsString,
+    source: &'a io::Error,
+}
+
+impl<'a> SpawnCause<'a> {
+    fn new(program: &'a OsString, source: &'a io::Error) -> Self {
+        Self { program, source }
     }
 }
 
-impl std::error::Error for LaunchError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            LaunchError::InvalidSpec { .. } => None,
-            LaunchError::SessionDir { source, .. }
-            | LaunchError::Spawn { source, .. }
-            | LaunchError::Binding { source, .. }
-            | LaunchError::Wait { source, .. }
-            | LaunchError::Io { source, .. } => Some(source),
+impl fmt::Display for SpawnCause<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self { program, source } = *self;
+        let name = Path::new(program).display();
+        if source.kind() == io::ErrorKind::NotFound && !name.to_string().contains('/') {
+            write!(f, "program not found in PATH ({source})")
+        } else {
+            write!(f, "{source}")
         }
     }
 }
@@ -918,5 +901,27 @@ mod tests {
             String::from_utf8_lossy(&out.stdout),
             "/opt/my prog|it's|$HOME|"
         );
+    }
+
+    #[test]
+    fn spawn_messages_hint_at_path_for_bare_names_only() {
+        let spawn = |program: &str, kind| LaunchError::Spawn {
+            rank: 2,
+            program: program.into(),
+            source: io::Error::new(kind, "boom"),
+        };
+        assert_eq!(
+            spawn("a.out", io::ErrorKind::NotFound).to_string(),
+            "cannot start `a.out` (rank 2): program not found in PATH (boom)"
+        );
+        assert_eq!(
+            spawn("./a.out", io::ErrorKind::NotFound).to_string(),
+            "cannot start `./a.out` (rank 2): boom"
+        );
+        assert_eq!(
+            spawn("a.out", io::ErrorKind::PermissionDenied).to_string(),
+            "cannot start `a.out` (rank 2): boom"
+        );
+        assert!(std::error::Error::source(&spawn("a.out", io::ErrorKind::NotFound)).is_some());
     }
 }
