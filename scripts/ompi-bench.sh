@@ -59,37 +59,24 @@ sizes=${SIZES:-8 4096 65536 1048576 4194304}
 src=${MPI_PINGPONG:-$root/../shared/anchors/mpi_pingpong.c}
 [ -f "$src" ] || { echo "ompi-bench: $src not found (set MPI_PINGPONG)" >&2; exit 1; }
 target=${CARGO_TARGET_DIR:-$root/target}
-iface=$(awk '$1 == "#define" && $2 == "BTL_VERSION" { print $3 }' \
-  /usr/lib/x86_64-linux-gnu/openmpi/include/openmpi/opal/mca/btl/btl.h)
-case "$iface" in
-310)
-  shm=vader oob_lo="--mca oob_tcp_if_include lo" out=$target/ompi-bench
+# shellcheck source=scripts/ompi-lib.sh
+. scripts/ompi-lib.sh
+ompi_open_mpi ompi-bench
+if [ "$iface" = 310 ]; then
+  out=$target/ompi-bench
   cma_on="--mca btl self,vader --mca btl_vader_single_copy_mechanism cma"
   cma_off="--mca btl self,vader --mca btl_vader_single_copy_mechanism none"
-  ;;
-330)
-  # PRRTE refuses loopback alone for its own channel (one node: no need);
-  # PMIx reports the non-PMIx files on the component path otherwise.
-  shm=sm oob_lo="" out=$target/ompi5-bench
-  cma_on="--mca btl self,sm --mca smsc cma" cma_off="--mca btl self,sm --mca smsc ^cma"
-  export PMIX_MCA_mca_base_component_show_load_errors=none
-  ;;
-*) echo "ompi-bench: btl.h defines BTL_VERSION '$iface' (this script knows 310 and 330)" >&2; exit 1 ;;
-esac
-if [ -n "${OMPI_COMPONENTS_PREBUILT:-}" ]; then
-  components=$OMPI_COMPONENTS_PREBUILT
 else
-  components=$target/ompi
-  bash scripts/ompi-components.sh >/dev/null
+  out=$target/ompi5-bench
+  cma_on="--mca btl self,sm --mca smsc cma" cma_off="--mca btl self,sm --mca smsc ^cma"
 fi
+ompi_components_dir "$target"
 mkdir -p "$out"
 mpicc -O2 -o "$out/mpi_pingpong" "$src"
 if [ -n "${MIN:-}" ]; then
   mpicc -O2 -o "$out/ppmin" platform-linux/ompi/bench/ppmin.c
   mpicc -O2 -o "$out/pollcost" platform-linux/ompi/bench/pollcost.c
 fi
-# shellcheck source=scripts/ompi-lib.sh
-. scripts/ompi-lib.sh
 ompi_use_components "$components"
 
 configs=(

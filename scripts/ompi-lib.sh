@@ -12,6 +12,36 @@ ompi_use_components() {
   export OMPI_MCA_mca_base_component_path=$sysdir:$1
 }
 
+# ompi_open_mpi SCRIPT: which Open MPI the headers are (btl.h's
+# BTL_VERSION) and its names: sets `iface` (310 or 330), `ver` (4.1 or 5),
+# `shm` (its shared-memory BTL, vader or sm) and `oob_lo` (mpirun options
+# keeping its own channel on loopback: PRRTE, in 5, refuses loopback alone
+# and needs none on one node); in 5 also keeps PMIx from reporting the
+# non-PMIx files on the component path. Exits naming SCRIPT for another.
+ompi_open_mpi() {
+  iface=$(awk '$1 == "#define" && $2 == "BTL_VERSION" { print $3 }' \
+    /usr/lib/x86_64-linux-gnu/openmpi/include/openmpi/opal/mca/btl/btl.h)
+  case "$iface" in
+  310) ver=4.1 shm=vader oob_lo="--mca oob_tcp_if_include lo" ;;
+  330)
+    ver=5 shm=sm oob_lo=""
+    export PMIX_MCA_mca_base_component_show_load_errors=none
+    ;;
+  *) echo "$1: btl.h defines BTL_VERSION '$iface' (this script knows 310 and 330)" >&2; exit 1 ;;
+  esac
+}
+
+# ompi_components_dir TARGET: sets `components`, the directory of rsm and
+# rtcp: OMPI_COMPONENTS_PREBUILT, or TARGET/ompi after building them.
+ompi_components_dir() {
+  if [ -n "${OMPI_COMPONENTS_PREBUILT:-}" ]; then
+    components=$OMPI_COMPONENTS_PREBUILT
+  else
+    components=$1/ompi
+    bash scripts/ompi-components.sh >/dev/null
+  fi
+}
+
 # ompi_baseline SCRIPT: with BASELINE=DIR set, checks that DIR holds both
 # components (exits naming SCRIPT if not) and sets `base` to its absolute
 # path; without BASELINE, sets `base` empty.

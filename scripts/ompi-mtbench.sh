@@ -22,27 +22,17 @@ root=$PWD
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 reps=${REPS:-5} threads=${THREADS:-4} messages=${MESSAGES:-1000} max=${MAX:-262144}
 target=${CARGO_TARGET_DIR:-$root/target}
-iface=$(awk '$1 == "#define" && $2 == "BTL_VERSION" { print $3 }' \
-  /usr/lib/x86_64-linux-gnu/openmpi/include/openmpi/opal/mca/btl/btl.h)
-case "$iface" in
-310) shm=vader oob_lo="--mca oob_tcp_if_include lo" rec=23-open-mpi-threads.tsv ver=4.1 ;;
-330)
-  shm=sm oob_lo="" rec=24-open-mpi-5-threads.tsv ver=5
-  export PMIX_MCA_mca_base_component_show_load_errors=none
-  ;;
-*) echo "ompi-mtbench: btl.h defines BTL_VERSION '$iface' (this script knows 310 and 330)" >&2; exit 1 ;;
-esac
-if [ -n "${OMPI_COMPONENTS_PREBUILT:-}" ]; then
-  components=$OMPI_COMPONENTS_PREBUILT
-else
-  components=$target/ompi
-  bash scripts/ompi-components.sh >/dev/null
-fi
-out=$target/ompi-mtbench
-mkdir -p "$out"
-mpicc -O2 -Wall -Werror -o "$out/mtexchange" platform-linux/ompi/bench/mtexchange.c -lpthread
 # shellcheck source=scripts/ompi-lib.sh
 . scripts/ompi-lib.sh
+ompi_open_mpi ompi-mtbench
+rec=23-open-mpi-threads.tsv
+[ "$iface" = 310 ] || rec=24-open-mpi-5-threads.tsv
+ompi_components_dir "$target"
+out=$target/ompi-mtbench
+mkdir -p "$out"
+res=$out/results.tsv
+: >"$res"
+mpicc -O2 -Wall -Werror -o "$out/mtexchange" platform-linux/ompi/bench/mtexchange.c -lpthread
 ompi_use_components "$components"
 configs=(
   "$shm|--mca btl self,$shm"
@@ -51,14 +41,10 @@ configs=(
   "rtcp|--mca btl self,rtcp"
 )
 ompi_baseline ompi-mtbench
-if [ -n "$base" ]; then
-  configs+=(
-    "rsm@base|--mca mca_base_component_path $sysdir:$base --mca btl self,rsm"
-    "rtcp@base|--mca mca_base_component_path $sysdir:$base --mca btl self,rtcp"
-  )
-fi
-res=$out/results.tsv
-: >"$res"
+# the same two from the baseline's components
+[ -z "$base" ] || for b in rsm rtcp; do
+  configs+=("$b@base|--mca mca_base_component_path $sysdir:$base --mca btl self,$b")
+done
 echo "ompi-mtbench: $reps rounds, $threads threads, $messages messages up to $max B; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for rep in $(seq "$reps"); do
   for c in "${configs[@]}"; do

@@ -1478,14 +1478,19 @@ fn a_forged_box_offer_fails_the_peer_it_names() {
     });
 }
 
+/// Recorders for a sender and a receiver that holds the ACKs of `tag`.
+fn holding(tag: u8) -> (Rec, Rec) {
+    let r1 = Rec {
+        hold_tag: Some(tag),
+        ..Rec::default()
+    };
+    (Rec::default(), r1)
+}
+
 #[test]
-fn a_held_ack_keeps_the_acks_after_it_back_until_released() {
+fn held_acks_keep_the_acks_after_them_back_and_leave_with_their_status() {
     with_job(2, 16, |e, _| {
-        let mut r0 = Rec::default();
-        let mut r1 = Rec {
-            hold_tag: Some(5),
-            ..Rec::default()
-        };
+        let (mut r0, mut r1) = holding(5);
         e[0].send(1, 5, &[b"held"], 1).unwrap();
         e[0].send(1, 6, &[b"after"], 2).unwrap();
         e[1].progress(&mut r1);
@@ -1499,42 +1504,22 @@ fn a_held_ack_keeps_the_acks_after_it_back_until_released() {
         e[1].progress(&mut r1);
         e[0].progress(&mut r0);
         assert_eq!(r0.done, vec![(1, 1, true), (1, 2, true)]);
-        assert!(r0.errors.is_empty() && r1.errors.is_empty());
-    });
-}
-
-#[test]
-fn a_held_ack_released_as_refused_carries_the_error() {
-    with_job(2, 16, |e, _| {
-        let mut r0 = Rec::default();
-        let mut r1 = Rec {
-            hold_tag: Some(5),
-            ..Rec::default()
-        };
-        e[0].send(1, 5, &[b"held"], 1).unwrap();
+        // Released as refused: the ACK carries the error.
+        e[0].send(1, 5, &[b"refused"], 3).unwrap();
         e[1].progress(&mut r1);
         assert!(e[1].release_held(0, false));
         e[0].progress(&mut r0);
-        assert_eq!(r0.done, vec![(1, 1, false)]);
-    });
-}
-
-#[test]
-fn a_second_hold_is_refused_and_a_failed_peer_drops_the_hold() {
-    with_job(2, 16, |e, _| {
-        let mut r0 = Rec::default();
-        let mut r1 = Rec {
-            hold_tag: Some(5),
-            ..Rec::default()
-        };
-        e[0].send(1, 5, &[b"first"], 1).unwrap();
-        e[0].send(1, 5, &[b"second"], 2).unwrap();
+        assert_eq!(r0.done[2..], [(1, 3, false)]);
+        // A second hold while one is held is refused at once, behind it.
+        e[0].send(1, 5, &[b"first"], 4).unwrap();
+        e[0].send(1, 5, &[b"second"], 5).unwrap();
         e[1].progress(&mut r1);
         assert!(e[1].release_held(0, true));
         e[0].progress(&mut r0);
-        assert_eq!(r0.done, vec![(1, 1, true), (1, 2, false)]);
+        assert_eq!(r0.done[3..], [(1, 4, true), (1, 5, false)]);
+        assert!(r0.errors.is_empty() && r1.errors.is_empty());
         // Held, then the peer fails: nothing is left to release.
-        e[0].send(1, 5, &[b"third"], 3).unwrap();
+        e[0].send(1, 5, &[b"third"], 6).unwrap();
         e[1].progress(&mut r1);
         assert_eq!(e[1].fail_peer(0, &mut r1), 0);
         assert!(!e[1].release_held(0, true));
