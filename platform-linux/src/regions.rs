@@ -19,7 +19,7 @@
 //! makes each mutable slice the only borrow out of the table.
 #![allow(unsafe_code)]
 
-use btl_core::rma::RmaStatus;
+use btl_core::rma::{RegionKey, RmaStatus};
 
 use crate::idmap::IdMap;
 use crate::rawbuf::RawBuf;
@@ -101,6 +101,24 @@ impl Regions {
         self.add(mem, None)
     }
 
+    /// Adds `len` bytes at `ptr` as a region of rank `me` (this process):
+    /// its key; `None` (nothing added) for a null pointer with a non-zero
+    /// length.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::insert`], for the `len` bytes at `ptr`.
+    pub unsafe fn insert_raw(&mut self, me: u32, ptr: *mut u8, len: usize) -> Option<RegionKey> {
+        let mem = RawBuf::from_raw(ptr, len)?;
+        // SAFETY: the caller's promise.
+        let id = unsafe { self.insert(mem) };
+        Some(RegionKey {
+            rank: me,
+            id,
+            len: len as u64,
+        })
+    }
+
     /// Adds a buffer the table owns; returns its id.
     pub fn insert_owned(&mut self, mut buf: Box<[u8]>) -> u32 {
         let mem = RawBuf::new_mut(&mut buf);
@@ -166,6 +184,78 @@ impl Regions {
                 Ok(self.map.remove(&id).and_then(|r| r.owned))
             }
         }
+    }
+
+    /// Whether `key` names one of rank `me`'s regions as it is: ours, with
+    /// the region's length (a key that outlived its region is not).
+    fn owns(&self, me: u32, key: &RegionKey) -> bool {
+        key.rank == me && self.len_of(key.id).map(|l| l as u64) == Some(key.len)
+    }
+
+    /// Removes rank `me`'s region `key`, as [`Self::remove`]; a key that is
+    /// not one of ours as it is ([`Self::owns`]) is unknown.
+    pub fn remove_key(
+        &mut self,
+        me: u32,
+        key: &RegionKey,
+    ) -> Result<Option<Box<[u8]>>, DeregisterError> {
+        if !self.owns(me, key) {
+            return Err(DeregisterError::Unknown);
+        }
+        self.remove(key.id)
+    }
+
+    /// The local side of a one-sided operation of rank `me`: `[offset,
+    /// offset + len)` of its region `key`, checked as [`Self::range`]; a key
+    /// that is not one of ours as it is is an unknown region.
+    pub fn local_range(
+        &self,
+        me: u32,
+        key: &RegionKey,
+        offset: u64,
+        len: u64,
+    ) -> Result<RawBuf, RmaStatus> {
+        if !self.owns(me, key) {
+            return Err(RmaStatus::UnknownRegion);
+        }
+        self.range(key.id, offset, len)
+    }
+
+    /// A one-sided operation whose target is this process: copies `mem`
+    /// into `[offset, offset + mem.len())` of region `id` (`put`), or that
+    /// range into `mem`; the range is checked as [`Self::range`], and the
+    /// two may overlap.
+    ///
+    /// # Safety
+    ///
+    /// `mem` must be valid for reads (a put) or writes (a get) of its
+    /// length.
+    pub unsafe fn copy_local(
+        &mut self,
+        put: bool,
+        mem: RawBuf,
+        id: u32,
+        offset: u64,
+    ) -> Result<(), RmaStatus> {
+        let theirs = self.range(id, offset, mem.len() as u64)?;
+        // SAFETY: both ranges are ours (a region and `mem`);
+        // `copy` handles overlap.
+        unsafe {
+            if put {
+                std::ptr::copy(
+                    mem.as_slice().as_ptr(),
+                    theirs.as_mut_slice().as_mut_ptr(),
+                    mem.len(),
+                );
+            } else {
+                std::ptr::copy(
+                    theirs.as_slice().as_ptr(),
+                    mem.as_mut_slice().as_mut_ptr(),
+                    mem.len(),
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Length of region `id`.

@@ -3,8 +3,7 @@
 //! runtime's in two phases: [`Builder::open`], the runtime's fence,
 //! [`Opened::connect`]), and starting the transports.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::marker::PhantomData;
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -12,9 +11,12 @@ use btl_core::params::{ParamSource, Params};
 use btl_core::sm::params::SmParams;
 use btl_core::tcp::params::TcpParams;
 
-use super::*;
+use super::api::Started;
+use super::{Choice, Route, World, WorldError, NODE_KEY};
 use crate::job::JobEnv;
-use crate::ops::QueueLimits;
+use crate::sm::Sm;
+use crate::tcp::Tcp;
+use crate::wireup::{self, DynWireup, Identity};
 
 /// Default `BTL_TIMEOUT`: how long any blocking call may wait.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -530,7 +532,6 @@ fn finish<'m>(
     } else {
         None
     };
-    let poll_pause = sm.as_ref().map_or(0, |sm| sm.params().poll_pause);
     let oversubscribed = crate::progress::oversubscribed(plan.local.len() as u32);
     if oversubscribed {
         log::info!(
@@ -539,65 +540,17 @@ fn finish<'m>(
             crate::progress::SPIN_OVERSUBSCRIBED
         );
     }
-    Ok(World {
-        hub: Hub {
-            me: id.rank,
-            local: plan.local,
-            handlers: (0..256).map(|_| None).collect(),
-            outbox: Outbox::default(),
-            stash: VecDeque::new(),
-            to_self: VecDeque::new(),
-            reqs: Default::default(),
-            completed: VecDeque::new(),
-            next_req: 0,
-            barrier_in: HashMap::<u64, HashSet<u32>>::new(),
-            barrier_abandoned: HashMap::new(),
-            failed: Vec::new(),
-        },
+    Ok(World::start(Started {
         id,
-        _wireup: w,
+        wireup: w,
         nodes: plan.nodes,
+        local: plan.local,
         route: plan.route,
-        regions: {
-            let mut r = Regions::new();
-            if sm.is_some() {
-                // Peers on the node read our regions by single copy as our
-                // region table publishes them (`Sm::apply_unpins`).
-                r.track_changes();
-            }
-            r
-        },
         sm,
         tcp,
         timeout,
         oversubscribed,
         choice,
         tcp_sizes,
-        idle_passes: 0,
-        passes: 0,
-        lane_streak: 0,
-        poll_pause,
-        barrier_epoch: 0,
-        _mem: PhantomData,
-    })
-}
-
-impl World<'_> {
-    /// Joins the job through the wire-up source the environment names
-    /// (see [`crate::wireup`]), with parameters from the environment.
-    pub fn init(choice: Choice) -> Result<Self, WorldError> {
-        Builder::new().transports(choice).init()
-    }
-
-    /// Sets the bounds of what may wait in user space for one peer, per
-    /// transport (defaults: [`crate::sm::DEFAULT_QUEUE_LIMITS`], and the
-    /// `tcp` parameters `queue_bytes` / `queue_messages`).
-    pub fn set_queue_limits(&mut self, sm: Option<QueueLimits>, tcp: Option<QueueLimits>) {
-        if let (Some(s), Some(l)) = (self.sm.as_mut(), sm) {
-            s.set_queue_limits(l);
-        }
-        if let (Some(t), Some(l)) = (self.tcp.as_mut(), tcp) {
-            t.set_queue_limits(l);
-        }
-    }
+    }))
 }
