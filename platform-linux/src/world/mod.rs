@@ -51,7 +51,6 @@
 //! [`Sm`]: crate::sm::Sm
 //! [`Tcp`]: crate::tcp::Tcp
 
-use std::fmt;
 use std::time::Duration;
 
 use btl_core::rma::RmaStatus;
