@@ -289,7 +289,7 @@ impl Tcp {
         for c in conns {
             self.drop_conn(c);
         }
-        self.fail_rma_of(peer);
+        self.rma.fail_peer(peer, &mut self.done);
         self.to_report.push((peer, why));
     }
 

@@ -1184,10 +1184,8 @@ impl Tcp {
                         c.delivered = false;
                         c.into = None;
                         if h.kind == FrameType::GetResp && !h.error {
-                            if let Some(w) = self.rma_wait.get(&h.id) {
-                                if Some(w.peer) == peer && w.dst.len() == h.len as usize {
-                                    c.into = Some((w.dst, 0));
-                                }
+                            if let Some(dst) = self.rma.answer_dst(h.id, peer, h.len as usize) {
+                                c.into = Some((dst, 0));
                             }
                         }
                         if c.into.is_none() {
@@ -1282,7 +1280,9 @@ impl Tcp {
                 self.apply(peer, a);
             }
             FrameType::Put | FrameType::Get => self.serve_rma(peer, h, payload, pass.regions),
-            FrameType::GetResp | FrameType::PutAck => self.on_rma_answer(peer, h, payload, into),
+            FrameType::GetResp | FrameType::PutAck => {
+                self.rma.on_answer(peer, h, payload, into, &mut self.done)
+            }
         }
     }
 

@@ -48,12 +48,12 @@ use btl_core::tcp::addr::{write_addr_record, AddrRecord};
 use btl_core::tcp::decoder::Decoder;
 use btl_core::tcp::endpoint::{ConnId, Endpoint, EndpointState, Incoming};
 use btl_core::tcp::params::TcpParams;
-use btl_core::tcp::wire::{job_hash, FrameRepr};
+use btl_core::tcp::wire::{job_hash, FrameRepr, FrameType, RmaRepr, RMA_HEADER_LEN};
 use rustix::event::epoll;
 use socket2::Socket;
 
 use crate::idmap::IdMap;
-use crate::ops::{OpError, OpId, QueueLimits, RawBuf, Sink, TEvent};
+use crate::ops::{OpError, OpId, PostError, Posted, QueueLimits, RawBuf, Sink, TEvent};
 use crate::regions::Regions;
 use crate::wireup::{Identity, WireupError};
 
@@ -66,6 +66,7 @@ use config::Config;
 pub use config::{choose_binds, params_from_env, params_from_env_unverified};
 use conn::listen_in_range;
 use frames::OutBuf;
+use rma::Rma;
 
 /// Largest user tag (as for shared memory).
 pub const MAX_USER_TAG: u8 = btl_core::tcp::wire::MAX_USER_TAG;
@@ -287,14 +288,11 @@ pub struct Tcp {
     /// Non-blocking passes in a row that saw no I/O.
     quiet: u32,
     limits: QueueLimits,
-    next_req: u64,
-    /// Our get/put frames waiting for their answer, by request id.
-    rma_wait: IdMap<u64, rma::Wait>,
-    /// Our get/put operations: frames still unanswered and the first
-    /// refusal.
-    rma_ops: IdMap<OpId, rma::OpState>,
+    /// Our one-sided operations in flight (get/put frames waiting for
+    /// their answer, and each operation's state).
+    rma: Rma,
     /// Completions to report at the end of the pass.
-    done: Vec<(OpId, Result<(), OpError>)>,
+    done: rma::Done,
     /// Regions of answers that left the queues, to unpin
     /// ([`Self::apply_unpins`]).
     unpins: Vec<u32>,
@@ -404,10 +402,8 @@ impl Tcp {
             io_moves: 0,
             io_seen: 0,
             quiet: 0,
-            next_req: 0,
-            rma_wait: IdMap::default(),
+            rma: Rma::default(),
             unpins: Vec::new(),
-            rma_ops: IdMap::default(),
             done: Vec::new(),
             to_report: Vec::new(),
             io_error: None,
@@ -515,7 +511,7 @@ impl Tcp {
             .iter()
             .all(|p| p.failed.is_some() || p.queued_frames == 0)
             && self.conns.values().all(|c| c.out.is_empty())
-            && self.rma_wait.is_empty()
+            && self.rma.nothing_waits()
     }
 
     /// Whether the address range `data` lies in one of our connections' read buffers (the
@@ -661,7 +657,7 @@ impl Tcp {
     /// passes), nor does a rank with a frame half read or half written.
     #[inline]
     fn quiet_skip(&mut self) -> bool {
-        if self.io_moves != self.io_seen || !self.rma_wait.is_empty() {
+        if self.io_moves != self.io_seen || !self.rma.nothing_waits() {
             self.io_seen = self.io_moves;
             self.quiet = 0;
             return false;
@@ -694,8 +690,7 @@ impl Tcp {
     /// quiet period.
     #[cold]
     fn at_rest(&self) -> bool {
-        self.rma_wait.is_empty()
-            && self.rma_ops.is_empty()
+        self.rma.is_idle()
             && self.done.is_empty()
             && self.to_report.is_empty()
             && self.peers.iter().all(|p| p.queue.is_empty())
@@ -768,9 +763,145 @@ impl Tcp {
             // Not written: no completion, just the queue accounting.
             self.uncount_pub(peer, &b);
         }
-        self.rma_wait.retain(|_, w| w.op != op);
-        self.rma_ops.remove(&op);
+        self.rma.cancel(op);
         self.done.retain(|(o, _)| *o != op);
+    }
+
+    /// Posts a put (`src` of ours to the peer) or a get (the peer's into
+    /// `mem`), as frames of at most `max_frame` bytes, each answered.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::iput`] / [`Self::iget`].
+    #[allow(unsafe_code)] // caller memory, under RawBuf's contract
+    unsafe fn rma_post(
+        &mut self,
+        put: bool,
+        peer: u32,
+        id: u32,
+        offset: u64,
+        mem: RawBuf,
+        op: OpId,
+    ) -> Result<Posted, PostError> {
+        if peer >= self.n || peer == self.me {
+            return Err(PostError::InvalidPeer);
+        }
+        if self.peers[peer as usize].failed.is_some() {
+            return Err(PostError::PeerFailed);
+        }
+        if mem.len() as u64 > MAX_MESSAGE {
+            return Err(PostError::TooLarge { max: MAX_MESSAGE });
+        }
+        // The data is caller memory: only the frame count is bounded.
+        let p = &self.peers[peer as usize];
+        if !self.limits.admits(p.queued_bytes, p.queued_frames, 0) {
+            return Err(PostError::WouldBlock);
+        }
+        let step = if put {
+            (self.cfg.max_frame as usize - RMA_HEADER_LEN).max(1)
+        } else {
+            self.cfg.max_frame as usize
+        };
+        let frames = mem.len().div_ceil(step).max(1);
+        self.rma.begin(op, frames as u32);
+        let mut off = 0usize;
+        for _ in 0..frames {
+            let take = step.min(mem.len() - off);
+            let part = mem.sub(off, take).unwrap_or_else(RawBuf::empty);
+            let rma = RmaRepr {
+                region: id,
+                offset: offset + off as u64,
+                len: take as u64,
+            };
+            let dst = if put { RawBuf::empty() } else { part };
+            let req = self.rma.wait_for(peer, op, dst);
+            let repr = FrameRepr {
+                kind: if put { FrameType::Put } else { FrameType::Get },
+                tag: 0,
+                error: false,
+                len: (RMA_HEADER_LEN + if put { take } else { 0 }) as u32,
+                id: req,
+            };
+            let posted = if put {
+                self.post_raw(peer, repr, &rma.to_bytes(), part, None)
+            } else {
+                self.post(peer, repr, &[&rma.to_bytes()], None)
+            };
+            if let Err(e) = posted {
+                // Frames already posted are answered and ignored.
+                self.cancel(op);
+                return Err(e);
+            }
+            off += take;
+        }
+        Ok(Posted::Pending)
+    }
+
+    /// Writes `src` at `offset` of `peer`'s region `id`; completes with
+    /// [`TEvent::Done`] for `op` once the target applied it (its refusal is
+    /// the completion's status).
+    ///
+    /// # Safety
+    ///
+    /// `src` must stay valid and unchanged until the operation completes
+    /// or is cancelled.
+    #[allow(unsafe_code)] // caller memory, under RawBuf's contract
+    pub unsafe fn iput(
+        &mut self,
+        peer: u32,
+        id: u32,
+        offset: u64,
+        src: RawBuf,
+        op: OpId,
+    ) -> Result<Posted, PostError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.rma_post(true, peer, id, offset, src, op) }
+    }
+
+    /// Reads `dst.len()` bytes at `offset` of `peer`'s region `id` into
+    /// `dst`; completes with [`TEvent::Done`] for `op` (the target's refusal
+    /// is the completion's status).
+    ///
+    /// # Safety
+    ///
+    /// `dst` must stay valid for writes, and unused otherwise, until the
+    /// operation completes or is cancelled.
+    #[allow(unsafe_code)] // caller memory, under RawBuf's contract
+    pub unsafe fn iget(
+        &mut self,
+        peer: u32,
+        id: u32,
+        offset: u64,
+        dst: RawBuf,
+        op: OpId,
+    ) -> Result<Posted, PostError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.rma_post(false, peer, id, offset, dst, op) }
+    }
+
+    /// A PUT or GET from `peer`: checked and applied ([`rma::answer`]),
+    /// then answered.
+    fn serve_rma(&mut self, peer: u32, h: FrameRepr, payload: &[u8], regions: &mut Regions) {
+        let Some(rma::Answer { reply, data, pin }) = rma::answer(peer, h, payload, regions) else {
+            return;
+        };
+        // Answers are never refused for queue bounds: they are bounded by
+        // the peer's own requests.
+        let posted = match pin {
+            // A large answer waits, if the socket does not take it at once,
+            // as a reference into the region, pinned until it is written or
+            // abandoned.
+            Some(region) => {
+                let src = RawBuf::new(data);
+                regions.pin(region);
+                self.post_pinned_answer(peer, reply, src, region)
+                    .inspect_err(|_| regions.unpin(region))
+            }
+            None => self.post(peer, reply, &[data], None),
+        };
+        if let Err(e) = posted {
+            log::warn!("tcp: cannot answer {peer}'s request: {e}");
+        }
     }
 }
 
